@@ -1,0 +1,1 @@
+"""pipecat_actions."""

@@ -1,0 +1,138 @@
+"""The ledger contract: what the runtime needs from durable storage, whatever the backend."""
+
+from __future__ import annotations
+
+import builtins
+
+__all__ = ["Ledger"]
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+from pipecat_actions.ledger.records import (
+    AdmitResult,
+    NewOperation,
+    Operation,
+    OperationEvent,
+    OperationFilter,
+)
+from pipecat_actions.status import ActionStatus
+
+
+class Ledger(ABC):
+    """Durable record of every operation and its append-only audit trail.
+
+    Every write is one transaction: a row change and its audit event commit together or not at
+    all, and no caller is answered before the commit is durable.
+    """
+
+    @abstractmethod
+    async def admit(self, new: NewOperation) -> AdmitResult:
+        """Insert ``new``, or return the operation already bound to its idempotency key.
+
+        The key is unique per tenant while its retention window is open. A key whose window
+        closed is released (audited) and bound to the new operation.
+
+        Returns:
+            The operation bound to the key, and whether this call created it.
+
+        Raises:
+            IdempotencyMismatch: The key is bound to an operation with other arguments. Nothing
+                was written.
+            IllegalTransition: ``new.status`` cannot be reached from REQUESTED.
+        """
+
+    @abstractmethod
+    async def record_refusal(self, new: NewOperation) -> Operation:
+        """Insert ``new`` as REJECTED without binding its idempotency key, for the audit trail."""
+
+    @abstractmethod
+    async def transition(
+        self,
+        operation_id: str,
+        *,
+        expected: ActionStatus,
+        to: ActionStatus,
+        fence: int,
+        actor: str,
+        detail: Mapping[str, Any] | None = None,
+        changes: Mapping[str, Any] | None = None,
+    ) -> Operation:
+        """Move an operation from ``expected`` to ``to`` if it is still there under ``fence``.
+
+        The update and its audit event are one transaction. Entering RUNNING increments the
+        attempt and stamps ``sent_at``; entering a terminal status stamps ``finished_at``.
+
+        Args:
+            operation_id: The operation.
+            expected: The status the caller believes it is in.
+            to: The status to move to; must be allowed by the status machine.
+            fence: The caller's fence (from its lease); a newer fence wins.
+            actor: Who does this (``runtime:<owner>``, ``approver:alice``, ...).
+            detail: Why, recorded in the audit event.
+            changes: Other columns to set at the same time; see `Ledger.CHANGEABLE`.
+
+        Raises:
+            IllegalTransition: ``expected → to`` is not in the table; nothing was written.
+            UnexpectedStatus: The operation is in another status; nothing was written.
+            StaleFence: The operation was claimed under a newer fence; nothing was written.
+            OperationNotFound: No such operation.
+        """
+
+    @abstractmethod
+    async def annotate(
+        self,
+        operation_id: str,
+        *,
+        actor: str,
+        detail: Mapping[str, Any] | None = None,
+        changes: Mapping[str, Any] | None = None,
+        expected: ActionStatus | None = None,
+        fence: int | None = None,
+    ) -> Operation:
+        """Record something about an operation without changing its status.
+
+        Used for delivery (``delivered_at``), acknowledgement, escalation and late results.
+        With ``expected`` or ``fence`` it is a compare-and-set like `transition`.
+        """
+
+    @abstractmethod
+    async def get(self, operation_id: str) -> Operation:
+        """Return the operation, or raise `OperationNotFound`."""
+
+    @abstractmethod
+    async def find_by_key(self, tenant: str, idempotency_key: str) -> Operation | None:
+        """Return the operation currently bound to the key (its window still open), or None."""
+
+    @abstractmethod
+    async def list(self, filters: OperationFilter | None = None) -> builtins.list[Operation]:
+        """Return operations matching ``filters``, oldest first."""
+
+    @abstractmethod
+    async def events(self, operation_id: str) -> builtins.list[OperationEvent]:
+        """Return the audit trail of an operation in order."""
+
+    @abstractmethod
+    async def claim_stale(
+        self, owner: str, *, lease_secs: float, limit: int
+    ) -> builtins.list[Operation]:
+        """Take over non-terminal operations whose owner's lease expired.
+
+        Each claimed operation gets ``owner``, a new lease and a fence one higher, so writes of
+        the previous owner are refused from now on. Two claimers never get the same operation.
+        """
+
+    @abstractmethod
+    async def renew_lease(self, owner: str, *, lease_secs: float) -> int:
+        """Extend the lease of every non-terminal operation held by ``owner``; return how many."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release connections. The ledger cannot be used afterwards."""
+
+    async def __aenter__(self) -> Ledger:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

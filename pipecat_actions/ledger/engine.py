@@ -1,0 +1,202 @@
+"""Opening the ledger's database: URL rules and the durability settings checked on every connection.
+
+SQLite (the default, a file under ``.pipecat_actions/`` in the working directory):
+
+* ``journal_mode=WAL`` so readers never block the writer;
+* ``synchronous=FULL`` by default: a commit is on disk (WAL fsynced) before the call returns.
+  ``NORMAL`` is an explicit opt-in (``sqlite_synchronous="NORMAL"``): in WAL mode it cannot
+  corrupt the database, but the last commits before a power loss (not a process crash) can be
+  lost, which for this ledger means an operation the user was told about may vanish;
+* ``busy_timeout`` so several processes sharing one file wait for the write lock;
+* ``foreign_keys=ON``.
+
+Each setting is read back after it is set; a connection that does not take it is refused.
+
+PostgreSQL: the server must not run with ``synchronous_commit=off`` or ``fsync=off`` (a
+committed admission could be lost on a crash) unless ``allow_unsafe_postgres=True``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_LEDGER_DIR",
+    "ENV_LEDGER_URL",
+    "LedgerSettings",
+    "create_engine_for",
+    "create_sqlite_writer_engine",
+    "default_ledger_url",
+    "normalize_url",
+    "redact_url",
+]
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from pipecat_actions.errors import LedgerConfigurationError
+
+DEFAULT_LEDGER_DIR = ".pipecat_actions"
+ENV_LEDGER_URL = "PIPECAT_ACTIONS_LEDGER_URL"
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSettings:
+    """How the ledger talks to its database.
+
+    Attributes:
+        sqlite_synchronous: ``FULL`` (default, durable on power loss) or ``NORMAL`` (opt-in).
+        sqlite_busy_timeout_ms: How long a SQLite connection waits for another process's lock.
+        allow_unsafe_postgres: Accept a server with ``synchronous_commit=off`` or ``fsync=off``.
+        pool_size: PostgreSQL connections kept open.
+        max_overflow: Extra PostgreSQL connections opened under load.
+    """
+
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    sqlite_busy_timeout_ms: int = 10_000
+    allow_unsafe_postgres: bool = False
+    pool_size: int = 10
+    max_overflow: int = 20
+
+
+def default_ledger_url() -> str:
+    """Return ``$PIPECAT_ACTIONS_LEDGER_URL``, or a SQLite file under ``./.pipecat_actions/``."""
+    from_env = os.environ.get(ENV_LEDGER_URL)
+    if from_env:
+        return from_env
+    return f"sqlite+aiosqlite:///{Path(DEFAULT_LEDGER_DIR, 'ledger.db').resolve()}"
+
+
+def normalize_url(url: str) -> URL:
+    """Parse ``url`` and pick the async driver (``aiosqlite`` or ``asyncpg``).
+
+    Raises:
+        LedgerConfigurationError: Not a SQLite or PostgreSQL URL, or an in-memory SQLite one
+            (nothing in memory survives a crash, and WAL cannot be used there).
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise LedgerConfigurationError(f"not a database URL: {redact_url(url)!r}") from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            raise LedgerConfigurationError(
+                "an in-memory SQLite ledger cannot survive a crash: give a file path, "
+                "e.g. sqlite:///.pipecat_actions/ledger.db"
+            )
+        return parsed.set(drivername="sqlite+aiosqlite")
+    if backend in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+asyncpg")
+    raise LedgerConfigurationError(
+        f"unsupported ledger database {backend!r} in {redact_url(url)!r}: "
+        "use sqlite:///PATH or postgresql://USER@HOST/DB"
+    )
+
+
+def redact_url(url: str | URL) -> str:
+    """Return ``url`` with any password hidden, for messages and logs."""
+    try:
+        return (
+            make_url(url).render_as_string(hide_password=True)
+            if isinstance(url, str)
+            else (url.render_as_string(hide_password=True))
+        )
+    except ArgumentError:
+        return "<unparseable URL>"
+
+
+def create_engine_for(url: URL, settings: LedgerSettings) -> AsyncEngine:
+    """Create an async engine whose every new connection is checked for durability.
+
+    Args:
+        url: A URL from `normalize_url`.
+        settings: Durability and pool settings.
+    """
+    if url.get_backend_name() == "sqlite":
+        Path(url.database or "").parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url)
+        _install_sqlite_checks(engine.sync_engine, settings)
+        return engine
+    engine = create_async_engine(
+        url,
+        pool_size=settings.pool_size,
+        max_overflow=settings.max_overflow,
+        pool_pre_ping=False,
+    )
+    _install_postgres_checks(engine, settings)
+    return engine
+
+
+def create_sqlite_writer_engine(url: URL, settings: LedgerSettings) -> Engine:
+    """Create the synchronous engine of the SQLite writer thread (stdlib ``sqlite3``).
+
+    It opens the same file with the same checked settings as the async engine.
+    """
+    engine = create_engine(url.set(drivername="sqlite+pysqlite"), poolclass=NullPool)
+    _install_sqlite_checks(engine, settings)
+    return engine
+
+
+def _install_sqlite_checks(engine: Engine, settings: LedgerSettings) -> None:
+    want_sync = {"FULL": 2, "NORMAL": 1}[settings.sqlite_synchronous]
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Autocommit at the driver level: the ledger emits BEGIN IMMEDIATE itself for writes,
+        # so a write transaction takes the lock up front instead of failing to upgrade later.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            checks = (
+                ("journal_mode", "PRAGMA journal_mode=WAL", "wal"),
+                ("synchronous", f"PRAGMA synchronous={want_sync}", want_sync),
+                (
+                    "busy_timeout",
+                    f"PRAGMA busy_timeout={int(settings.sqlite_busy_timeout_ms)}",
+                    int(settings.sqlite_busy_timeout_ms),
+                ),
+                ("foreign_keys", "PRAGMA foreign_keys=ON", 1),
+            )
+            for name, statement, expected in checks:
+                cursor.execute(statement)
+                cursor.execute(f"PRAGMA {name}")
+                row = cursor.fetchone()
+                found = row[0] if row else None
+                if isinstance(found, str):
+                    found = found.lower()
+                if found != expected:
+                    raise LedgerConfigurationError(
+                        f"SQLite refused PRAGMA {name}={expected} (it reports {found!r}); "
+                        "the ledger will not run without it"
+                    )
+        finally:
+            cursor.close()
+
+
+def _install_postgres_checks(engine: AsyncEngine, settings: LedgerSettings) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        if settings.allow_unsafe_postgres:
+            return
+        cursor = dbapi_connection.cursor()
+        try:
+            for name in ("synchronous_commit", "fsync"):
+                cursor.execute(f"SHOW {name}")
+                row = cursor.fetchone()
+                value = str(row[0]).lower() if row else ""
+                if value == "off":
+                    raise LedgerConfigurationError(
+                        f"PostgreSQL runs with {name}=off: a committed operation could be lost "
+                        "on a crash. Turn it on, or pass allow_unsafe_postgres=True "
+                        "(--allow-unsafe-postgres) if you accept that"
+                    )
+        finally:
+            cursor.close()

@@ -1,0 +1,207 @@
+"""Records the ledger reads and writes: `NewOperation` in, `Operation` and `OperationEvent` out."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AdmitResult",
+    "EventKind",
+    "NewOperation",
+    "Operation",
+    "OperationEvent",
+    "OperationFilter",
+    "canonical_json",
+    "hash_arguments",
+    "new_operation_id",
+]
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pipecat_actions.status import ActionStatus
+
+
+def canonical_json(value: Any) -> str:
+    """Encode ``value`` as canonical JSON: sorted keys, no spaces, UTF-8 text kept as is.
+
+    Equal values always give equal text, so the text can be hashed and compared.
+
+    Raises:
+        TypeError: ``value`` holds something JSON cannot represent.
+        ValueError: ``value`` holds NaN or infinity, or a circular reference.
+    """
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def hash_arguments(args: Mapping[str, Any]) -> str:
+    """Return the SHA-256 hex digest of the canonical JSON of ``args``."""
+    return hashlib.sha256(canonical_json(args).encode("utf-8")).hexdigest()
+
+
+def new_operation_id() -> str:
+    """Return a new operation id (``op_`` and 26 lowercase hex characters, time-ordered)."""
+    # Time-ordered (milliseconds first, like UUIDv7) so the primary key index grows at its end.
+    return f"op_{time.time_ns() // 1_000_000:012x}{os.urandom(7).hex()}"
+
+
+class EventKind(StrEnum):
+    """What an audit event records."""
+
+    CREATED = "created"
+    """The operation was inserted; one event per status on its way from REQUESTED."""
+    TRANSITION = "transition"
+    """The status changed."""
+    ANNOTATION = "annotation"
+    """Something about the operation was recorded without a status change (delivery, ...)."""
+    LEASE_CLAIMED = "lease_claimed"
+    """A runtime took over an operation whose owner's lease had expired."""
+    KEY_RELEASED = "key_released"
+    """The idempotency key's retention window closed and the key was freed for a new operation."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewOperation:
+    """An operation to insert with `Ledger.admit`.
+
+    The ledger encodes ``args`` as canonical JSON and hashes it; the idempotency key is
+    computed by the caller from the tool's policy (never the provider's tool_call_id).
+    """
+
+    tool: str
+    kind: str
+    args: Mapping[str, Any]
+    idempotency_key: str
+    session_id: str
+    principal: str
+    tenant: str = "default"
+    status: ActionStatus = ActionStatus.ADMITTED
+    operation_id: str = field(default_factory=new_operation_id)
+    idempotency_window_secs: float = 86_400.0
+    resource_key: str | None = None
+    turn_id: str | None = None
+    provider_call_id: str | None = None
+    model_response_id: str | None = None
+    rationale: str | None = None
+    agent: str | None = None
+    before_state: Any = None
+    compensates: str | None = None
+    deadline_at: float | None = None
+    lease_owner: str | None = None
+    lease_secs: float = 30.0
+    error: str | None = None
+    actor: str = "runtime"
+    detail: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One operation as the ledger holds it. Times are epoch seconds (UTC)."""
+
+    operation_id: str
+    tenant: str
+    session_id: str
+    principal: str
+    tool: str
+    kind: str
+    args_json: str
+    args_hash: str
+    idempotency_key: str
+    key_expires_at: float
+    resource_key: str | None
+    turn_id: str | None
+    provider_call_id: str | None
+    model_response_id: str | None
+    rationale: str | None
+    agent: str | None
+    delivered_agent: str | None
+    status: ActionStatus
+    attempt: int
+    result_json: str | None
+    error: str | None
+    before_state_json: str | None
+    compensates: str | None
+    deadline_at: float | None
+    lease_owner: str | None
+    lease_expires_at: float | None
+    fence: int
+    event_seq: int
+    escalated_at: float | None
+    created_at: float
+    updated_at: float
+    admitted_at: float | None
+    started_at: float | None
+    sent_at: float | None
+    committed_at: float | None
+    finished_at: float | None
+    delivered_at: float | None
+    acknowledged_at: float | None
+
+    @property
+    def args(self) -> Any:
+        """The tool arguments, decoded."""
+        return json.loads(self.args_json)
+
+    @property
+    def result(self) -> Any:
+        """The effect's result, decoded, or None."""
+        return None if self.result_json is None else json.loads(self.result_json)
+
+    @property
+    def before_state(self) -> Any:
+        """The before-state snapshot, decoded, or None."""
+        return None if self.before_state_json is None else json.loads(self.before_state_json)
+
+
+@dataclass(frozen=True, slots=True)
+class OperationEvent:
+    """One append-only audit event of an operation."""
+
+    operation_id: str
+    seq: int
+    at: float
+    kind: EventKind
+    from_status: ActionStatus | None
+    to_status: ActionStatus
+    actor: str
+    detail_json: str | None
+
+    @property
+    def detail(self) -> Any:
+        """The event's detail, decoded, or None."""
+        return None if self.detail_json is None else json.loads(self.detail_json)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitResult:
+    """What `Ledger.admit` found or made.
+
+    Attributes:
+        operation: The operation bound to the idempotency key.
+        created: True when this call inserted it, False when it already existed.
+    """
+
+    operation: Operation
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OperationFilter:
+    """Filters for `Ledger.list`; every field left at None matches everything."""
+
+    status: Sequence[ActionStatus] | None = None
+    session_id: str | None = None
+    tool: str | None = None
+    tenant: str | None = None
+    principal: str | None = None
+    resource_key: str | None = None
+    created_from: float | None = None
+    created_before: float | None = None
+    undelivered: bool | None = None
+    limit: int = 1000

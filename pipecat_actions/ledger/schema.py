@@ -1,0 +1,99 @@
+"""The ledger's tables, as SQLAlchemy Core metadata (the one place the schema is written down).
+
+The Alembic migrations in ``migrations/versions`` create exactly this; a test compares them.
+
+Times are stored as float seconds since the Unix epoch (UTC), read from the ledger's `Clock`,
+so a fake clock drives every timestamp and deadline the same way on SQLite and PostgreSQL.
+JSON values are stored as canonical JSON text (sorted keys) so hashes and comparisons are
+stable across backends.
+"""
+
+from __future__ import annotations
+
+__all__ = ["events", "metadata", "operations"]
+
+from sqlalchemy import (
+    Column,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+operations = Table(
+    "pa_operations",
+    metadata,
+    Column("operation_id", String(64), primary_key=True),
+    Column("tenant", String(128), nullable=False),
+    Column("session_id", String(128), nullable=False),
+    Column("principal", String(256), nullable=False),
+    Column("tool", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("args_json", Text, nullable=False),
+    Column("args_hash", String(64), nullable=False),
+    Column("idempotency_key", String(512), nullable=False),
+    # Holds the idempotency key while its retention window is open, NULL once released. The
+    # unique constraint on (tenant, key_slot) is what makes concurrent admits of one intent
+    # collapse to one row; NULLs never conflict, so released keys can be bound again.
+    Column("key_slot", String(512), nullable=True),
+    Column("key_expires_at", Double, nullable=False),
+    Column("resource_key", String(512), nullable=True),
+    Column("turn_id", String(64), nullable=True),
+    Column("provider_call_id", String(128), nullable=True),
+    Column("model_response_id", String(128), nullable=True),
+    Column("rationale", Text, nullable=True),
+    Column("agent", String(128), nullable=True),
+    Column("delivered_agent", String(128), nullable=True),
+    Column("status", String(32), nullable=False),
+    Column("attempt", Integer, nullable=False, default=0),
+    Column("result_json", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("before_state_json", Text, nullable=True),
+    Column("compensates", String(64), ForeignKey("pa_operations.operation_id"), nullable=True),
+    Column("deadline_at", Double, nullable=True),
+    Column("lease_owner", String(128), nullable=True),
+    Column("lease_expires_at", Double, nullable=True),
+    Column("fence", Integer, nullable=False, default=1),
+    Column("event_seq", Integer, nullable=False, default=0),
+    Column("escalated_at", Double, nullable=True),
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    Column("admitted_at", Double, nullable=True),
+    Column("started_at", Double, nullable=True),
+    Column("sent_at", Double, nullable=True),
+    Column("committed_at", Double, nullable=True),
+    Column("finished_at", Double, nullable=True),
+    Column("delivered_at", Double, nullable=True),
+    Column("acknowledged_at", Double, nullable=True),
+    UniqueConstraint("tenant", "key_slot", name="uq_pa_operations_key_slot"),
+    Index("ix_pa_operations_key", "tenant", "idempotency_key"),
+    Index("ix_pa_operations_status_lease", "status", "lease_expires_at"),
+    Index("ix_pa_operations_session", "session_id", "created_at"),
+    Index("ix_pa_operations_tool_created", "tool", "created_at"),
+    Index("ix_pa_operations_resource", "tenant", "resource_key"),
+)
+
+events = Table(
+    "pa_operation_events",
+    metadata,
+    Column(
+        "operation_id",
+        String(64),
+        ForeignKey("pa_operations.operation_id"),
+        primary_key=True,
+    ),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("at", Double, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("from_status", String(32), nullable=True),
+    Column("to_status", String(32), nullable=False),
+    Column("actor", String(256), nullable=False),
+    Column("detail_json", Text, nullable=True),
+)

@@ -1,0 +1,369 @@
+"""The policy of one tool after merging ``defaults:``: what it is, how it runs, what is safe.
+
+`ToolPolicy` checks its cross-field rules itself, so every instance (loaded or built in code)
+is coherent: a mutation is never retried blindly, a risky one is always confirmed, a read is
+never cancelled or compensated. Rules that need the other tools of the file (compensation
+targets) are checked by `PolicyFile.resolve`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CompensationPolicy",
+    "ConfirmationPolicy",
+    "DeliveryPolicy",
+    "IdempotencyPolicy",
+    "ToolPolicy",
+]
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+
+from pipecat_actions.policy._rules import raise_violations, tool_policy_violations
+from pipecat_actions.policy.enums import (
+    AdmitWhen,
+    ConfirmationMode,
+    DeliveryMode,
+    ExecutionMode,
+    IdempotencyScope,
+    OnDuplicate,
+    OnInterruption,
+    Risk,
+    ToolKind,
+)
+from pipecat_actions.policy.fields import (
+    AgentNames,
+    Announcement,
+    ArgumentNames,
+    RedactPaths,
+    Template,
+    ToolName,
+    render_template,
+)
+from pipecat_actions.policy.limits import LimitsPolicy
+from pipecat_actions.policy.retry import RetryPolicy
+
+# YAML gives enum values as text; strict mode would accept only enum members, so enum fields
+# are marked lax (pydantic still refuses any text that is not one of the values).
+_LAX = Strict(False)
+
+_DEFAULT_EXPIRY_SECS = {ConfirmationMode.VERBAL: 120.0, ConfirmationMode.APPROVAL: 900.0}
+
+
+class IdempotencyPolicy(BaseModel):
+    """What makes two calls "the same intent", and for how long that is remembered."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    key_fields: ArgumentNames = Field(
+        default=(),
+        description=(
+            "The arguments that identify the intent (e.g. restaurant_id, date, time, "
+            "party_size). Two calls with equal values for these are the same request. Leave "
+            "empty to use every argument."
+        ),
+    )
+    scope: Annotated[IdempotencyScope, _LAX] = Field(
+        default=IdempotencyScope.PRINCIPAL,
+        description=(
+            "Whose calls are compared: session (one conversation), principal (one signed-in "
+            "user, across conversations), tenant (one business) or global (everyone)."
+        ),
+    )
+    window_secs: float = Field(
+        default=86400.0,
+        gt=0,
+        description=(
+            "How long, in seconds, an intent is remembered; an equal call after this counts as "
+            "new. The default is one day."
+        ),
+    )
+    provider_dedupes: bool = Field(
+        default=False,
+        description=(
+            "True when the system of record (the booking or payment API) honours the "
+            "idempotency key we send, so sending the same request twice changes nothing. "
+            "Required before a mutation may be retried."
+        ),
+    )
+
+
+class ConfirmationPolicy(BaseModel):
+    """Whether someone must say yes before a mutation runs, and how long the yes stays valid.
+
+    When ``expires_after_secs`` is left out it depends on ``mode``: 120 seconds for ``verbal``
+    (a spoken yes belongs to the moment), 900 seconds for ``approval`` (an operator needs time
+    to look), and no expiry for ``none``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    mode: Annotated[ConfirmationMode, _LAX] = Field(
+        default=ConfirmationMode.NONE,
+        description=(
+            "Who must agree before the action runs: none (nobody), verbal (the user says yes in "
+            "the conversation) or approval (a human operator approves it). Mutations only."
+        ),
+    )
+    expires_after_secs: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Seconds a pending confirmation or approval stays open before the request expires. "
+            "Left out: 120 for verbal, 900 for approval."
+        ),
+    )
+    prompt: Template | None = Field(
+        default=None,
+        description=(
+            "What the bot asks to get a verbal yes, with {argument} placeholders, e.g. "
+            "'Shall I refund {amount} to your card?'. Left out: the model words it."
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_expiry_for_mode(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("expires_after_secs") is not None:
+            return data
+        try:
+            mode = ConfirmationMode(data.get("mode", ConfirmationMode.NONE))
+        except (ValueError, TypeError):
+            return data  # the field validator reports the bad mode
+        if mode in _DEFAULT_EXPIRY_SECS:
+            return {**data, "expires_after_secs": _DEFAULT_EXPIRY_SECS[mode]}
+        return data
+
+
+class DeliveryPolicy(BaseModel):
+    """How a result reaches the conversation when it is not simply on time.
+
+    Each setting is one of in_place (as the call's own result, right away), when_idle (held
+    until nobody is speaking), silent (recorded for the model without making the bot speak),
+    interrupt (right away, even cutting the bot off) or suppress (not delivered, only logged).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    late: Annotated[DeliveryMode, _LAX] = Field(
+        default=DeliveryMode.WHEN_IDLE,
+        description="A result that arrives after the conversation has moved on.",
+    )
+    superseded: Annotated[DeliveryMode, _LAX] = Field(
+        default=DeliveryMode.WHEN_IDLE,
+        description=(
+            "A result of a call that a newer call on the same resource replaced (the user "
+            "changed 21:00 to 21:30). A mutation's must be delivered so the model can offer to "
+            "undo it."
+        ),
+    )
+    intermediate: Annotated[DeliveryMode, _LAX] = Field(
+        default=DeliveryMode.SILENT,
+        description="A progress update sent by a long-running tool before its final result.",
+    )
+
+
+class CompensationPolicy(BaseModel):
+    """The tool that reverses this one, for when a committed change must be undone."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    tool: ToolName = Field(
+        description=(
+            "Name of the tool that undoes this one (book_table is undone by cancel_booking). It "
+            "must be another mutation in the same policy file."
+        ),
+    )
+    automatic: bool = Field(
+        default=False,
+        description=(
+            "True to undo a committed change without asking when a newer call supersedes it. "
+            "False: the model is told the real state and offers to undo it."
+        ),
+    )
+    description: str | None = Field(
+        default=None,
+        description="For reviewers: what undoing means here (fees, time limits).",
+    )
+
+
+class ToolPolicy(BaseModel):
+    """Everything pipecat_actions needs to know to run one tool safely.
+
+    Built from the tool's entry in a policy file merged over the file's ``defaults:``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    description: str | None = Field(
+        default=None, description="For reviewers: what the tool does, in plain words."
+    )
+    kind: Annotated[ToolKind, _LAX] = Field(
+        description=(
+            "Required. read: only looks things up. mutation: changes something in the real "
+            "world (a booking, a payment). Decides which of the safety rules apply."
+        ),
+    )
+    risk: Annotated[Risk, _LAX] = Field(
+        default=Risk.LOW,
+        description=(
+            "How much harm a wrong call could do: low, medium or high. A high-risk mutation "
+            "must have confirmation.mode verbal or approval."
+        ),
+    )
+    arguments: ArgumentNames | None = Field(
+        default=None,
+        description=(
+            "The names of the tool's arguments, for review. When given, every "
+            "idempotency.key_fields entry, resource and prompt placeholder and redact path "
+            "must use one of them."
+        ),
+    )
+    mode: Annotated[ExecutionMode, _LAX] = Field(
+        default=ExecutionMode.BLOCKING,
+        description=(
+            "blocking: the bot waits for the result, and a barge-in stops the waiting. "
+            "background: the conversation goes on and the result is delivered when it arrives. "
+            "This is about the conversation only; on_interruption decides the action's fate."
+        ),
+    )
+    admit_when: Annotated[AdmitWhen, _LAX] = Field(
+        default=AdmitWhen.IMMEDIATELY,
+        description=(
+            "immediately: start as soon as the call is admitted. turn_confirmed: hold it until "
+            "the reply that proposed it has finished without the user interrupting."
+        ),
+    )
+    allow_stale_proposal: bool = Field(
+        default=False,
+        description=(
+            "A mutation proposed in a reply the user already interrupted is refused, because "
+            "the user may have changed their mind. True runs it anyway."
+        ),
+    )
+    idempotency: IdempotencyPolicy = Field(
+        default_factory=IdempotencyPolicy,
+        description="What makes two calls the same request, so it is not done twice.",
+    )
+    on_duplicate: Annotated[OnDuplicate, _LAX] = Field(
+        default=OnDuplicate.JOIN,
+        description=(
+            "When the same request comes again: join (give it the first call's outcome), "
+            "reject, replace (supersede the earlier one; mutations only), allow (run it again) "
+            "or confirm (ask the user)."
+        ),
+    )
+    on_interruption: Annotated[OnInterruption, _LAX] = Field(
+        default=OnInterruption.CONTINUE,
+        description=(
+            "What a barge-in does to the action itself: continue (it goes on), "
+            "cancel_if_not_started (cancel only if nothing was sent yet) or request_cancel (ask "
+            "the system of record to cancel; mutations only, and the tool must provide a cancel "
+            "hook, which the runtime checks)."
+        ),
+    )
+    confirmation: ConfirmationPolicy = Field(
+        default_factory=ConfirmationPolicy,
+        description="Whether the user or an operator must say yes first.",
+    )
+    timeout_secs: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Pipecat's timeout for the tool handler, in seconds. Left out: the LLM service's "
+            "default. It only bounds the wait, not the action."
+        ),
+    )
+    deadline_secs: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds from admission until the action must have a final outcome; after that the "
+            "watchdog marks it failed (nothing sent) or unknown (maybe sent) and checks the "
+            "system of record. At least timeout_secs."
+        ),
+    )
+    retry: RetryPolicy = Field(
+        default_factory=RetryPolicy,
+        description="How often a failed call is tried again, and how long to wait in between.",
+    )
+    limits: LimitsPolicy = Field(
+        default_factory=LimitsPolicy,
+        description="Caps on concurrent calls, rate and calls per conversation.",
+    )
+    delivery: DeliveryPolicy = Field(
+        default_factory=DeliveryPolicy,
+        description="How late, superseded and progress results reach the conversation.",
+    )
+    resource: Template | None = Field(
+        default=None,
+        description=(
+            "What the action affects, built from its arguments, e.g. "
+            "'table:{restaurant_id}:{date}'. A newer call on the same resource supersedes an "
+            "older one. Left out: calls never supersede each other."
+        ),
+    )
+    compensation: CompensationPolicy | None = Field(
+        default=None,
+        description="How to undo this action once committed. Mutations only.",
+    )
+    redact: RedactPaths = Field(
+        default=(),
+        description=(
+            "Argument paths hidden from logs and traces, e.g. card.number or guests[*].phone."
+        ),
+    )
+    visible_to: AgentNames = Field(
+        default=(),
+        description=(
+            "The agents allowed to hear this tool's results in a multi-agent bot. Empty: every "
+            "agent."
+        ),
+    )
+    announce: Announcement | None = Field(
+        default=None,
+        description=(
+            "What the bot says when a background action starts, e.g. 'Let me book that for "
+            "you, one moment.'. It must not claim an outcome (no 'booked', 'done'). "
+            "mode: background only."
+        ),
+    )
+    max_payload_bytes: int = Field(
+        default=65536,
+        gt=0,
+        description="Calls whose arguments are larger than this many bytes are refused unread.",
+    )
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Self:
+        raise_violations(tool_policy_violations(self))
+        return self
+
+    @property
+    def is_mutation(self) -> bool:
+        """True when the tool changes something in the real world."""
+        return self.kind is ToolKind.MUTATION
+
+    @property
+    def cancel_on_interruption(self) -> bool:
+        """The value for Pipecat's ``cancel_on_interruption``: True for ``mode: blocking``."""
+        return self.mode is ExecutionMode.BLOCKING
+
+    def resource_key(self, args: Mapping[str, object]) -> str | None:
+        """Return the resource a call with these arguments affects, or None without a template.
+
+        Args:
+            args: The call's arguments.
+
+        Returns:
+            The `resource` template filled in with ``str()`` of each named argument.
+
+        Raises:
+            KeyError: An argument the template names is missing.
+        """
+        if self.resource is None:
+            return None
+        return render_template(self.resource, args)
+
