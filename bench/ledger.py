@@ -1,0 +1,276 @@
+"""Ledger write cost against the raw aiosqlite floor, measured side by side in one run.
+
+    .venv/bin/python bench/ledger.py [--ops N] [--rounds R] [--writers W] [--no-postgres]
+
+Prints, per configuration, the median and p99 latency of one write and the throughput of
+``--writers`` concurrent writers, then the ratios the targets are stated in:
+
+* each ledger write (``admit``, ``transition``) costs at most 2x the raw aiosqlite single-row
+  insert+commit of the same run (same synchronous setting);
+* ``--writers`` concurrent writers sustain at least 0.7x the raw single-connection throughput.
+
+Configurations are measured in interleaved rounds (raw, ours, raw, ours, ...) and the median
+round is reported, because this machine is shared and noisy. Figures, not pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiosqlite
+import asyncpg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipecat_actions.ledger import LedgerSettings, NewOperation, SqlLedger
+from pipecat_actions.status import ActionStatus
+
+PG_ADMIN_URL = os.environ.get(
+    "PIPECAT_ACTIONS_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+ARGS = {"restaurant_id": "r-17", "date": "2026-12-24", "time": "21:00", "party_size": 4}
+
+
+@dataclass
+class Sample:
+    latencies: list[float]
+    seconds: float
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.latencies) * 1000
+
+    @property
+    def p99_ms(self) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+
+    @property
+    def ops_per_sec(self) -> float:
+        return len(self.latencies) / self.seconds
+
+
+async def _timed_sequential(n: int, op: Callable[[int], Awaitable[object]]) -> Sample:
+    latencies = []
+    start = time.perf_counter()
+    for i in range(n):
+        t = time.perf_counter()
+        await op(i)
+        latencies.append(time.perf_counter() - t)
+    return Sample(latencies, time.perf_counter() - start)
+
+
+async def _timed_concurrent(n: int, writers: int, op: Callable[[int], Awaitable[object]]) -> Sample:
+    latencies: list[float] = []
+    per_writer = n // writers
+
+    async def writer(w: int) -> None:
+        for i in range(per_writer):
+            t = time.perf_counter()
+            await op(w * per_writer + i)
+            latencies.append(time.perf_counter() - t)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(writer(w) for w in range(writers)))
+    return Sample(latencies, time.perf_counter() - start)
+
+
+# --- the raw floor -------------------------------------------------------------------------
+
+
+class RawSqlite:
+    """One aiosqlite connection, one single-row INSERT + COMMIT per write."""
+
+    def __init__(self, path: Path, synchronous: str) -> None:
+        self.path, self.synchronous = path, synchronous
+        self.lock = asyncio.Lock()
+
+    async def __aenter__(self) -> RawSqlite:
+        self.db = await aiosqlite.connect(self.path, isolation_level=None)
+        await self.db.execute("PRAGMA journal_mode=WAL")
+        await self.db.execute(f"PRAGMA synchronous={self.synchronous}")
+        await self.db.execute(
+            "CREATE TABLE IF NOT EXISTS t (id TEXT PRIMARY KEY, k TEXT UNIQUE, body TEXT)"
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.db.close()
+
+    async def write(self, i: int) -> None:
+        async with self.lock:  # one connection: concurrent writers take turns
+            await self._write()
+
+    async def _write(self) -> None:
+        await self.db.execute("BEGIN")
+        await self.db.execute(
+            "INSERT INTO t VALUES (?, ?, ?)", (uuid.uuid4().hex, uuid.uuid4().hex, "x" * 400)
+        )
+        await self.db.commit()
+
+
+# --- ours ----------------------------------------------------------------------------------
+
+
+class Ours:
+    def __init__(self, ledger: SqlLedger) -> None:
+        self.ledger = ledger
+        self.admitted: list[str] = []
+
+    async def admit(self, i: int) -> None:
+        result = await self.ledger.admit(
+            NewOperation(
+                tool="book_table",
+                kind="mutation",
+                args={**ARGS, "n": i},
+                idempotency_key=uuid.uuid4().hex,
+                session_id="bench",
+                principal="user-1",
+                lease_owner="bench",
+            )
+        )
+        self.admitted.append(result.operation.operation_id)
+
+    async def transition(self, i: int) -> None:
+        await self.ledger.transition(
+            self.admitted[i],
+            expected=ActionStatus.ADMITTED,
+            to=ActionStatus.RUNNING,
+            fence=1,
+            actor="bench",
+        )
+
+
+async def _fresh_pg() -> tuple[str, str]:
+    name = f"pa_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    conn = await asyncpg.connect(PG_ADMIN_URL)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return name, PG_ADMIN_URL.rpartition("/")[0] + "/" + name
+
+
+async def _drop_pg(name: str) -> None:
+    conn = await asyncpg.connect(PG_ADMIN_URL)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[Sample]]]:
+    results: dict[str, dict[str, list[Sample]]] = {}
+
+    def keep(config: str, metric: str, sample: Sample) -> None:
+        results.setdefault(config, {}).setdefault(metric, []).append(sample)
+
+    pg_name = pg_url = None
+    if not args.no_postgres:
+        pg_name, pg_url = await _fresh_pg()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(args.rounds):
+                for sync in ("FULL", "NORMAL"):
+                    raw_path = Path(tmp, f"raw-{sync}-{r}.db")
+                    async with RawSqlite(raw_path, sync) as raw:
+                        keep(
+                            f"raw aiosqlite {sync}",
+                            "write",
+                            await _timed_sequential(args.ops, raw.write),
+                        )
+                        keep(
+                            f"raw aiosqlite {sync}",
+                            "concurrent",
+                            await _timed_concurrent(args.ops, args.writers, raw.write),
+                        )
+                    ledger = await SqlLedger.create(
+                        f"sqlite:///{Path(tmp, f'ours-{sync}-{r}.db')}",
+                        settings=LedgerSettings(sqlite_synchronous=sync),  # type: ignore[arg-type]
+                    )
+                    await _measure_ours(ledger, f"ledger sqlite {sync}", args, keep)
+                if pg_url is not None:
+                    ledger = await SqlLedger.create(pg_url)
+                    await _measure_ours(ledger, "ledger postgres", args, keep)
+    finally:
+        if pg_name is not None:
+            await _drop_pg(pg_name)
+    return results
+
+
+async def _measure_ours(
+    ledger: SqlLedger,
+    config: str,
+    args: argparse.Namespace,
+    keep: Callable[[str, str, Sample], None],
+) -> None:
+    try:
+        ours = Ours(ledger)
+        keep(config, "admit", await _timed_sequential(args.ops, ours.admit))
+        keep(config, "transition", await _timed_sequential(args.ops, ours.transition))
+        keep(config, "concurrent", await _timed_concurrent(args.ops, args.writers, ours.admit))
+    finally:
+        await ledger.close()
+
+
+def _median_round(samples: list[Sample], key: Callable[[Sample], float]) -> Sample:
+    return sorted(samples, key=key)[len(samples) // 2]
+
+
+def report(results: dict[str, dict[str, list[Sample]]], args: argparse.Namespace) -> None:
+    print(f"ops per measurement: {args.ops}, rounds: {args.rounds}, writers: {args.writers}")
+    print(f"{'configuration':<24}{'metric':<12}{'median ms':>10}{'p99 ms':>10}{'ops/s':>10}")
+    chosen: dict[tuple[str, str], Sample] = {}
+    for config, metrics in results.items():
+        for metric, samples in metrics.items():
+            by_throughput = metric == "concurrent"
+            s = _median_round(
+                samples, lambda x, t=by_throughput: -x.ops_per_sec if t else x.median_ms
+            )
+            chosen[config, metric] = s
+            print(
+                f"{config:<24}{metric:<12}{s.median_ms:>10.3f}{s.p99_ms:>10.3f}{s.ops_per_sec:>10.0f}"
+            )
+    print()
+    print("ratios (targets: write <= 2.0x the raw floor; concurrent >= 0.7x raw single-connection)")
+    for sync in ("FULL", "NORMAL"):
+        floor = chosen[f"raw aiosqlite {sync}", "write"]
+        ours = f"ledger sqlite {sync}"
+        for metric in ("admit", "transition"):
+            ratio = chosen[ours, metric].median_ms / floor.median_ms
+            print(f"  {ours} {metric:<10} median {ratio:5.2f}x the raw {sync} floor")
+        throughput = chosen[ours, "concurrent"].ops_per_sec / floor.ops_per_sec
+        print(
+            f"  {ours} {args.writers} writers   {throughput:5.2f}x the raw single-connection "
+            f"throughput ({chosen[ours, 'concurrent'].ops_per_sec:.0f} "
+            f"vs {floor.ops_per_sec:.0f} ops/s)"
+        )
+    if ("ledger postgres", "admit") in chosen:
+        floor = chosen["raw aiosqlite FULL", "write"]
+        for metric in ("admit", "transition"):
+            ratio = chosen["ledger postgres", metric].median_ms / floor.median_ms
+            print(f"  ledger postgres {metric:<10} median {ratio:5.2f}x the raw SQLite FULL floor")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--writers", type=int, default=50)
+    parser.add_argument("--no-postgres", action="store_true")
+    args = parser.parse_args()
+    report(asyncio.run(measure(args)), args)
+
+
+if __name__ == "__main__":
+    main()

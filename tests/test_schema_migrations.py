@@ -1,0 +1,113 @@
+"""Schema versions: Alembic creates exactly the tables the code uses; mismatches are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from pipecat_actions.cli import main
+from pipecat_actions.errors import SchemaVersionMismatch
+from pipecat_actions.ledger import SqlLedger
+from pipecat_actions.ledger.engine import normalize_url
+from pipecat_actions.ledger.migrate import VERSION_TABLE, head_revision
+from pipecat_actions.ledger.schema import metadata
+
+from .conftest import BACKENDS
+
+
+def _diff(connection: Connection) -> list[object]:
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return [d for d in compare_metadata(context, metadata) if d[0] != "remove_table"]
+
+
+@pytest.fixture(params=BACKENDS)
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'empty.db'}"
+    url: str = request.getfixturevalue("pg_fresh_url")
+    return url
+
+
+async def test_migrated_schema_matches_the_tables_the_code_uses(empty_url: str) -> None:
+    ledger = await SqlLedger.create(empty_url)
+    await ledger.close()
+    engine = create_async_engine(normalize_url(empty_url))
+    try:
+        async with engine.connect() as conn:
+            assert await conn.run_sync(_diff) == []
+    finally:
+        await engine.dispose()
+
+
+async def test_empty_database_without_create_schema_is_refused_with_the_command_to_run(
+    empty_url: str,
+) -> None:
+    with pytest.raises(SchemaVersionMismatch) as info:
+        await SqlLedger.create(empty_url, create_schema=False)
+    assert "pipecat-actions db upgrade" in str(info.value)
+    assert info.value.found is None and info.value.expected == head_revision()
+
+
+async def test_database_written_by_a_newer_version_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'newer.db'}"
+    await (await SqlLedger.create(url)).close()
+    with sqlite3.connect(tmp_path / "newer.db") as raw:
+        raw.execute(f"UPDATE {VERSION_TABLE} SET version_num = '9999_from_the_future'")
+    with pytest.raises(SchemaVersionMismatch, match="newer pipecat_actions"):
+        await SqlLedger.create(url)
+
+
+def test_db_upgrade_creates_then_reports_up_to_date(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    assert main(["db", "status", url]) == 1
+    assert "empty" in capsys.readouterr().out
+    assert main(["db", "upgrade", url]) == 0
+    assert f"from empty to {head_revision()}" in capsys.readouterr().out
+    assert main(["db", "upgrade", url]) == 0
+    assert "already at revision" in capsys.readouterr().out
+    assert main(["db", "status", url]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+@pytest.mark.postgres
+def test_db_upgrade_on_postgres(pg_fresh_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["db", "upgrade", pg_fresh_url]) == 0
+    assert main(["db", "status", pg_fresh_url]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://root@localhost/x", "unsupported ledger database 'mysql'"),
+        ("sqlite://", "in-memory SQLite"),
+        ("not a url at all", "not a database URL"),
+        ("postgresql://postgres@127.0.0.1:1/nothing", "failed: "),
+    ],
+)
+def test_db_commands_fail_in_one_line_without_traceback(
+    url: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["db", "upgrade", url]) == 1
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+async def test_several_ledgers_opening_an_empty_database_at_once_migrate_it_once(
+    empty_url: str,
+) -> None:
+    ledgers = await asyncio.gather(*(SqlLedger.create(empty_url) for _ in range(4)))
+    for ledger in ledgers:
+        assert (await ledger.schema_state()).up_to_date
+        await ledger.close()
