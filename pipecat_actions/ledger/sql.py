@@ -1,16 +1,9 @@
-"""The SQLAlchemy async ledger, for SQLite (aiosqlite) and PostgreSQL (asyncpg).
+"""The SQL ledger, for SQLite (the default) and PostgreSQL, on SQLAlchemy Core (no ORM).
 
-Writes use SQLAlchemy Core statements built once per ledger; the ORM is not used.
-
-SQLite allows one writer at a time. Rather than let concurrent transactions fight over the
-file lock (measured: p99 ~365 ms with 50 writers through a pool), every write of this process
-goes through one connection owned by a writer task, which commits whatever writes are waiting
-together (group commit): one ``BEGIN IMMEDIATE`` ... ``COMMIT`` and one fsync for the batch, and
-no caller is answered before that commit returns. Other processes sharing the file wait on
-``busy_timeout``. Reads use other pooled connections and never wait for the writer (WAL).
-
-PostgreSQL runs each write in its own transaction on a pooled connection; row locks and
-``FOR UPDATE SKIP LOCKED`` keep processes and hosts apart.
+Each public method builds a work function (``_writer.Work``) and hands it to the write path of
+its backend (`_writer`); reads run on the async engine (aiosqlite or asyncpg). Several processes
+may share one database: on SQLite they take turns on the file lock (``busy_timeout``), on
+PostgreSQL row locks and ``FOR UPDATE SKIP LOCKED`` keep them apart.
 """
 
 from __future__ import annotations
@@ -19,19 +12,14 @@ import builtins
 
 __all__ = ["CHANGEABLE_FIELDS", "SqlLedger"]
 
-import asyncio
-import itertools
 import json
-from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import replace
-from functools import lru_cache
 from typing import Any, TypeVar
 
 from loguru import logger
-from sqlalchemy import Connection, Engine, Row, Update, bindparam, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, bindparam, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from pipecat_actions.clock import Clock, SystemClock
@@ -45,6 +33,24 @@ from pipecat_actions.errors import (
     UnexpectedStatus,
 )
 from pipecat_actions.ledger import migrate
+from pipecat_actions.ledger._rows import (
+    ADMIT_STATUSES,
+    CHANGEABLE_FIELDS,
+    NON_TERMINAL,
+    column_changes,
+    creation_events,
+    encode_detail,
+    new_row,
+    to_event,
+    to_operation,
+    update_statement,
+)
+from pipecat_actions.ledger._writer import (
+    SqliteWriter,
+    Work,
+    guard_database_errors,
+    run_postgres_write,
+)
 from pipecat_actions.ledger.base import Ledger
 from pipecat_actions.ledger.engine import (
     LedgerSettings,
@@ -65,114 +71,10 @@ from pipecat_actions.ledger.records import (
     hash_arguments,
 )
 from pipecat_actions.ledger.schema import events, operations
-from pipecat_actions.status import (
-    TERMINAL_STATUSES,
-    ActionStatus,
-    check_transition,
-    path_from_requested,
-)
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus, check_transition
 
 T = TypeVar("T")
-Work = Callable[[Connection], T]
-
-_ADMIT_STATUSES = frozenset(
-    {
-        ActionStatus.ADMITTED,
-        ActionStatus.RUNNING,
-        ActionStatus.AWAITING_CONFIRMATION,
-        ActionStatus.AWAITING_APPROVAL,
-    }
-)
-_NON_TERMINAL = sorted(set(ActionStatus) - TERMINAL_STATUSES - {ActionStatus.REQUESTED})
-
-CHANGEABLE_FIELDS: Mapping[str, str] = {
-    "result": "result_json",
-    "before_state": "before_state_json",
-    "error": "error",
-    "deadline_at": "deadline_at",
-    "sent_at": "sent_at",
-    "delivered_at": "delivered_at",
-    "delivered_agent": "delivered_agent",
-    "acknowledged_at": "acknowledged_at",
-    "escalated_at": "escalated_at",
-    "provider_call_id": "provider_call_id",
-    "model_response_id": "model_response_id",
-}
-"""Fields a `transition` or `annotate` may set besides the status, and their columns.
-
-``result`` and ``before_state`` take any JSON value and are stored as canonical JSON.
-"""
-
-_JSON_FIELDS = frozenset({"result", "before_state"})
-_OPERATION_COLUMNS = tuple(c.name for c in operations.c if c.name != "key_slot")
-_MAX_GROUP = 128
 _ADMIT_RETRIES = 5
-
-
-@lru_cache(maxsize=512)
-def _update_statement(
-    columns: tuple[str, ...], *, starts_attempt: bool, match_status: bool, match_fence: bool
-) -> Update:
-    # Built once per shape and reused: building an UPDATE ... RETURNING per call costs ~0.25 ms
-    # of Python (measured), more than the SQLite write itself; a reused one costs ~0.03 ms.
-    conditions = [operations.c.operation_id == bindparam("w_operation_id")]
-    if match_status:
-        conditions.append(operations.c.status == bindparam("w_status"))
-    if match_fence:
-        conditions.append(operations.c.fence == bindparam("w_fence"))
-    values: dict[str, Any] = {column: bindparam(f"v_{column}") for column in columns}
-    values["event_seq"] = operations.c.event_seq + 1
-    if starts_attempt:
-        values["attempt"] = operations.c.attempt + 1
-        values["started_at"] = func.coalesce(operations.c.started_at, bindparam("v_now"))
-    return update(operations).where(*conditions).values(**values).returning(*operations.c)
-
-
-def _to_operation(row: Row[Any]) -> Operation:
-    m = row._mapping
-    values = {name: m[name] for name in _OPERATION_COLUMNS}
-    values["status"] = ActionStatus(values["status"])
-    return Operation(**values)
-
-
-def _to_event(row: Row[Any]) -> OperationEvent:
-    m = row._mapping
-    return OperationEvent(
-        operation_id=m["operation_id"],
-        seq=m["seq"],
-        at=m["at"],
-        kind=EventKind(m["kind"]),
-        from_status=None if m["from_status"] is None else ActionStatus(m["from_status"]),
-        to_status=ActionStatus(m["to_status"]),
-        actor=m["actor"],
-        detail_json=m["detail_json"],
-    )
-
-
-def _encode_detail(detail: Mapping[str, Any] | None) -> str | None:
-    return None if detail is None else canonical_json(dict(detail))
-
-
-def _column_changes(changes: Mapping[str, Any] | None) -> dict[str, Any]:
-    if not changes:
-        return {}
-    unknown = sorted(set(changes) - set(CHANGEABLE_FIELDS))
-    if unknown:
-        raise ValueError(
-            f"cannot change {', '.join(unknown)}: allowed are {', '.join(CHANGEABLE_FIELDS)}"
-        )
-    return {
-        CHANGEABLE_FIELDS[k]: (None if v is None else canonical_json(v)) if k in _JSON_FIELDS else v
-        for k, v in changes.items()
-    }
-
-
-class _Job:
-    __slots__ = ("future", "work")
-
-    def __init__(self, work: Work[Any], future: asyncio.Future[Any]) -> None:
-        self.work = work
-        self.future = future
 
 
 class SqlLedger(Ledger):
@@ -215,11 +117,7 @@ class SqlLedger(Ledger):
             operations.c.tenant == bindparam("tenant"),
             operations.c.key_slot == bindparam("key_slot"),
         )
-        self._thread: ThreadPoolExecutor | None = None
-        self._writer: Connection | None = None
-        self._pending: list[_Job] = []
-        self._wake = asyncio.Event()
-        self._writer_task: asyncio.Task[None] | None = None
+        self._writer = None if sqlite_writer is None else SqliteWriter(sqlite_writer, url=url)
         self._closed = False
 
     # --- construction ----------------------------------------------------------------------
@@ -269,12 +167,8 @@ class SqlLedger(Ledger):
 
     async def _open(self, *, create_schema: bool, check_schema: bool) -> None:
         if self._sqlite_writer is not None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="pipecat-actions-ledger")
-            # The write connection is made, used and closed only in the writer thread.
-            self._writer = await self._guard(self._in_thread(self._sqlite_writer.connect))
-            self._writer_task = asyncio.get_running_loop().create_task(
-                self._writer_loop(), name="pipecat_actions.ledger.writer"
-            )
+            assert self._writer is not None
+            await self._writer.start()
         if check_schema:
             state = await self._write(self._check_schema_work(create_schema))
             logger.debug("ledger {} at schema {}", self.url, state.current)
@@ -329,104 +223,23 @@ class SqlLedger(Ledger):
         if self._closed:
             return
         self._closed = True
-        if self._writer_task is not None:
-            self._writer_task.cancel()
-            await asyncio.gather(self._writer_task, return_exceptions=True)
-        for job in self._pending:
-            _settle(job, error=LedgerUnavailable("the ledger was closed before this write"))
-        self._pending.clear()
-        if self._thread is not None:
-            writer, sync_engine = self._writer, self._sqlite_writer
-            if writer is not None:
-                await asyncio.shield(self._in_thread(writer.close))
-            if sync_engine is not None:
-                await asyncio.shield(self._in_thread(sync_engine.dispose))
-            self._thread.shutdown(wait=True)
+        if self._writer is not None:
+            await self._writer.close()
         await self._engine.dispose()
-
-    # --- the write path --------------------------------------------------------------------
-
-    async def _in_thread(self, fn: Callable[[], T]) -> T:
-        assert self._thread is not None
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
-
-    async def _guard(self, awaitable: Awaitable[T]) -> T:
-        try:
-            return await awaitable
-        except LedgerError:
-            raise
-        except (DBAPIError, OSError, TimeoutError) as exc:
-            raise LedgerUnavailable(
-                f"ledger database {self.url} failed: {type(exc).__name__}: {exc}"
-            ) from exc
 
     async def _write(self, work: Work[T]) -> T:
         if self._closed:
             raise LedgerUnavailable("the ledger is closed")
-        if not self._sqlite:
-            # Shielded: a cancelled caller must not leave a half-finished transaction behind.
-            return await asyncio.shield(self._guard(self._postgres_write(work)))
-        job = _Job(work, asyncio.get_running_loop().create_future())
-        job.future.add_done_callback(_consume_exception)
-        self._pending.append(job)
-        self._wake.set()
-        # Shielded: once queued, a write commits (or fails) whether or not its caller waits.
-        result: T = await asyncio.shield(job.future)
-        return result
-
-    async def _postgres_write(self, work: Work[T]) -> T:
-        async with self._engine.connect() as conn, conn.begin():
-            return await conn.run_sync(work)
-
-    async def _writer_loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending:
-                group = self._pending[:_MAX_GROUP]
-                del self._pending[:_MAX_GROUP]
-                await asyncio.shield(self._commit_group(group))
-
-    async def _commit_group(self, group: list[_Job]) -> None:
-        try:
-            outcomes = await self._guard(self._in_thread(lambda: self._run_group(group)))
-        except LedgerError as exc:
-            if len(group) == 1:
-                _settle(group[0], error=exc)
-                return
-            # One write broke the database transaction: run each alone so only it fails.
-            for job in group:
-                await self._commit_group([job])
-            return
-        for job, (value, error) in zip(group, outcomes, strict=True):
-            _settle(job, value=value, error=error)
-
-    def _run_group(self, group: list[_Job]) -> list[tuple[Any, BaseException | None]]:
-        # Runs in the writer thread. Work functions raise their refusals (LedgerError,
-        # ValueError) only before their first write or after a write that changed nothing, so
-        # the rest of the group still commits.
-        conn = self._writer
-        assert conn is not None
-        outcomes: list[tuple[Any, BaseException | None]] = []
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-        try:
-            for job in group:
-                try:
-                    outcomes.append((job.work(conn), None))
-                except (LedgerError, ValueError) as exc:
-                    outcomes.append((None, exc))
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
-        return outcomes
+        if self._writer is not None:
+            return await self._writer.run(work)
+        return await run_postgres_write(self._engine, work, url=self.url)
 
     # --- admit -----------------------------------------------------------------------------
 
     async def admit(self, new: NewOperation) -> AdmitResult:  # noqa: D102 - see Ledger
-        if new.status not in _ADMIT_STATUSES:
+        if new.status not in ADMIT_STATUSES:
             raise ValueError(
-                f"admit inserts operations as {', '.join(sorted(_ADMIT_STATUSES))}, "
+                f"admit inserts operations as {', '.join(sorted(ADMIT_STATUSES))}, "
                 f"not {new.status}; use record_refusal for REJECTED"
             )
         args_json = canonical_json(dict(new.args))
@@ -434,17 +247,17 @@ class SqlLedger(Ledger):
 
         def work(conn: Connection) -> AdmitResult:
             now = self._clock.now()
-            row = self._new_row(new, args_json, args_hash, now, key_slot=new.idempotency_key)
+            row = new_row(new, args_json, args_hash, now, key_slot=new.idempotency_key)
             for _ in range(_ADMIT_RETRIES):
                 inserted = (conn.execute(self._insert_operation, row)).first()
                 if inserted is not None:
-                    self._insert_creation_events(conn, new, now)
-                    return AdmitResult(_to_operation(inserted), created=True)
+                    conn.execute(self._insert_events, creation_events(new, now))
+                    return AdmitResult(to_operation(inserted), created=True)
                 slot = {"tenant": new.tenant, "key_slot": new.idempotency_key}
                 existing = (conn.execute(self._select_slot, slot)).first()
                 if existing is None:
                     continue  # the holder rolled back or was released meanwhile
-                held = _to_operation(existing)
+                held = to_operation(existing)
                 if held.key_expires_at <= now:
                     self._release_key(conn, held, now)
                     continue
@@ -475,85 +288,12 @@ class SqlLedger(Ledger):
 
         def work(conn: Connection) -> Operation:
             now = self._clock.now()
-            row = self._new_row(refused, args_json, args_hash, now, key_slot=None)
+            row = new_row(refused, args_json, args_hash, now, key_slot=None)
             inserted = (conn.execute(self._insert_refusal, row)).one()
-            self._insert_creation_events(conn, refused, now)
-            return _to_operation(inserted)
+            conn.execute(self._insert_events, creation_events(refused, now))
+            return to_operation(inserted)
 
         return await self._write(work)
-
-    def _new_row(
-        self,
-        new: NewOperation,
-        args_json: str,
-        args_hash: str,
-        now: float,
-        *,
-        key_slot: str | None,
-    ) -> dict[str, Any]:
-        path = path_from_requested(new.status)
-        running = ActionStatus.RUNNING in path
-        return {
-            "operation_id": new.operation_id,
-            "tenant": new.tenant,
-            "session_id": new.session_id,
-            "principal": new.principal,
-            "tool": new.tool,
-            "kind": new.kind,
-            "args_json": args_json,
-            "args_hash": args_hash,
-            "idempotency_key": new.idempotency_key,
-            "key_slot": key_slot,
-            "key_expires_at": now + new.idempotency_window_secs,
-            "resource_key": new.resource_key,
-            "turn_id": new.turn_id,
-            "provider_call_id": new.provider_call_id,
-            "model_response_id": new.model_response_id,
-            "rationale": new.rationale,
-            "agent": new.agent,
-            "delivered_agent": None,
-            "status": new.status.value,
-            "attempt": 1 if running else 0,
-            "result_json": None,
-            "error": new.error,
-            "before_state_json": (
-                None if new.before_state is None else canonical_json(new.before_state)
-            ),
-            "compensates": new.compensates,
-            "deadline_at": new.deadline_at,
-            "lease_owner": new.lease_owner,
-            "lease_expires_at": None if new.lease_owner is None else now + new.lease_secs,
-            "fence": 1,
-            "event_seq": len(path) - 1,
-            "escalated_at": None,
-            "created_at": now,
-            "updated_at": now,
-            "admitted_at": now if ActionStatus.ADMITTED in path else None,
-            "started_at": now if running else None,
-            "sent_at": now if running else None,
-            "committed_at": None,
-            "finished_at": now if new.status in TERMINAL_STATUSES else None,
-            "delivered_at": None,
-            "acknowledged_at": None,
-        }
-
-    def _insert_creation_events(self, conn: Connection, new: NewOperation, now: float) -> None:
-        path = path_from_requested(new.status)
-        detail = _encode_detail(new.detail)
-        rows = [
-            {
-                "operation_id": new.operation_id,
-                "seq": seq,
-                "at": now,
-                "kind": EventKind.CREATED.value,
-                "from_status": src.value,
-                "to_status": dst.value,
-                "actor": new.actor,
-                "detail_json": detail,
-            }
-            for seq, (src, dst) in enumerate(itertools.pairwise(path), start=1)
-        ]
-        conn.execute(self._insert_events, rows)
 
     def _release_key(self, conn: Connection, held: Operation, now: float) -> None:
         released = (
@@ -596,7 +336,7 @@ class SqlLedger(Ledger):
     ) -> Operation:
         check_transition(expected, to, operation_id=operation_id)
         expected, to = ActionStatus(expected), ActionStatus(to)
-        columns = _column_changes(changes)
+        columns = column_changes(changes)
 
         def work(conn: Connection) -> Operation:
             now = self._clock.now()
@@ -634,7 +374,7 @@ class SqlLedger(Ledger):
         expected: ActionStatus | None = None,
         fence: int | None = None,
     ) -> Operation:
-        columns = _column_changes(changes)
+        columns = column_changes(changes)
 
         def work(conn: Connection) -> Operation:
             now = self._clock.now()
@@ -666,7 +406,7 @@ class SqlLedger(Ledger):
         now: float,
         starts_attempt: bool = False,
     ) -> Operation:
-        statement = _update_statement(
+        statement = update_statement(
             tuple(sorted(values)),
             starts_attempt=starts_attempt,
             match_status=expected is not None,
@@ -677,7 +417,7 @@ class SqlLedger(Ledger):
         row = conn.execute(statement, params).first()
         if row is None:
             raise self._refusal(conn, operation_id, expected=expected, fence=fence)
-        updated = _to_operation(row)
+        updated = to_operation(row)
         self._append_event(
             conn,
             operation_id,
@@ -744,7 +484,7 @@ class SqlLedger(Ledger):
                 "from_status": from_status,
                 "to_status": to_status,
                 "actor": actor,
-                "detail_json": _encode_detail(detail),
+                "detail_json": encode_detail(detail),
             },
         )
 
@@ -758,7 +498,7 @@ class SqlLedger(Ledger):
             candidates = (
                 select(operations.c.operation_id, operations.c.lease_owner)
                 .where(
-                    operations.c.status.in_([s.value for s in _NON_TERMINAL]),
+                    operations.c.status.in_([s.value for s in NON_TERMINAL]),
                     or_(
                         operations.c.lease_expires_at.is_(None),
                         operations.c.lease_expires_at <= now,
@@ -783,7 +523,7 @@ class SqlLedger(Ledger):
                 )
                 .returning(*operations.c)
             )
-            claimed = sorted((_to_operation(r) for r in rows), key=lambda o: o.created_at)
+            claimed = sorted((to_operation(r) for r in rows), key=lambda o: o.created_at)
             conn.execute(
                 self._insert_events,
                 [
@@ -795,7 +535,7 @@ class SqlLedger(Ledger):
                         "from_status": op.status.value,
                         "to_status": op.status.value,
                         "actor": owner,
-                        "detail_json": _encode_detail(
+                        "detail_json": encode_detail(
                             {"previous_owner": previous[op.operation_id], "fence": op.fence}
                         ),
                     }
@@ -813,7 +553,7 @@ class SqlLedger(Ledger):
                 update(operations)
                 .where(
                     operations.c.lease_owner == owner,
-                    operations.c.status.in_([s.value for s in _NON_TERMINAL]),
+                    operations.c.status.in_([s.value for s in NON_TERMINAL]),
                 )
                 .values(lease_expires_at=now + lease_secs)
             )
@@ -831,7 +571,7 @@ class SqlLedger(Ledger):
             async with self._engine.connect() as conn:
                 return await conn.run_sync(work)
 
-        return await self._guard(run())
+        return await guard_database_errors(run(), url=self.url)
 
     async def get(self, operation_id: str) -> Operation:  # noqa: D102 - see Ledger
         def work(conn: Connection) -> Operation:
@@ -840,7 +580,7 @@ class SqlLedger(Ledger):
             ).first()
             if row is None:
                 raise OperationNotFound(operation_id=operation_id)
-            return _to_operation(row)
+            return to_operation(row)
 
         return await self._read(work)
 
@@ -852,7 +592,7 @@ class SqlLedger(Ledger):
             row = (conn.execute(self._select_slot, slot)).first()
             if row is None:
                 return None
-            held = _to_operation(row)
+            held = to_operation(row)
             return held if held.key_expires_at > self._clock.now() else None
 
         return await self._read(work)
@@ -883,7 +623,7 @@ class SqlLedger(Ledger):
         query = query.order_by(operations.c.created_at, operations.c.operation_id).limit(f.limit)
 
         def work(conn: Connection) -> builtins.list[Operation]:
-            return [_to_operation(r) for r in conn.execute(query)]
+            return [to_operation(r) for r in conn.execute(query)]
 
         return await self._read(work)
 
@@ -891,21 +631,6 @@ class SqlLedger(Ledger):
         query = select(events).where(events.c.operation_id == operation_id).order_by(events.c.seq)
 
         def work(conn: Connection) -> builtins.list[OperationEvent]:
-            return [_to_event(r) for r in conn.execute(query)]
+            return [to_event(r) for r in conn.execute(query)]
 
         return await self._read(work)
-
-
-def _settle(job: _Job, *, value: Any = None, error: BaseException | None = None) -> None:
-    if job.future.done():
-        return
-    if error is not None:
-        job.future.set_exception(error)
-    else:
-        job.future.set_result(value)
-
-
-def _consume_exception(future: asyncio.Future[Any]) -> None:
-    # A caller that was cancelled no longer awaits its job; keep asyncio from logging its error.
-    if not future.cancelled():
-        future.exception()

@@ -1,0 +1,210 @@
+"""Rows and statements of the ledger: conversions, prebuilt SQL, values of a new operation."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ADMIT_STATUSES",
+    "CHANGEABLE_FIELDS",
+    "NON_TERMINAL",
+    "column_changes",
+    "creation_events",
+    "encode_detail",
+    "new_row",
+    "to_event",
+    "to_operation",
+    "update_statement",
+]
+
+import itertools
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import Row, Update, bindparam, func, update
+
+from pipecat_actions.ledger.records import (
+    EventKind,
+    NewOperation,
+    Operation,
+    OperationEvent,
+    canonical_json,
+)
+from pipecat_actions.ledger.schema import operations
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus, path_from_requested
+
+ADMIT_STATUSES = frozenset(
+    {
+        ActionStatus.ADMITTED,
+        ActionStatus.RUNNING,
+        ActionStatus.AWAITING_CONFIRMATION,
+        ActionStatus.AWAITING_APPROVAL,
+    }
+)
+NON_TERMINAL = sorted(set(ActionStatus) - TERMINAL_STATUSES - {ActionStatus.REQUESTED})
+
+CHANGEABLE_FIELDS: Mapping[str, str] = {
+    "result": "result_json",
+    "before_state": "before_state_json",
+    "error": "error",
+    "deadline_at": "deadline_at",
+    "sent_at": "sent_at",
+    "delivered_at": "delivered_at",
+    "delivered_agent": "delivered_agent",
+    "acknowledged_at": "acknowledged_at",
+    "escalated_at": "escalated_at",
+    "provider_call_id": "provider_call_id",
+    "model_response_id": "model_response_id",
+}
+"""Fields a `transition` or `annotate` may set besides the status, and their columns.
+
+``result`` and ``before_state`` take any JSON value and are stored as canonical JSON.
+"""
+
+_JSON_FIELDS = frozenset({"result", "before_state"})
+OPERATION_COLUMNS = tuple(c.name for c in operations.c if c.name != "key_slot")
+
+
+@lru_cache(maxsize=512)
+def update_statement(
+    columns: tuple[str, ...], *, starts_attempt: bool, match_status: bool, match_fence: bool
+) -> Update:
+    """Return the conditional ``UPDATE ... RETURNING`` that sets ``columns`` (``v_<column>``).
+
+    It matches ``w_operation_id`` and, when asked, ``w_status`` and ``w_fence``; it always bumps
+    ``event_seq``, and for a new attempt ``attempt`` and ``started_at`` (from ``v_now``).
+    """
+    # Built once per shape and reused: building an UPDATE ... RETURNING per call costs ~0.25 ms
+    # of Python (measured), more than the SQLite write itself; a reused one costs ~0.03 ms.
+    conditions = [operations.c.operation_id == bindparam("w_operation_id")]
+    if match_status:
+        conditions.append(operations.c.status == bindparam("w_status"))
+    if match_fence:
+        conditions.append(operations.c.fence == bindparam("w_fence"))
+    values: dict[str, Any] = {column: bindparam(f"v_{column}") for column in columns}
+    values["event_seq"] = operations.c.event_seq + 1
+    if starts_attempt:
+        values["attempt"] = operations.c.attempt + 1
+        values["started_at"] = func.coalesce(operations.c.started_at, bindparam("v_now"))
+    return update(operations).where(*conditions).values(**values).returning(*operations.c)
+
+
+def to_operation(row: Row[Any]) -> Operation:
+    """Build an `Operation` from a row of the operations table."""
+    m = row._mapping
+    values = {name: m[name] for name in OPERATION_COLUMNS}
+    values["status"] = ActionStatus(values["status"])
+    return Operation(**values)
+
+
+def to_event(row: Row[Any]) -> OperationEvent:
+    """Build an `OperationEvent` from a row of the events table."""
+    m = row._mapping
+    return OperationEvent(
+        operation_id=m["operation_id"],
+        seq=m["seq"],
+        at=m["at"],
+        kind=EventKind(m["kind"]),
+        from_status=None if m["from_status"] is None else ActionStatus(m["from_status"]),
+        to_status=ActionStatus(m["to_status"]),
+        actor=m["actor"],
+        detail_json=m["detail_json"],
+    )
+
+
+def encode_detail(detail: Mapping[str, Any] | None) -> str | None:
+    """Encode an audit detail as canonical JSON."""
+    return None if detail is None else canonical_json(dict(detail))
+
+
+def column_changes(changes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Map `CHANGEABLE_FIELDS` names to columns, encoding JSON ones.
+
+    Raises:
+        ValueError: A name that may not be changed this way.
+    """
+    if not changes:
+        return {}
+    unknown = sorted(set(changes) - set(CHANGEABLE_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"cannot change {', '.join(unknown)}: allowed are {', '.join(CHANGEABLE_FIELDS)}"
+        )
+    return {
+        CHANGEABLE_FIELDS[k]: (None if v is None else canonical_json(v)) if k in _JSON_FIELDS else v
+        for k, v in changes.items()
+    }
+
+
+def new_row(
+    new: NewOperation,
+    args_json: str,
+    args_hash: str,
+    now: float,
+    *,
+    key_slot: str | None,
+) -> dict[str, Any]:
+    """Return the operations row of ``new`` as first inserted at ``now``."""
+    path = path_from_requested(new.status)
+    running = ActionStatus.RUNNING in path
+    return {
+        "operation_id": new.operation_id,
+        "tenant": new.tenant,
+        "session_id": new.session_id,
+        "principal": new.principal,
+        "tool": new.tool,
+        "kind": new.kind,
+        "args_json": args_json,
+        "args_hash": args_hash,
+        "idempotency_key": new.idempotency_key,
+        "key_slot": key_slot,
+        "key_expires_at": now + new.idempotency_window_secs,
+        "resource_key": new.resource_key,
+        "turn_id": new.turn_id,
+        "provider_call_id": new.provider_call_id,
+        "model_response_id": new.model_response_id,
+        "rationale": new.rationale,
+        "agent": new.agent,
+        "delivered_agent": None,
+        "status": new.status.value,
+        "attempt": 1 if running else 0,
+        "result_json": None,
+        "error": new.error,
+        "before_state_json": (
+            None if new.before_state is None else canonical_json(new.before_state)
+        ),
+        "compensates": new.compensates,
+        "deadline_at": new.deadline_at,
+        "lease_owner": new.lease_owner,
+        "lease_expires_at": None if new.lease_owner is None else now + new.lease_secs,
+        "fence": 1,
+        "event_seq": len(path) - 1,
+        "escalated_at": None,
+        "created_at": now,
+        "updated_at": now,
+        "admitted_at": now if ActionStatus.ADMITTED in path else None,
+        "started_at": now if running else None,
+        "sent_at": now if running else None,
+        "committed_at": None,
+        "finished_at": now if new.status in TERMINAL_STATUSES else None,
+        "delivered_at": None,
+        "acknowledged_at": None,
+    }
+
+
+def creation_events(new: NewOperation, now: float) -> list[dict[str, Any]]:
+    """Return the audit rows of a new operation: one per status step from REQUESTED."""
+    path = path_from_requested(new.status)
+    detail = encode_detail(new.detail)
+    return [
+        {
+            "operation_id": new.operation_id,
+            "seq": seq,
+            "at": now,
+            "kind": EventKind.CREATED.value,
+            "from_status": src.value,
+            "to_status": dst.value,
+            "actor": new.actor,
+            "detail_json": detail,
+        }
+        for seq, (src, dst) in enumerate(itertools.pairwise(path), start=1)
+    ]

@@ -1,0 +1,183 @@
+"""How a ledger write reaches the database: one transaction per write, group commit on SQLite.
+
+A write is a plain function of a SQLAlchemy `Connection` (a "work" function), so one body of
+SQL logic serves both backends:
+
+* PostgreSQL: the work runs through ``AsyncConnection.run_sync`` on the asyncpg engine, in a
+  transaction of its own on a pooled connection.
+* SQLite: every write of the process goes to one connection owned by a writer thread. Writes
+  that arrive while a commit is under way are committed together (group commit): one
+  ``BEGIN IMMEDIATE`` ... ``COMMIT`` and one fsync for the group, and no caller is answered
+  before that commit returns. Measured on this machine, aiosqlite through SQLAlchemy costs three
+  to four thread hand-offs per statement (~0.12 ms each); running the whole transaction in one
+  hand-off keeps a write within twice a raw aiosqlite insert+commit, and letting concurrent
+  transactions fight over the file lock instead gave a p99 of ~365 ms with 50 writers.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SqliteWriter", "Work", "guard_database_errors", "run_postgres_write"]
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from pipecat_actions.errors import LedgerError, LedgerUnavailable
+
+T = TypeVar("T")
+Work = Callable[[Connection], T]
+
+_MAX_GROUP = 128
+
+
+async def guard_database_errors(awaitable: Awaitable[T], *, url: str) -> T:
+    """Await ``awaitable``, turning driver and network failures into `LedgerUnavailable`."""
+    try:
+        return await awaitable
+    except LedgerError:
+        raise
+    except (DBAPIError, OSError, TimeoutError) as exc:
+        raise LedgerUnavailable(
+            f"ledger database {url} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+async def run_postgres_write(engine: AsyncEngine, work: Work[T], *, url: str) -> T:
+    """Run ``work`` in a transaction of its own; a cancelled caller does not interrupt it."""
+
+    async def run() -> T:
+        async with engine.connect() as conn, conn.begin():
+            return await conn.run_sync(work)
+
+    return await asyncio.shield(guard_database_errors(run(), url=url))
+
+
+class _Job:
+    __slots__ = ("future", "work")
+
+    def __init__(self, work: Work[Any], future: asyncio.Future[Any]) -> None:
+        self.work = work
+        self.future = future
+
+
+class SqliteWriter:
+    """The one write connection of a SQLite ledger, with group commit.
+
+    Args:
+        engine: A synchronous engine on the ledger file; its connection is made, used and
+            closed only in the writer thread.
+        url: The URL to name in errors (password hidden).
+    """
+
+    def __init__(self, engine: Engine, *, url: str) -> None:
+        self._engine = engine
+        self._url = url
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="pipecat-actions-ledger")
+        self._connection: Connection | None = None
+        self._pending: list[_Job] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Open the write connection and start committing."""
+        self._connection = await self._guard(self._in_thread(self._engine.connect))
+        self._task = asyncio.get_running_loop().create_task(
+            self._loop(), name="pipecat_actions.ledger.writer"
+        )
+
+    async def run(self, work: Work[T]) -> T:
+        """Queue ``work`` for the next group commit and return its result once committed.
+
+        Raises:
+            LedgerError: What ``work`` raised (nothing of it was written), or
+                `LedgerUnavailable` when the commit failed.
+        """
+        job = _Job(work, asyncio.get_running_loop().create_future())
+        job.future.add_done_callback(_consume_exception)
+        self._pending.append(job)
+        self._wake.set()
+        # Shielded: once queued, a write commits (or fails) whether or not its caller waits.
+        result: T = await asyncio.shield(job.future)
+        return result
+
+    async def close(self) -> None:
+        """Stop after the group being committed; writes still queued fail."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for job in self._pending:
+            _settle(job, error=LedgerUnavailable("the ledger was closed before this write"))
+        self._pending.clear()
+        if self._connection is not None:
+            await asyncio.shield(self._in_thread(self._connection.close))
+        await asyncio.shield(self._in_thread(self._engine.dispose))
+        self._thread.shutdown(wait=True)
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
+
+    async def _guard(self, awaitable: Awaitable[T]) -> T:
+        return await guard_database_errors(awaitable, url=self._url)
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                group = self._pending[:_MAX_GROUP]
+                del self._pending[:_MAX_GROUP]
+                await asyncio.shield(self._commit(group))
+
+    async def _commit(self, group: list[_Job]) -> None:
+        try:
+            outcomes = await self._guard(self._in_thread(lambda: self._run_group(group)))
+        except LedgerError as exc:
+            if len(group) == 1:
+                _settle(group[0], error=exc)
+                return
+            # One write broke the database transaction: run each alone so only it fails.
+            for job in group:
+                await self._commit([job])
+            return
+        for job, (value, error) in zip(group, outcomes, strict=True):
+            _settle(job, value=value, error=error)
+
+    def _run_group(self, group: list[_Job]) -> list[tuple[Any, BaseException | None]]:
+        # Runs in the writer thread. Work functions raise their refusals (LedgerError,
+        # ValueError) only before their first write or after a write that changed nothing, so
+        # the rest of the group still commits.
+        conn = self._connection
+        assert conn is not None
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            for job in group:
+                try:
+                    outcomes.append((job.work(conn), None))
+                except (LedgerError, ValueError) as exc:
+                    outcomes.append((None, exc))
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        return outcomes
+
+
+def _settle(job: _Job, *, value: Any = None, error: BaseException | None = None) -> None:
+    if job.future.done():
+        return
+    if error is not None:
+        job.future.set_exception(error)
+    else:
+        job.future.set_result(value)
+
+
+def _consume_exception(future: asyncio.Future[Any]) -> None:
+    # A caller that was cancelled no longer awaits its job; keep asyncio from logging its error.
+    if not future.cancelled():
+        future.exception()
