@@ -1,4 +1,4 @@
-"""How policy models report broken cross-field rules: every broken rule at once, each at its key.
+"""The cross-field rules of a tool policy, and how broken rules are reported.
 
 A pydantic model validator can raise only one error, at the model's own location. The models
 collect every `Violation` first and raise them together through `raise_violations`; the loader
@@ -7,12 +7,27 @@ spreads them back into one problem per key path.
 
 from __future__ import annotations
 
-__all__ = ["RULE_ERROR_TYPE", "Violation", "raise_violations"]
+__all__ = ["RULE_ERROR_TYPE", "Violation", "raise_violations", "tool_policy_violations"]
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic_core import PydanticCustomError
+
+from pipecat_actions.policy.enums import (
+    ConfirmationMode,
+    DeliveryMode,
+    ExecutionMode,
+    OnDuplicate,
+    OnInterruption,
+    Overflow,
+    Risk,
+)
+from pipecat_actions.policy.fields import redact_root, template_placeholders
+
+if TYPE_CHECKING:
+    from pipecat_actions.policy.model import ToolPolicy
 
 RULE_ERROR_TYPE = "policy_rule"
 """The pydantic error ``type`` that carries `Violation` objects in its ``ctx``."""
@@ -51,3 +66,137 @@ def raise_violations(violations: Sequence[Violation]) -> None:
         "{summary}",
         {"summary": "; ".join(str(v) for v in violations), "violations": tuple(violations)},
     )
+
+
+def tool_policy_violations(policy: ToolPolicy) -> list[Violation]:
+    """Check the rules that tie a tool policy's settings together.
+
+    Args:
+        policy: A tool policy whose fields are each valid on their own.
+
+    Returns:
+        Every broken rule, in a stable order; empty when the policy is coherent.
+    """
+    found = _read_violations(policy) if not policy.is_mutation else _mutation_violations(policy)
+    if policy.timeout_secs is not None and policy.deadline_secs < policy.timeout_secs:
+        found.append(
+            Violation(
+                ("deadline_secs",),
+                f"must be at least timeout_secs ({policy.timeout_secs:g}), got "
+                f"{policy.deadline_secs:g}: the action's deadline cannot end before Pipecat "
+                "stops waiting for it",
+            )
+        )
+    if policy.announce is not None and policy.mode is ExecutionMode.BLOCKING:
+        found.append(
+            Violation(
+                ("announce",),
+                "is only spoken when a background action starts; set mode: background or "
+                "remove announce",
+            )
+        )
+    return found + _argument_violations(policy)
+
+
+def _read_violations(policy: ToolPolicy) -> list[Violation]:
+    found: list[Violation] = []
+    if policy.on_interruption is OnInterruption.REQUEST_CANCEL:
+        found.append(
+            Violation(
+                ("on_interruption",),
+                "request_cancel needs kind: mutation; a read has nothing to cancel "
+                "(use continue or cancel_if_not_started)",
+            )
+        )
+    if policy.on_duplicate is OnDuplicate.REPLACE:
+        found.append(
+            Violation(
+                ("on_duplicate",),
+                "replace supersedes an earlier change, so it needs kind: mutation; "
+                "use join for a read",
+            )
+        )
+    if policy.confirmation.mode is not ConfirmationMode.NONE:
+        found.append(
+            Violation(
+                ("confirmation", "mode"),
+                f"{policy.confirmation.mode} confirmation needs kind: mutation; "
+                "a read runs without asking",
+            )
+        )
+    if policy.compensation is not None:
+        found.append(Violation(("compensation",), "needs kind: mutation; a read changes nothing"))
+    return found
+
+
+def _mutation_violations(policy: ToolPolicy) -> list[Violation]:
+    found: list[Violation] = []
+    if policy.limits.overflow is Overflow.COALESCE:
+        found.append(
+            Violation(
+                ("limits", "overflow"),
+                "coalesce shares one result between identical calls, which is only safe for "
+                "kind: read; use reject, queue or degrade for a mutation",
+            )
+        )
+    if policy.retry.max_attempts > 1 and not policy.idempotency.provider_dedupes:
+        found.append(
+            Violation(
+                ("retry", "max_attempts"),
+                f"a mutation may be retried (max_attempts {policy.retry.max_attempts}) only "
+                "when the system of record honours our idempotency key: set "
+                "idempotency.provider_dedupes: true, or max_attempts: 1",
+            )
+        )
+    if policy.risk is Risk.HIGH and policy.confirmation.mode is ConfirmationMode.NONE:
+        found.append(
+            Violation(
+                ("confirmation", "mode"),
+                "a risk: high mutation must be confirmed: set confirmation.mode to verbal or "
+                "approval",
+            )
+        )
+    for field in ("late", "superseded"):
+        if getattr(policy.delivery, field) is DeliveryMode.SUPPRESS:
+            found.append(
+                Violation(
+                    ("delivery", field),
+                    "a mutation's result must reach the conversation, so nobody is left "
+                    "believing a change did not happen; use when_idle, silent, in_place or "
+                    "interrupt",
+                )
+            )
+    return found
+
+
+def _argument_violations(policy: ToolPolicy) -> list[Violation]:
+    if policy.arguments is None:
+        return []
+    known = set(policy.arguments)
+    listed = ", ".join(policy.arguments) if policy.arguments else "it declares none"
+    not_an_argument = f"is not one of the tool's arguments ({listed})"
+    found = [
+        Violation(("idempotency", "key_fields", index), f"{name!r} {not_an_argument}")
+        for index, name in enumerate(policy.idempotency.key_fields)
+        if name not in known
+    ]
+    templates: dict[tuple[str | int, ...], str | None] = {
+        ("resource",): policy.resource,
+        ("confirmation", "prompt"): policy.confirmation.prompt,
+    }
+    for path, template in templates.items():
+        if template is not None:
+            found.extend(
+                Violation(path, f"placeholder {{{name}}} {not_an_argument}")
+                for name in dict.fromkeys(template_placeholders(template))
+                if name not in known
+            )
+    found.extend(
+        Violation(
+            ("redact", index),
+            f"{path!r} starts with {redact_root(path)!r}, which {not_an_argument}",
+        )
+        for index, path in enumerate(policy.redact)
+        if redact_root(path) not in known
+    )
+    return found

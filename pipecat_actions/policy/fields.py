@@ -177,8 +177,8 @@ def _check_announcement(value: str) -> str:
     claim = _OUTCOME.search(value)
     if claim is not None:
         raise ValueError(
-            f"announce is spoken while the action is still running, so it must not claim an "
-            f"outcome (found {claim.group(0)!r}); say what is being done, e.g. "
+            f"is spoken while the action is still running, so it must not claim an outcome "
+            f"(found {claim.group(0)!r}); say what is being done, e.g. "
             "'Let me book that for you, one moment.'"
         )
     return value
@@ -187,7 +187,7 @@ def _check_announcement(value: str) -> str:
 def _describe(value: object) -> str:
     if isinstance(value, float):
         return f"the number {value}"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {value}"
 
 
 def _check_plain(value: object, where: str) -> None:

@@ -366,4 +366,3 @@ class ToolPolicy(BaseModel):
         if self.resource is None:
             return None
         return render_template(self.resource, args)
-
