@@ -10,6 +10,7 @@ Every error derives from `PipecatActionsError` and carries keyword-only context 
     ├── LedgerError                    the ledger could not do what was asked
     │   ├── LedgerUnavailable          the database could not be reached (retryable)
     │   ├── LedgerConfigurationError   unsafe durability settings, unsupported URL
+    │   ├── LedgerIntegrityError       the write breaks a constraint (duplicate id, ...)
     │   ├── SchemaVersionMismatch      the database schema is older or newer than this code
     │   ├── OperationNotFound          no operation with that id
     │   ├── IdempotencyMismatch        same idempotency key, different arguments
@@ -30,6 +31,7 @@ __all__ = [
     "IllegalTransition",
     "LedgerConfigurationError",
     "LedgerError",
+    "LedgerIntegrityError",
     "LedgerUnavailable",
     "OperationNotFound",
     "PipecatActionsError",
@@ -125,6 +127,10 @@ class LedgerUnavailable(LedgerError):
 
 class LedgerConfigurationError(LedgerError):
     """The database is set up in a way the ledger refuses (unsafe durability, bad URL)."""
+
+
+class LedgerIntegrityError(LedgerError):
+    """The database refused a write that breaks a constraint; retrying it cannot help."""
 
 
 class SchemaVersionMismatch(LedgerError):

@@ -6,10 +6,12 @@ __all__ = [
     "ADMIT_STATUSES",
     "CHANGEABLE_FIELDS",
     "NON_TERMINAL",
+    "EncodedOperation",
     "column_changes",
     "creation_events",
     "encode_detail",
     "new_row",
+    "operation_from_row",
     "to_event",
     "to_operation",
     "update_statement",
@@ -17,6 +19,7 @@ __all__ = [
 
 import itertools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -28,6 +31,7 @@ from pipecat_actions.ledger.records import (
     Operation,
     OperationEvent,
     canonical_json,
+    hash_canonical_json,
 )
 from pipecat_actions.ledger.schema import operations
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus, path_from_requested
@@ -96,6 +100,13 @@ def to_operation(row: Row[Any]) -> Operation:
     return Operation(**values)
 
 
+def operation_from_row(row: Mapping[str, Any]) -> Operation:
+    """Build an `Operation` from the values a new row was inserted with (no read back)."""
+    values = {name: row[name] for name in OPERATION_COLUMNS}
+    values["status"] = ActionStatus(values["status"])
+    return Operation(**values)
+
+
 def to_event(row: Row[Any]) -> OperationEvent:
     """Build an `OperationEvent` from a row of the events table."""
     m = row._mapping
@@ -135,15 +146,39 @@ def column_changes(changes: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def new_row(
-    new: NewOperation,
-    args_json: str,
-    args_hash: str,
-    now: float,
-    *,
-    key_slot: str | None,
-) -> dict[str, Any]:
-    """Return the operations row of ``new`` as first inserted at ``now``."""
+@dataclass(frozen=True, slots=True)
+class EncodedOperation:
+    """A `NewOperation` with its JSON already encoded, so the write itself cannot fail on it."""
+
+    new: NewOperation
+    args_json: str
+    args_hash: str
+    before_state_json: str | None
+    detail_json: str | None
+
+    @classmethod
+    def of(cls, new: NewOperation) -> EncodedOperation:
+        """Encode ``new``.
+
+        Raises:
+            TypeError: Arguments, before-state or detail hold something JSON cannot hold.
+            ValueError: They hold NaN, infinity or a circular reference.
+        """
+        args_json = canonical_json(dict(new.args))
+        return cls(
+            new=new,
+            args_json=args_json,
+            args_hash=hash_canonical_json(args_json),
+            before_state_json=(
+                None if new.before_state is None else canonical_json(new.before_state)
+            ),
+            detail_json=encode_detail(new.detail),
+        )
+
+
+def new_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> dict[str, Any]:
+    """Return the operations row of a new operation as first inserted at ``now``."""
+    new, args_json, args_hash = encoded.new, encoded.args_json, encoded.args_hash
     path = path_from_requested(new.status)
     running = ActionStatus.RUNNING in path
     return {
@@ -169,9 +204,7 @@ def new_row(
         "attempt": 1 if running else 0,
         "result_json": None,
         "error": new.error,
-        "before_state_json": (
-            None if new.before_state is None else canonical_json(new.before_state)
-        ),
+        "before_state_json": encoded.before_state_json,
         "compensates": new.compensates,
         "deadline_at": new.deadline_at,
         "lease_owner": new.lease_owner,
@@ -191,10 +224,10 @@ def new_row(
     }
 
 
-def creation_events(new: NewOperation, now: float) -> list[dict[str, Any]]:
+def creation_events(encoded: EncodedOperation, now: float) -> list[dict[str, Any]]:
     """Return the audit rows of a new operation: one per status step from REQUESTED."""
+    new, detail_json = encoded.new, encoded.detail_json
     path = path_from_requested(new.status)
-    detail = encode_detail(new.detail)
     return [
         {
             "operation_id": new.operation_id,
@@ -204,7 +237,7 @@ def creation_events(new: NewOperation, now: float) -> list[dict[str, Any]]:
             "from_status": src.value,
             "to_status": dst.value,
             "actor": new.actor,
-            "detail_json": detail,
+            "detail_json": detail_json,
         }
         for seq, (src, dst) in enumerate(itertools.pairwise(path), start=1)
     ]

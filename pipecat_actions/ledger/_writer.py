@@ -16,7 +16,13 @@ SQL logic serves both backends:
 
 from __future__ import annotations
 
-__all__ = ["SqliteWriter", "Work", "guard_database_errors", "run_postgres_write"]
+__all__ = [
+    "SqliteWriter",
+    "Work",
+    "as_ledger_error",
+    "guard_database_errors",
+    "run_postgres_write",
+]
 
 import asyncio
 from collections.abc import Awaitable, Callable
@@ -24,10 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import TimeoutError as SATimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from pipecat_actions.errors import LedgerError, LedgerUnavailable
+from pipecat_actions.errors import LedgerError, LedgerIntegrityError, LedgerUnavailable
 
 T = TypeVar("T")
 Work = Callable[[Connection], T]
@@ -35,16 +42,37 @@ Work = Callable[[Connection], T]
 _MAX_GROUP = 128
 
 
+def as_ledger_error(exc: Exception, *, url: str) -> Exception:
+    """Return the error a ledger caller should see for ``exc``.
+
+    A broken constraint (a duplicate operation id, a compensated operation that does not
+    exist) is `LedgerIntegrityError`, not retryable; driver, pool and network failures are
+    `LedgerUnavailable`, retryable. Anything else (a `LedgerError`, a programming error) is
+    returned as it is.
+    """
+    if isinstance(exc, LedgerError):
+        return exc
+    if isinstance(exc, IntegrityError):
+        error: Exception = LedgerIntegrityError(
+            f"ledger database {url} refused the write: {exc.orig}"
+        )
+    elif isinstance(exc, DBAPIError | OSError | TimeoutError | SATimeoutError):
+        error = LedgerUnavailable(f"ledger database {url} failed: {type(exc).__name__}: {exc}")
+    else:
+        return exc
+    error.__cause__ = exc
+    return error
+
+
 async def guard_database_errors(awaitable: Awaitable[T], *, url: str) -> T:
-    """Await ``awaitable``, turning driver and network failures into `LedgerUnavailable`."""
+    """Await ``awaitable``, turning database failures into ledger errors (`as_ledger_error`)."""
     try:
         return await awaitable
-    except LedgerError:
-        raise
-    except (DBAPIError, OSError, TimeoutError) as exc:
-        raise LedgerUnavailable(
-            f"ledger database {url} failed: {type(exc).__name__}: {exc}"
-        ) from exc
+    except Exception as exc:
+        mapped = as_ledger_error(exc, url=url)
+        if mapped is exc:
+            raise
+        raise mapped from exc
 
 
 async def run_postgres_write(engine: AsyncEngine, work: Work[T], *, url: str) -> T:
@@ -134,33 +162,46 @@ class SqliteWriter:
                 await asyncio.shield(self._commit(group))
 
     async def _commit(self, group: list[_Job]) -> None:
+        # Never raises: the writer task must outlive any one failed write.
         try:
             outcomes = await self._guard(self._in_thread(lambda: self._run_group(group)))
-        except LedgerError as exc:
-            if len(group) == 1:
-                _settle(group[0], error=exc)
-                return
-            # One write broke the database transaction: run each alone so only it fails.
+        except Exception as exc:
             for job in group:
-                await self._commit([job])
+                _settle(job, error=exc)
             return
         for job, (value, error) in zip(group, outcomes, strict=True):
             _settle(job, value=value, error=error)
 
     def _run_group(self, group: list[_Job]) -> list[tuple[Any, BaseException | None]]:
-        # Runs in the writer thread. Work functions raise their refusals (LedgerError,
-        # ValueError) only before their first write or after a write that changed nothing, so
-        # the rest of the group still commits.
+        # Runs in the writer thread. Each write runs inside a savepoint of the group's
+        # transaction: a write that fails, wherever it fails, is rolled back alone, and the
+        # others still commit. Savepoints cost microseconds here (no thread hand-off).
         conn = self._connection
         assert conn is not None
         outcomes: list[tuple[Any, BaseException | None]] = []
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+        if len(group) == 1:
+            # Alone in its transaction, a failed write is undone by the rollback itself.
+            try:
+                outcomes.append((group[0].work(conn), None))
+                conn.commit()
+            except BaseException as exc:
+                conn.rollback()
+                if not isinstance(exc, Exception):
+                    raise
+                return [(None, as_ledger_error(exc, url=self._url))]
+            return outcomes
         try:
             for job in group:
+                conn.exec_driver_sql("SAVEPOINT pa_write")
                 try:
-                    outcomes.append((job.work(conn), None))
-                except (LedgerError, ValueError) as exc:
-                    outcomes.append((None, exc))
+                    value = job.work(conn)
+                except Exception as exc:
+                    conn.exec_driver_sql("ROLLBACK TO pa_write")
+                    outcomes.append((None, as_ledger_error(exc, url=self._url)))
+                else:
+                    outcomes.append((value, None))
+                conn.exec_driver_sql("RELEASE pa_write")
             conn.commit()
         except BaseException:
             conn.rollback()

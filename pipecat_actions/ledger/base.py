@@ -8,7 +8,7 @@ __all__ = ["Ledger"]
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 from pipecat_actions.ledger.records import (
     AdmitResult,
@@ -38,9 +38,11 @@ class Ledger(ABC):
             The operation bound to the key, and whether this call created it.
 
         Raises:
-            IdempotencyMismatch: The key is bound to an operation with other arguments. Nothing
-                was written.
-            IllegalTransition: ``new.status`` cannot be reached from REQUESTED.
+            IdempotencyMismatch: The key is bound to an operation of another tool or with other
+                arguments. Nothing was written.
+            ValueError: ``new.status`` is not one an operation can start in (ADMITTED,
+                RUNNING, AWAITING_CONFIRMATION, AWAITING_APPROVAL).
+            TypeError: Arguments, before-state or detail cannot be encoded as JSON.
         """
 
     @abstractmethod
@@ -131,7 +133,7 @@ class Ledger(ABC):
     async def close(self) -> None:
         """Release connections. The ledger cannot be used afterwards."""
 
-    async def __aenter__(self) -> Ledger:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

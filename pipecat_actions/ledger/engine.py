@@ -54,15 +54,20 @@ class LedgerSettings:
         sqlite_synchronous: ``FULL`` (default, durable on power loss) or ``NORMAL`` (opt-in).
         sqlite_busy_timeout_ms: How long a SQLite connection waits for another process's lock.
         allow_unsafe_postgres: Accept a server with ``synchronous_commit=off`` or ``fsync=off``.
-        pool_size: PostgreSQL connections kept open.
+        pool_size: PostgreSQL connections kept open per process. Keep the sum over every
+            process sharing a server (pool_size + max_overflow each) under its
+            ``max_connections`` (100 by default).
         max_overflow: Extra PostgreSQL connections opened under load.
+        pool_timeout_secs: How long a write waits for a free PostgreSQL connection before it
+            fails with `LedgerUnavailable`.
     """
 
     sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
     sqlite_busy_timeout_ms: int = 10_000
     allow_unsafe_postgres: bool = False
-    pool_size: int = 10
-    max_overflow: int = 20
+    pool_size: int = 5
+    max_overflow: int = 5
+    pool_timeout_secs: float = 10.0
 
 
 def default_ledger_url() -> str:
@@ -121,7 +126,13 @@ def create_engine_for(url: URL, settings: LedgerSettings) -> AsyncEngine:
         settings: Durability and pool settings.
     """
     if url.get_backend_name() == "sqlite":
-        Path(url.database or "").parent.mkdir(parents=True, exist_ok=True)
+        directory = Path(url.database or "").parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerConfigurationError(
+                f"cannot create the ledger directory {directory}: {exc.strerror or exc}"
+            ) from exc
         engine = create_async_engine(url)
         _install_sqlite_checks(engine.sync_engine, settings)
         return engine
@@ -129,6 +140,7 @@ def create_engine_for(url: URL, settings: LedgerSettings) -> AsyncEngine:
         url,
         pool_size=settings.pool_size,
         max_overflow=settings.max_overflow,
+        pool_timeout=settings.pool_timeout_secs,
         pool_pre_ping=False,
     )
     _install_postgres_checks(engine, settings)

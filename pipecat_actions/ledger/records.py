@@ -11,6 +11,7 @@ __all__ = [
     "OperationFilter",
     "canonical_json",
     "hash_arguments",
+    "hash_canonical_json",
     "new_operation_id",
 ]
 
@@ -42,7 +43,12 @@ def canonical_json(value: Any) -> str:
 
 def hash_arguments(args: Mapping[str, Any]) -> str:
     """Return the SHA-256 hex digest of the canonical JSON of ``args``."""
-    return hashlib.sha256(canonical_json(args).encode("utf-8")).hexdigest()
+    return hash_canonical_json(canonical_json(args))
+
+
+def hash_canonical_json(text: str) -> str:
+    """Return the SHA-256 hex digest of text made by `canonical_json`."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def new_operation_id() -> str:

@@ -12,7 +12,6 @@ import builtins
 
 __all__ = ["CHANGEABLE_FIELDS", "SqlLedger"]
 
-import json
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -37,10 +36,12 @@ from pipecat_actions.ledger._rows import (
     ADMIT_STATUSES,
     CHANGEABLE_FIELDS,
     NON_TERMINAL,
+    EncodedOperation,
     column_changes,
     creation_events,
     encode_detail,
     new_row,
+    operation_from_row,
     to_event,
     to_operation,
     update_statement,
@@ -67,8 +68,6 @@ from pipecat_actions.ledger.records import (
     Operation,
     OperationEvent,
     OperationFilter,
-    canonical_json,
-    hash_arguments,
 )
 from pipecat_actions.ledger.schema import events, operations
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus, check_transition
@@ -109,7 +108,7 @@ class SqlLedger(Ledger):
         self._insert_operation = (
             dialect_insert(operations)
             .on_conflict_do_nothing(index_elements=["tenant", "key_slot"])
-            .returning(*operations.c)
+            .returning(operations.c.operation_id)
         )
         self._insert_refusal = insert(operations).returning(*operations.c)
         self._insert_events = insert(events)
@@ -242,17 +241,16 @@ class SqlLedger(Ledger):
                 f"admit inserts operations as {', '.join(sorted(ADMIT_STATUSES))}, "
                 f"not {new.status}; use record_refusal for REJECTED"
             )
-        args_json = canonical_json(dict(new.args))
-        args_hash = hash_arguments(dict(new.args))
+        encoded = EncodedOperation.of(new)
+        args_hash = encoded.args_hash
 
         def work(conn: Connection) -> AdmitResult:
             now = self._clock.now()
-            row = new_row(new, args_json, args_hash, now, key_slot=new.idempotency_key)
+            row = new_row(encoded, now, key_slot=new.idempotency_key)
             for _ in range(_ADMIT_RETRIES):
-                inserted = (conn.execute(self._insert_operation, row)).first()
-                if inserted is not None:
-                    conn.execute(self._insert_events, creation_events(new, now))
-                    return AdmitResult(to_operation(inserted), created=True)
+                if conn.execute(self._insert_operation, row).first() is not None:
+                    conn.execute(self._insert_events, creation_events(encoded, now))
+                    return AdmitResult(operation_from_row(row), created=True)
                 slot = {"tenant": new.tenant, "key_slot": new.idempotency_key}
                 existing = (conn.execute(self._select_slot, slot)).first()
                 if existing is None:
@@ -261,7 +259,7 @@ class SqlLedger(Ledger):
                 if held.key_expires_at <= now:
                     self._release_key(conn, held, now)
                     continue
-                if held.args_hash != args_hash:
+                if held.args_hash != args_hash or held.tool != new.tool:
                     raise IdempotencyMismatch(
                         tenant=new.tenant,
                         idempotency_key=new.idempotency_key,
@@ -278,19 +276,24 @@ class SqlLedger(Ledger):
 
     async def record_refusal(self, new: NewOperation) -> Operation:  # noqa: D102 - see Ledger
         refused = replace(new, status=ActionStatus.REJECTED)
-        args = dict(refused.args)
         try:
-            args_json = canonical_json(args)
+            encoded = EncodedOperation.of(refused)
         except (TypeError, ValueError):
             # A refusal records what was proposed even when it is not valid JSON.
-            args_json = canonical_json({"unencodable_arguments": repr(args)[:4096]})
-        args_hash = hash_arguments(json.loads(args_json))
+            encoded = EncodedOperation.of(
+                replace(
+                    refused,
+                    args={"unencodable_arguments": repr(dict(refused.args))[:4096]},
+                    before_state=None,
+                    detail={"unencodable_detail": repr(refused.detail)[:4096]},
+                )
+            )
 
         def work(conn: Connection) -> Operation:
             now = self._clock.now()
-            row = new_row(refused, args_json, args_hash, now, key_slot=None)
+            row = new_row(encoded, now, key_slot=None)
             inserted = (conn.execute(self._insert_refusal, row)).one()
-            conn.execute(self._insert_events, creation_events(refused, now))
+            conn.execute(self._insert_events, creation_events(encoded, now))
             return to_operation(inserted)
 
         return await self._write(work)
@@ -318,7 +321,9 @@ class SqlLedger(Ledger):
             from_status=released.status,
             to_status=released.status,
             actor="ledger",
-            detail={"reason": "idempotency window closed", "key_expires_at": held.key_expires_at},
+            detail_json=encode_detail(
+                {"reason": "idempotency window closed", "key_expires_at": held.key_expires_at}
+            ),
         )
 
     # --- transitions -----------------------------------------------------------------------
@@ -336,7 +341,9 @@ class SqlLedger(Ledger):
     ) -> Operation:
         check_transition(expected, to, operation_id=operation_id)
         expected, to = ActionStatus(expected), ActionStatus(to)
+        # Everything that can fail to encode is encoded before the write starts.
         columns = column_changes(changes)
+        detail_json = encode_detail(detail)
 
         def work(conn: Connection) -> Operation:
             now = self._clock.now()
@@ -345,7 +352,8 @@ class SqlLedger(Ledger):
                 values["admitted_at"] = now
             elif to is ActionStatus.RUNNING:
                 values.setdefault("sent_at", now)
-            if to is ActionStatus.COMMITTED:
+            if to is ActionStatus.COMMITTED and expected is not ActionStatus.COMPENSATING:
+                # A failed compensation returns to COMMITTED: the effect's time stays.
                 values["committed_at"] = now
             if to in TERMINAL_STATUSES:
                 values["finished_at"] = now
@@ -358,7 +366,7 @@ class SqlLedger(Ledger):
                 starts_attempt=to is ActionStatus.RUNNING,
                 kind=EventKind.TRANSITION,
                 actor=actor,
-                detail=detail,
+                detail_json=detail_json,
                 now=now,
             )
 
@@ -375,6 +383,7 @@ class SqlLedger(Ledger):
         fence: int | None = None,
     ) -> Operation:
         columns = column_changes(changes)
+        detail_json = encode_detail(detail)
 
         def work(conn: Connection) -> Operation:
             now = self._clock.now()
@@ -386,7 +395,7 @@ class SqlLedger(Ledger):
                 fence=fence,
                 kind=EventKind.ANNOTATION,
                 actor=actor,
-                detail=detail,
+                detail_json=detail_json,
                 now=now,
             )
 
@@ -402,7 +411,7 @@ class SqlLedger(Ledger):
         fence: int | None,
         kind: EventKind,
         actor: str,
-        detail: Mapping[str, Any] | None,
+        detail_json: str | None,
         now: float,
         starts_attempt: bool = False,
     ) -> Operation:
@@ -427,7 +436,7 @@ class SqlLedger(Ledger):
             from_status=expected.value if expected is not None else updated.status.value,
             to_status=updated.status.value,
             actor=actor,
-            detail=detail,
+            detail_json=detail_json,
         )
         return updated
 
@@ -472,7 +481,7 @@ class SqlLedger(Ledger):
         from_status: str | None,
         to_status: str,
         actor: str,
-        detail: Mapping[str, Any] | None,
+        detail_json: str | None,
     ) -> None:
         conn.execute(
             self._insert_events,
@@ -484,7 +493,7 @@ class SqlLedger(Ledger):
                 "from_status": from_status,
                 "to_status": to_status,
                 "actor": actor,
-                "detail_json": encode_detail(detail),
+                "detail_json": detail_json,
             },
         )
 

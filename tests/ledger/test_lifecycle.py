@@ -1,0 +1,145 @@
+"""The `Ledger` lifecycle: close, async with, unusable URLs and unreachable databases."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from pipecat_actions.clock import ManualClock
+from pipecat_actions.errors import (
+    LedgerConfigurationError,
+    LedgerError,
+    LedgerUnavailable,
+)
+from pipecat_actions.ledger import SqlLedger
+
+from ._support import S, assert_trail_is_contiguous, new_op
+
+
+async def test_a_closed_ledger_refuses_every_call_as_unavailable(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    opened = await SqlLedger.create(ledger_url, clock=clock)
+    op = (await opened.admit(new_op("k"))).operation
+    await opened.close()
+    await opened.close()  # closing twice is harmless
+
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "admit": lambda: opened.admit(new_op("k2")),
+        "record_refusal": lambda: opened.record_refusal(new_op("k3")),
+        "transition": lambda: opened.transition(
+            op.operation_id, expected=S.ADMITTED, to=S.RUNNING, fence=1, actor="r"
+        ),
+        "annotate": lambda: opened.annotate(op.operation_id, actor="r"),
+        "get": lambda: opened.get(op.operation_id),
+        "find_by_key": lambda: opened.find_by_key("default", "k"),
+        "list": lambda: opened.list(),
+        "events": lambda: opened.events(op.operation_id),
+        "claim_stale": lambda: opened.claim_stale("o", lease_secs=1, limit=1),
+        "renew_lease": lambda: opened.renew_lease("o", lease_secs=1),
+    }
+    not_refused = []
+    for name, call in calls.items():
+        try:
+            await asyncio.wait_for(call(), 5)
+        except LedgerUnavailable:
+            continue
+        except Exception as exc:
+            not_refused.append(f"{name}: {type(exc).__name__}: {exc}")
+        else:
+            not_refused.append(f"{name}: succeeded")
+    assert not_refused == []
+
+    async with await SqlLedger.create(ledger_url, clock=clock) as reopened:
+        assert [o.operation_id for o in await reopened.list()] == [op.operation_id]
+
+
+async def test_closing_with_writes_in_flight_settles_each_write_one_way_or_the_other(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    opened = await SqlLedger.create(ledger_url, clock=clock)
+    writes = [asyncio.create_task(opened.admit(new_op(f"k{n}"))) for n in range(200)]
+    await asyncio.sleep(0)  # the first writes reach the database
+
+    await asyncio.wait_for(opened.close(), 10)
+    done, hanging = await asyncio.wait(writes, timeout=10)
+
+    assert hanging == set()
+    refused = [t.exception() for t in done if t.exception() is not None]
+    assert all(isinstance(e, LedgerUnavailable) for e in refused), refused
+    acknowledged = {t.result().operation.operation_id for t in done if t.exception() is None}
+    async with await SqlLedger.create(ledger_url, clock=clock) as reopened:
+        stored = await reopened.list()
+        # Acknowledged writes are all there; refused ones left nothing behind.
+        assert {op.operation_id for op in stored} == acknowledged
+        for op in stored:
+            assert_trail_is_contiguous(op, await reopened.events(op.operation_id))
+
+
+async def test_async_with_closes_the_ledger(ledger_url: str, clock: ManualClock) -> None:
+    async with await SqlLedger.create(ledger_url, clock=clock) as opened:
+        await opened.admit(new_op("k"))
+
+    with pytest.raises(LedgerUnavailable):
+        await opened.list()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("mysql://user:hunter2@db.example/ledger", id="mysql"),
+        pytest.param("sqlite://", id="sqlite-memory-default"),
+        pytest.param("sqlite:///:memory:", id="sqlite-memory"),
+        pytest.param("sqlite+aiosqlite:///file::memory:?cache=shared", id="sqlite-memory-uri"),
+        pytest.param("::: not a url :::", id="garbage"),
+        pytest.param("http://user:hunter2@example.com/ledger", id="http"),
+    ],
+)
+async def test_create_refuses_an_unusable_url_with_a_configuration_error(url: str) -> None:
+    with pytest.raises(LedgerConfigurationError) as refused:
+        await SqlLedger.create(url)
+
+    assert "hunter2" not in str(refused.value)
+    assert refused.value.retryable is False
+
+
+async def test_create_on_a_sqlite_path_that_cannot_exist_raises_a_ledger_error(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+
+    with pytest.raises(LedgerError):
+        await SqlLedger.create(f"sqlite:///{blocker / 'sub' / 'ledger.db'}")
+
+
+async def test_create_on_a_file_that_is_not_a_database_raises_a_ledger_error(
+    tmp_path: Path,
+) -> None:
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a SQLite database, not at all " * 100)
+
+    with pytest.raises(LedgerError):
+        await SqlLedger.create(f"sqlite:///{garbage}")
+
+
+@pytest.mark.postgres
+async def test_unreachable_postgres_is_reported_as_unavailable_quickly() -> None:
+    started = time.monotonic()
+
+    with pytest.raises(LedgerUnavailable) as unavailable:
+        await asyncio.wait_for(SqlLedger.create("postgresql://postgres@127.0.0.1:1/ledger"), 20)
+
+    assert time.monotonic() - started < 10
+    assert unavailable.value.retryable is True
+    assert "127.0.0.1:1" in str(unavailable.value)
+
+
+@pytest.mark.postgres
+async def test_missing_postgres_database_is_reported_as_unavailable() -> None:
+    with pytest.raises(LedgerUnavailable):
+        await SqlLedger.create("postgresql://postgres@127.0.0.1:5432/pa_no_such_database_xyz")
