@@ -16,9 +16,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+SOURCES := $(wildcard pipecat_actions tests bench bots)
+
 lint: $(STAMP)
-	$(BIN)/ruff check pipecat_actions tests bench bots
-	$(BIN)/ruff format --check pipecat_actions tests bench bots
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
