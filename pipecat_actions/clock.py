@@ -1,28 +1,39 @@
-"""Time sources. Admission, execution and the ledger read time only through a `Clock`."""
+"""Time sources. Admission, execution and the ledger read time and wait only through a `Clock`."""
 
 from __future__ import annotations
 
 __all__ = ["Clock", "ManualClock", "SystemClock"]
 
+import asyncio
+import heapq
+import itertools
 import time
 from typing import Protocol, runtime_checkable
 
 
 @runtime_checkable
 class Clock(Protocol):
-    """A source of wall-clock time."""
+    """A source of wall-clock time that can also be waited on."""
 
     def now(self) -> float:
         """Return the current time in seconds since the Unix epoch (UTC)."""
         ...
 
+    async def sleep(self, secs: float) -> None:
+        """Return once ``secs`` seconds of this clock's time have passed."""
+        ...
+
 
 class SystemClock:
-    """The real wall clock (`time.time`)."""
+    """The real wall clock (`time.time`, `asyncio.sleep`)."""
 
     def now(self) -> float:
         """Return ``time.time()``."""
         return time.time()
+
+    async def sleep(self, secs: float) -> None:
+        """Wait ``secs`` real seconds."""
+        await asyncio.sleep(max(0.0, secs))
 
 
 class ManualClock:
@@ -34,16 +45,33 @@ class ManualClock:
 
     def __init__(self, start: float = 1_800_000_000.0) -> None:
         self._now = float(start)
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
 
     def now(self) -> float:
         """Return the current manual time."""
         return self._now
 
+    async def sleep(self, secs: float) -> None:
+        """Wait until the clock has been advanced by ``secs`` (yields once when ``secs <= 0``)."""
+        if secs <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._now + secs, next(self._order), future))
+        await future
+
+    @property
+    def sleepers(self) -> int:
+        """How many `sleep` calls are waiting (cancelled ones included until woken)."""
+        return sum(1 for *_, f in self._sleepers if not f.done())
+
     def advance(self, secs: float) -> float:
-        """Move the clock forward by ``secs`` (never backwards) and return the new time."""
+        """Move the clock forward by ``secs`` (never backwards), wake due sleepers, return now."""
         if secs < 0:
             raise ValueError(f"a clock cannot go back (advance by {secs})")
         self._now += secs
+        self._wake()
         return self._now
 
     def set(self, now: float) -> None:
@@ -51,3 +79,10 @@ class ManualClock:
         if now < self._now:
             raise ValueError(f"a clock cannot go back ({now} < {self._now})")
         self._now = float(now)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._sleepers and self._sleepers[0][0] <= self._now:
+            _, _, future = heapq.heappop(self._sleepers)
+            if not future.done():
+                future.set_result(None)

@@ -1,0 +1,239 @@
+"""Actions: the application's effects, with the hooks the runtime needs to keep them truthful.
+
+An action is an async function that changes (or reads) the system of record. Its first
+parameter is an `ActionContext`; the others are the tool's arguments, typed, and become both the
+pydantic model that validates what the LLM sends and the tool schema the LLM sees::
+
+    @action(reconcile=find_booking, compensate=cancel_booking_for, snapshot=None, cancel=None)
+    async def book_table(ctx: ActionContext, restaurant_id: str, date: str, time: str,
+                         party_size: int) -> dict[str, Any]:
+        \"\"\"Book a table and return its booking reference.\"\"\"
+        booking = await provider.book(..., idempotency_key=ctx.idempotency_key)
+        return {"booking_id": booking.booking_id}
+
+Hooks, each optional:
+
+* ``reconcile(ctx) -> Reconciliation``: ask the system of record what became of an operation
+  whose outcome is unknown, by operation id or idempotency key.
+* ``compensate(ctx) -> result``: reverse a committed operation, given its result and
+  before-state; it runs as a new operation of its own.
+* ``snapshot(ctx) -> before_state``: capture what the effect will change, before it runs.
+* ``cancel(ctx) -> CancelOutcome``: ask the provider to stop an operation already sent.
+* ``preconditions(ctx) -> None``: domain checks before admission; raise `Refused` to refuse.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActionContext",
+    "ActionDefinition",
+    "CancelOutcome",
+    "Reconciliation",
+    "Refused",
+    "action",
+]
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+from pipecat_actions.errors import ConfigurationError, PipecatActionsError
+from pipecat_actions.ledger.records import Operation
+
+
+@dataclass(frozen=True, slots=True)
+class ActionContext:
+    """What an effect and its hooks know about the operation they serve.
+
+    Attributes:
+        operation_id: The ledger's id of the operation.
+        idempotency_key: The key to send to a provider that deduplicates requests.
+        tool: The tool name.
+        args: The validated, normalised arguments.
+        attempt: 1 for the first try, 2 for the first retry, ...
+        session_id: The conversation the operation belongs to.
+        principal: Who the operation acts for (the session's principal, never an LLM id).
+        tenant: The tenant.
+        deadline_at: When the operation must have an outcome (epoch seconds), if known.
+        operation: The ledger record, for hooks that run on an existing operation.
+    """
+
+    operation_id: str
+    idempotency_key: str
+    tool: str
+    args: Mapping[str, Any]
+    attempt: int
+    session_id: str
+    principal: str
+    tenant: str
+    deadline_at: float | None = None
+    operation: Operation | None = None
+
+
+class Refused(PipecatActionsError):
+    """Raised by a preconditions hook to refuse a call; ``message`` is told to the model.
+
+    Args:
+        message: A plain-language reason the model can relay to the user.
+        code: A short machine-readable reason (``"no_such_booking"``).
+    """
+
+    def __init__(self, message: str, *, code: str = "precondition_failed") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ReconcileState(StrEnum):
+    """What the system of record says about an operation."""
+
+    COMMITTED = "committed"
+    NOT_FOUND = "not_found"
+    PENDING = "pending"
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """The answer of a ``reconcile`` hook.
+
+    Use the constructors: `Reconciliation.committed(result)`, `Reconciliation.not_found()`,
+    `Reconciliation.pending()`.
+    """
+
+    state: ReconcileState
+    result: Any = None
+
+    @classmethod
+    def committed(cls, result: Any) -> Reconciliation:
+        """The system of record has the operation; ``result`` is what the effect would return."""
+        return cls(ReconcileState.COMMITTED, result)
+
+    @classmethod
+    def not_found(cls) -> Reconciliation:
+        """The system of record has no trace of the operation: it did not happen."""
+        return cls(ReconcileState.NOT_FOUND)
+
+    @classmethod
+    def pending(cls) -> Reconciliation:
+        """The system of record is still working on it, or cannot say yet."""
+        return cls(ReconcileState.PENDING)
+
+
+class CancelOutcome(StrEnum):
+    """The answer of a ``cancel`` hook."""
+
+    CANCELLED = "cancelled"
+    """The provider confirms nothing happened and nothing will."""
+    TOO_LATE = "too_late"
+    """The provider had already done it."""
+    UNKNOWN = "unknown"
+    """The provider cannot say."""
+
+
+Effect = Callable[..., Awaitable[Any]]
+Hook = Callable[[ActionContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionDefinition:
+    """An effect with its hooks and its argument model; build it with `action`."""
+
+    name: str
+    effect: Effect
+    args_model: type[BaseModel]
+    description: str
+    reconcile: Hook | None = None
+    compensate: Hook | None = None
+    snapshot: Hook | None = None
+    cancel: Hook | None = None
+    preconditions: Hook | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    async def run(self, ctx: ActionContext) -> Any:
+        """Call the effect with the context and the validated arguments."""
+        return await self.effect(ctx, **ctx.args)
+
+    def json_schema(self) -> dict[str, Any]:
+        """Return the JSON schema of the arguments (``properties`` and ``required``)."""
+        schema = self.args_model.model_json_schema()
+        return {
+            "properties": schema.get("properties", {}),
+            "required": schema.get("required", []),
+        }
+
+
+_F = TypeVar("_F", bound=Effect)
+
+
+def action(
+    fn: Effect | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    reconcile: Hook | None = None,
+    compensate: Hook | None = None,
+    snapshot: Hook | None = None,
+    cancel: Hook | None = None,
+    preconditions: Hook | None = None,
+) -> Any:
+    """Turn an async effect into an `ActionDefinition` (usable bare or with options).
+
+    Args:
+        fn: The effect, when used as ``@action`` without parentheses.
+        name: The tool name; defaults to the function's name.
+        description: What the LLM is told the tool does; defaults to the docstring.
+        reconcile: See the module docstring; the same for the other hooks.
+        compensate: Reverses a committed operation.
+        snapshot: Captures the before-state.
+        cancel: Asks the provider to cancel an operation already sent.
+        preconditions: Domain checks before admission.
+
+    Raises:
+        ConfigurationError: The effect is not ``async``, lacks the context parameter, or has
+            a parameter without a type annotation.
+    """
+
+    def build(effect: Effect) -> ActionDefinition:
+        return ActionDefinition(
+            name=name or effect.__name__,
+            effect=effect,
+            args_model=_args_model(effect, name or effect.__name__),
+            description=description or inspect.getdoc(effect) or (name or effect.__name__),
+            reconcile=reconcile,
+            compensate=compensate,
+            snapshot=snapshot,
+            cancel=cancel,
+            preconditions=preconditions,
+        )
+
+    return build(fn) if fn is not None else build
+
+
+def _args_model(effect: Effect, name: str) -> type[BaseModel]:
+    if not inspect.iscoroutinefunction(effect):
+        raise ConfigurationError(f"action {name}: the effect must be an async function")
+    parameters = list(inspect.signature(effect).parameters.values())
+    if not parameters:
+        raise ConfigurationError(f"action {name}: the first parameter must take the ActionContext")
+    hints = get_type_hints(effect)
+    fields: dict[str, Any] = {}
+    for parameter in parameters[1:]:
+        if parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            raise ConfigurationError(
+                f"action {name}: parameter {parameter.name} must be a plain named parameter"
+            )
+        if parameter.name not in hints:
+            raise ConfigurationError(
+                f"action {name}: parameter {parameter.name} needs a type annotation"
+            )
+        default = ... if parameter.default is parameter.empty else parameter.default
+        fields[parameter.name] = (hints[parameter.name], default)
+    model: type[BaseModel] = create_model(
+        f"{name}_arguments",
+        __config__=ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True),
+        **fields,
+    )
+    return model

@@ -1,0 +1,411 @@
+"""Admission: the ordered checks a proposed tool call passes before anything happens.
+
+Each step passes, or ends the call with a final tool result the model can relay (a refused call
+still closes its tool call) and an audit record in the ledger:
+
+unknown tool → stale proposal → payload cap (before parsing) → argument validation →
+authorization of the session principal → preconditions → limits → idempotency key and the
+duplicate policy → confirmation or approval → durable admission.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Admission", "Admitter", "Joined", "Refusal"]
+
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from pipecat_actions.actions import Refused
+from pipecat_actions.admission.authorization import AuthorizationRequest, Authorizer
+from pipecat_actions.admission.idempotency import intent_key
+from pipecat_actions.admission.limits import Coalesced, Degraded, Limiter, Slot
+from pipecat_actions.clock import Clock
+from pipecat_actions.errors import IdempotencyMismatch
+from pipecat_actions.execution.executor import Binding, Executor
+from pipecat_actions.execution.results import refusal_result
+from pipecat_actions.ledger import Ledger, NewOperation, Operation
+from pipecat_actions.policy import AdmitWhen, ConfirmationMode, OnDuplicate, ToolKind
+from pipecat_actions.session import SessionState
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
+
+S = ActionStatus
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The call was refused; ``result`` is its final tool result."""
+
+    result: dict[str, Any]
+    operation: Operation | None = None
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The call is a duplicate of ``operation`` and shares its outcome."""
+
+    operation: Operation
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The call was admitted as ``operation`` (ADMITTED, RUNNING or AWAITING_*)."""
+
+    operation: Operation
+    binding: Binding
+    slot: Slot | None
+    generation: int
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The call is answered without an operation of its own (coalesced read or degraded)."""
+
+    result: Any
+    pending: Coalesced | None = None
+
+
+class Admitter:
+    """Runs the admission steps for one runtime."""
+
+    def __init__(
+        self,
+        *,
+        bindings: Mapping[str, Binding],
+        ledger: Ledger,
+        clock: Clock,
+        authorizer: Authorizer,
+        limiter: Limiter,
+        executor: Executor,
+        owner: str,
+        lease_secs: float,
+        cancel: Callable[[Operation], Awaitable[Operation]],
+    ) -> None:
+        self._cancel = cancel
+        self._bindings = bindings
+        self._ledger = ledger
+        self._clock = clock
+        self._authorizer = authorizer
+        self._limiter = limiter
+        self._executor = executor
+        self._owner = owner
+        self._lease_secs = lease_secs
+
+    async def admit(
+        self,
+        tool: str,
+        raw_args: Mapping[str, Any] | str,
+        session: SessionState,
+        *,
+        tool_call_id: str | None = None,
+        generation: int | None = None,
+    ) -> Refusal | Joined | Admission | Shared:
+        """Run every admission step for one proposed call."""
+        generation = session.generation if generation is None else generation
+        base = _Audit(tool, session, tool_call_id, str(session.user_turn), generation)
+        binding = self._bindings.get(tool)
+        if binding is None:
+            return await self._refuse(
+                base, "unknown_tool", f"There is no tool named {tool!r}; nothing was done."
+            )
+        policy = binding.policy
+        base.kind = policy.kind.value
+        mutation = policy.kind is ToolKind.MUTATION
+        if mutation and session.is_interrupted(generation) and not policy.allow_stale_proposal:
+            return await self._refuse(
+                base,
+                "stale_proposal",
+                "The user interrupted before this was settled, so nothing was done; ask the "
+                "user again if they still want it.",
+            )
+        parsed = self._parse(raw_args, policy.max_payload_bytes, base)
+        if isinstance(parsed, _Refuse):
+            return await self._refuse(base, parsed.code, parsed.message)
+        base.args = parsed
+        try:
+            args = binding.action.args_model.model_validate(parsed).model_dump(mode="json")
+        except ValidationError as exc:
+            return await self._refuse(base, "invalid_arguments", _describe(exc))
+        base.args = args
+        try:
+            resource_key = policy.resource_key(args)
+        except KeyError:
+            resource_key = None
+        base.resource_key = resource_key
+        decision = await self._authorizer.authorize(
+            AuthorizationRequest(
+                principal=session.principal,
+                tenant=session.tenant,
+                session_id=session.session_id,
+                tool=tool,
+                kind=policy.kind.value,
+                args=args,
+                resource_key=resource_key,
+            )
+        )
+        if not decision.allowed:
+            return await self._refuse(
+                base, "not_authorized", decision.reason or "This is not allowed for this user."
+            )
+        key = intent_key(tool, args, policy, session)
+        if policy.on_duplicate is OnDuplicate.ALLOW:
+            key = f"{key}|{uuid.uuid4().hex[:12]}"
+        try:
+            if binding.action.preconditions is not None:
+                await binding.action.preconditions(
+                    self._executor.context(_draft(base, key, session), binding)
+                )
+            self._limiter.charge_session(tool, policy, session.session_id)
+        except Refused as exc:
+            return await self._refuse(base, exc.code, exc.message)
+        existing = await self._ledger.find_by_key(session.tenant, key)
+        if existing is not None and existing.status is not S.REJECTED:
+            duplicate = await self._duplicate(base, binding, existing, key, session)
+            if duplicate is not None:
+                return duplicate
+            key = f"{key}|again:{existing.operation_id}"
+        try:
+            taken = await self._limiter.acquire(
+                tool, policy, session.principal, coalesce_key=key if not mutation else None
+            )
+        except Refused as exc:
+            return await self._refuse(base, exc.code, exc.message)
+        if isinstance(taken, Degraded):
+            return Shared(taken.result)
+        if isinstance(taken, Coalesced):
+            return Shared(None, pending=taken)
+        return await self._insert(base, binding, key, args, session, taken, generation)
+
+    async def _duplicate(
+        self,
+        base: _Audit,
+        binding: Binding,
+        existing: Operation,
+        key: str,
+        session: SessionState,
+    ) -> Refusal | Joined | None:
+        """Apply ``on_duplicate`` to a call whose key is bound to ``existing``.
+
+        Returns None when a new operation should be admitted (under a derived key).
+        """
+        if existing.args_hash != _hash(base.args) or existing.tool != base.tool:
+            return None  # another intent under the same key: the ledger refuses it at insert
+        mode = binding.policy.on_duplicate
+        if mode is OnDuplicate.REJECT:
+            return await self._refuse(
+                base,
+                "duplicate",
+                f"This was already requested (operation {existing.operation_id}, "
+                f"{existing.status.value.lower()}); it was not done again.",
+                operation_id=existing.operation_id,
+            )
+        if mode is OnDuplicate.CONFIRM:
+            return None
+        if mode is OnDuplicate.REPLACE and existing.status not in TERMINAL_STATUSES:
+            stopped = await self._cancel(existing)
+            return None if stopped.status is S.CANCELLED else Joined(stopped)
+        return Joined(existing)
+
+    async def _insert(
+        self,
+        base: _Audit,
+        binding: Binding,
+        key: str,
+        args: dict[str, Any],
+        session: SessionState,
+        slot: Slot,
+        generation: int,
+    ) -> Refusal | Joined | Admission:
+        policy = binding.policy
+        now = self._clock.now()
+        confirmation = policy.confirmation
+        again = "|again:" in key
+        if confirmation.mode is ConfirmationMode.APPROVAL:
+            status, expires = S.AWAITING_APPROVAL, confirmation.expires_after_secs
+        elif confirmation.mode is ConfirmationMode.VERBAL or (
+            again and policy.on_duplicate is OnDuplicate.CONFIRM
+        ):
+            status, expires = S.AWAITING_CONFIRMATION, confirmation.expires_after_secs or 120.0
+        elif policy.admit_when is AdmitWhen.TURN_CONFIRMED:
+            status, expires = S.ADMITTED, None
+        else:
+            status, expires = S.RUNNING, None
+        deadline_at = now + (expires if expires is not None else policy.deadline_secs)
+        before_state = None
+        if binding.action.snapshot is not None and status in (S.RUNNING, S.ADMITTED):
+            before_state = await binding.action.snapshot(
+                self._executor.context(_draft(base, key, session), binding)
+            )
+        new = NewOperation(
+            tool=base.tool,
+            kind=base.kind,
+            args=args,
+            idempotency_key=key,
+            session_id=session.session_id,
+            principal=session.principal,
+            tenant=session.tenant,
+            status=status,
+            idempotency_window_secs=policy.idempotency.window_secs,
+            resource_key=base.resource_key,
+            turn_id=base.turn_id,
+            provider_call_id=base.tool_call_id,
+            agent=session.active_agent,
+            before_state=before_state,
+            deadline_at=deadline_at,
+            lease_owner=self._owner,
+            lease_secs=self._lease_secs,
+            actor=f"runtime:{self._owner}",
+            detail={"generation": generation, "principal": session.principal},
+        )
+        try:
+            admitted = await self._ledger.admit(new)
+        except IdempotencyMismatch as exc:
+            slot.release()
+            return await self._refuse(
+                base,
+                "idempotency_mismatch",
+                "An earlier request with the same intent had different details "
+                f"(operation {exc.operation_id}); nothing new was done.",
+                operation_id=exc.operation_id,
+            )
+        except BaseException:
+            slot.release()
+            raise
+        if not admitted.created:
+            slot.release()
+            return Joined(admitted.operation)
+        return Admission(admitted.operation, binding, slot, generation)
+
+    def _parse(
+        self, raw_args: Mapping[str, Any] | str, cap: int, base: _Audit
+    ) -> dict[str, Any] | _Refuse:
+        try:
+            text = raw_args if isinstance(raw_args, str) else json.dumps(raw_args)
+        except (TypeError, ValueError, RecursionError):
+            return _Refuse("invalid_arguments", "The arguments are not valid JSON data.")
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > cap:
+            base.args = {"oversized_arguments_bytes": size}
+            return _Refuse(
+                "payload_too_large",
+                f"The arguments are too large ({size} bytes, at most {cap}); nothing was done.",
+            )
+        if not isinstance(raw_args, str):
+            return dict(raw_args)
+        try:
+            parsed = json.loads(text)
+        except (ValueError, RecursionError):
+            return _Refuse("invalid_arguments", "The arguments are not valid JSON.")
+        if not isinstance(parsed, dict):
+            return _Refuse("invalid_arguments", "The arguments must be a JSON object.")
+        return parsed
+
+    async def _refuse(
+        self, base: _Audit, code: str, message: str, *, operation_id: str | None = None
+    ) -> Refusal:
+        refused = await self._ledger.record_refusal(
+            NewOperation(
+                tool=base.tool[:64],
+                kind=base.kind,
+                args=base.args,
+                idempotency_key=f"refused|{uuid.uuid4().hex}",
+                session_id=base.session.session_id,
+                principal=base.session.principal,
+                tenant=base.session.tenant,
+                resource_key=base.resource_key,
+                turn_id=base.turn_id,
+                provider_call_id=base.tool_call_id,
+                agent=base.session.active_agent,
+                error=message,
+                actor=f"runtime:{self._owner}",
+                detail={"reason": code, "duplicate_of": operation_id},
+            )
+        )
+        return Refusal(
+            refusal_result(message, code=code, operation_id=operation_id or refused.operation_id),
+            refused,
+        )
+
+
+@dataclass
+class _Audit:
+    tool: str
+    session: SessionState
+    tool_call_id: str | None
+    turn_id: str
+    generation: int
+    kind: str = "unknown"
+    args: Mapping[str, Any] = field(default_factory=dict)
+    resource_key: str | None = None
+
+
+@dataclass(frozen=True)
+class _Refuse:
+    code: str
+    message: str
+
+
+def _hash(args: Mapping[str, Any]) -> str:
+    from pipecat_actions.ledger import hash_arguments
+
+    return hash_arguments(args)
+
+
+def _draft(base: _Audit, key: str, session: SessionState) -> Operation:
+    """A stand-in record for hooks that run before the operation exists (snapshot, checks)."""
+    from pipecat_actions.ledger.records import canonical_json
+
+    args_json = canonical_json(dict(base.args))
+    return Operation(
+        operation_id="(not yet admitted)",
+        tenant=session.tenant,
+        session_id=session.session_id,
+        principal=session.principal,
+        tool=base.tool,
+        kind=base.kind,
+        args_json=args_json,
+        args_hash=_hash(base.args),
+        idempotency_key=key,
+        key_expires_at=0.0,
+        resource_key=base.resource_key,
+        turn_id=base.turn_id,
+        provider_call_id=base.tool_call_id,
+        model_response_id=None,
+        rationale=None,
+        agent=session.active_agent,
+        delivered_agent=None,
+        status=S.REQUESTED,
+        attempt=0,
+        result_json=None,
+        error=None,
+        before_state_json=None,
+        compensates=None,
+        deadline_at=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        fence=0,
+        event_seq=0,
+        escalated_at=None,
+        created_at=0.0,
+        updated_at=0.0,
+        admitted_at=None,
+        started_at=None,
+        sent_at=None,
+        committed_at=None,
+        finished_at=None,
+        delivered_at=None,
+        acknowledged_at=None,
+    )
+
+
+def _describe(exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors(include_url=False, include_input=False)[:5]:
+        where = ".".join(str(p) for p in error["loc"]) or "arguments"
+        problems.append(f"{where}: {error['msg']}")
+    return "The arguments are not valid (" + "; ".join(problems) + "); nothing was done."

@@ -1,0 +1,169 @@
+"""Limits and backpressure per tool: concurrency, per-principal, rate, session budget, overflow.
+
+One `Limiter` per runtime (per process). A call that passes holds a `Slot` until its operation
+has an outcome. When a limit is reached, the tool's ``overflow`` policy decides:
+
+* ``reject``: refuse with a reason the model can relay;
+* ``queue``: wait for a slot, at most ``max_queued`` callers at a time;
+* ``coalesce`` (reads only): share the result of an identical call already running;
+* ``degrade``: answer with the policy's ``degrade_result`` instead of running the tool.
+
+The session budget and the rate are never queued: a runaway loop is stopped, not delayed.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Coalesced", "Degraded", "LimitExceeded", "Limiter", "Slot"]
+
+import asyncio
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipecat_actions.actions import Refused
+from pipecat_actions.policy import Overflow, ToolPolicy
+
+
+class LimitExceeded(Refused):
+    """A call was refused by a limit; ``code`` says which."""
+
+
+@dataclass(eq=False)
+class Slot:
+    """Permission to run one call; `release` it exactly once when the call has an outcome."""
+
+    _release: Callable[[], None]
+    _released: bool = False
+
+    def release(self) -> None:
+        """Give the slot back (a second call does nothing)."""
+        if not self._released:
+            self._released = True
+            self._release()
+
+
+@dataclass(frozen=True)
+class Coalesced:
+    """The call joins an identical read already running: await ``result``."""
+
+    result: asyncio.Future[Any]
+
+
+@dataclass(frozen=True)
+class Degraded:
+    """The call is answered with the policy's fallback result."""
+
+    result: Any
+
+
+@dataclass
+class _ToolState:
+    running: int = 0
+    queued: int = 0
+    per_principal: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    starts: deque[float] = field(default_factory=deque)
+    inflight_reads: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
+    freed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
+class Limiter:
+    """Counts what runs, per tool, principal and session, and applies each tool's limits.
+
+    Args:
+        now: The clock's ``now`` (epoch seconds), for the rate window.
+    """
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self._tools: dict[str, _ToolState] = defaultdict(_ToolState)
+        self._session_calls: dict[tuple[str, str], int] = defaultdict(int)
+
+    def running(self, tool: str) -> int:
+        """How many calls of ``tool`` hold a slot now."""
+        return self._tools[tool].running
+
+    def charge_session(self, tool: str, policy: ToolPolicy, session_id: str) -> None:
+        """Count one call of ``tool`` against the session's budget.
+
+        Raises:
+            LimitExceeded: The session already used its budget for this tool.
+        """
+        budget = policy.limits.session_budget
+        key = (session_id, tool)
+        if budget is not None and self._session_calls[key] >= budget:
+            raise LimitExceeded(
+                f"{tool} was already used {budget} times in this conversation, the most "
+                "allowed; tell the user it cannot be done again now",
+                code="session_budget",
+            )
+        self._session_calls[key] += 1
+
+    async def acquire(
+        self, tool: str, policy: ToolPolicy, principal: str, *, coalesce_key: str | None = None
+    ) -> Slot | Coalesced | Degraded:
+        """Take a slot for a call of ``tool`` by ``principal``, or apply the overflow policy.
+
+        Raises:
+            LimitExceeded: The rate or a concurrency limit is reached and overflow rejects,
+                or the queue is full.
+        """
+        limits = policy.limits
+        state = self._tools[tool]
+        if limits.rate_per_minute is not None:
+            now = self._now()
+            while state.starts and state.starts[0] <= now - 60.0:
+                state.starts.popleft()
+            if len(state.starts) >= limits.rate_per_minute:
+                raise LimitExceeded(
+                    f"{tool} is being called too often; try again in a minute", code="rate"
+                )
+        if self._full(state, policy, principal):
+            if limits.overflow is Overflow.COALESCE and coalesce_key in state.inflight_reads:
+                return Coalesced(state.inflight_reads[coalesce_key])
+            if limits.overflow is Overflow.DEGRADE:
+                return Degraded(limits.degrade_result)
+            if limits.overflow is not Overflow.QUEUE or state.queued >= limits.max_queued:
+                raise LimitExceeded(
+                    f"{tool} is busy right now; tell the user to try again shortly",
+                    code="concurrency",
+                )
+            state.queued += 1
+            try:
+                async with state.freed:
+                    await state.freed.wait_for(lambda: not self._full(state, policy, principal))
+            finally:
+                state.queued -= 1
+        return self._take(tool, state, policy, principal)
+
+    def register_read(self, tool: str, coalesce_key: str, result: asyncio.Future[Any]) -> None:
+        """Let identical reads of ``tool`` join ``result`` while it is pending."""
+        inflight = self._tools[tool].inflight_reads
+        inflight[coalesce_key] = result
+        result.add_done_callback(lambda _: inflight.pop(coalesce_key, None))
+
+    def _full(self, state: _ToolState, policy: ToolPolicy, principal: str) -> bool:
+        limits = policy.limits
+        if limits.max_concurrent is not None and state.running >= limits.max_concurrent:
+            return True
+        return (
+            limits.per_principal is not None
+            and state.per_principal[principal] >= limits.per_principal
+        )
+
+    def _take(self, tool: str, state: _ToolState, policy: ToolPolicy, principal: str) -> Slot:
+        state.running += 1
+        state.per_principal[principal] += 1
+        if policy.limits.rate_per_minute is not None:
+            state.starts.append(self._now())
+
+        def release() -> None:
+            state.running -= 1
+            state.per_principal[principal] -= 1
+            asyncio.get_running_loop().create_task(self._notify(state))
+
+        return Slot(release)
+
+    async def _notify(self, state: _ToolState) -> None:
+        async with state.freed:
+            state.freed.notify_all()

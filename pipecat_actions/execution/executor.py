@@ -1,0 +1,339 @@
+"""Running an admitted operation: write-ahead, effect, classified outcome, retries, reconciliation.
+
+The status is written **before** the effect is called (RUNNING, attempt n, sent_at) and after
+its answer. A lost answer is UNKNOWN and is never retried blindly: the action's ``reconcile``
+hook asks the system of record; without one the operation stays UNKNOWN and is escalated.
+
+The effect runs in a task of its own that only the watchdog (deadline) or a confirmed cancel
+may stop. When one of them takes an operation over, this executor stops waiting; if the effect
+still answers later, the answer is recorded as a late event and only settles an operation that
+is still UNKNOWN (it never overwrites a terminal status).
+"""
+
+from __future__ import annotations
+
+__all__ = ["Binding", "Executor", "Tracked"]
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loguru import logger
+
+from pipecat_actions.actions import ActionContext, ActionDefinition, ReconcileState
+from pipecat_actions.admission.authorization import AuthorizationRequest, Authorizer
+from pipecat_actions.clock import Clock
+from pipecat_actions.errors import TransitionRefused
+from pipecat_actions.execution.outcomes import Outcome, classify
+from pipecat_actions.ledger import Ledger, Operation
+from pipecat_actions.policy import ToolKind, ToolPolicy
+from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus
+
+S = ActionStatus
+
+
+@dataclass(frozen=True)
+class Binding:
+    """An action together with its policy."""
+
+    action: ActionDefinition
+    policy: ToolPolicy
+
+
+@dataclass(eq=False)
+class Tracked:
+    """What the runtime keeps in memory about an operation it owns."""
+
+    operation_id: str
+    binding: Binding
+    fence: int
+    done: asyncio.Future[Operation]
+    takeover: asyncio.Event = field(default_factory=asyncio.Event)
+    effect_task: asyncio.Task[Any] | None = None
+    on_finish: list[Callable[[], None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ReconcileSchedule:
+    """How often an UNKNOWN operation is checked before it is escalated."""
+
+    initial_secs: float = 0.5
+    multiplier: float = 2.0
+    max_secs: float = 30.0
+    max_probes: int = 8
+
+
+class Executor:
+    """Runs operations for one runtime.
+
+    Args:
+        ledger: Where every status change is written first.
+        clock: Time and sleeping.
+        authorizer: Asked again before every retry and every recovered run.
+        actor: Recorded on every audit event this executor writes.
+        schedule: Reconciliation probe schedule.
+        rand: Source of jitter in [0, 1).
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        clock: Clock,
+        authorizer: Authorizer,
+        *,
+        actor: str,
+        schedule: ReconcileSchedule | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.ledger = ledger
+        self.clock = clock
+        self.authorizer = authorizer
+        self.actor = actor
+        self.schedule = schedule or ReconcileSchedule()
+        self.rand = rand
+
+    # --- running ---------------------------------------------------------------------------
+
+    async def run(self, op: Operation, tracked: Tracked, *, stage: str = "admission") -> Operation:
+        """Drive ``op`` (ADMITTED, RUNNING or FAILED_RETRYABLE) to an outcome and return it."""
+        binding = tracked.binding
+        mutation = binding.policy.kind is ToolKind.MUTATION
+        while True:
+            if op.status in (S.ADMITTED, S.FAILED_RETRYABLE):
+                if op.attempt > 0 or stage != "admission":
+                    denied = await self._denied(op, binding, "retry" if op.attempt else stage)
+                    if denied is not None:
+                        return await self._settle(op, tracked, S.FAILED_FINAL, error=denied)
+                started = await self._move(op, tracked, S.RUNNING, reason="attempt starts")
+                if started is None:
+                    return await self.ledger.get(op.operation_id)
+                op = started
+            if op.status is not S.RUNNING:
+                return op
+            answer = await self._call_effect(op, tracked)
+            if answer is _TAKEN_OVER:
+                return await self.ledger.get(op.operation_id)
+            value, error = answer
+            if error is None:
+                return await self._settle(op, tracked, S.COMMITTED, result=value)
+            outcome = classify(error, mutation=mutation)
+            message = f"{type(error).__name__}: {error}"
+            if outcome is Outcome.FINAL:
+                return await self._settle(op, tracked, S.FAILED_FINAL, error=message)
+            if outcome is Outcome.UNKNOWN:
+                unknown = await self._settle(op, tracked, S.UNKNOWN, error=message)
+                if unknown.status is not S.UNKNOWN:
+                    return unknown
+                return await self.reconcile(unknown, tracked)
+            failed = await self._settle(op, tracked, S.FAILED_RETRYABLE, error=message)
+            if failed.status is not S.FAILED_RETRYABLE:
+                return failed
+            delay = self._retry_delay(failed, binding.policy, outcome)
+            if delay is None:
+                return await self._settle(
+                    failed, tracked, S.FAILED_FINAL, error=f"{message} (no retry left)"
+                )
+            await self.clock.sleep(delay)
+            op = await self.ledger.get(op.operation_id)
+
+    def _retry_delay(self, op: Operation, policy: ToolPolicy, outcome: Outcome) -> float | None:
+        retry = policy.retry
+        if op.attempt >= retry.max_attempts:
+            return None
+        safe = (
+            policy.kind is ToolKind.READ
+            or policy.idempotency.provider_dedupes
+            or outcome is Outcome.NOT_SENT
+        )
+        if not safe:
+            return None
+        delay = retry.delay_for(op.attempt, rand=self.rand())
+        if op.deadline_at is not None and self.clock.now() + delay >= op.deadline_at:
+            return None
+        return delay
+
+    async def _call_effect(self, op: Operation, tracked: Tracked) -> Any:
+        binding = tracked.binding
+        ctx = self.context(op, binding)
+        task = asyncio.get_running_loop().create_task(
+            binding.action.run(ctx), name=f"pipecat_actions.effect.{op.operation_id}"
+        )
+        tracked.effect_task = task
+        takeover = asyncio.get_running_loop().create_task(tracked.takeover.wait())
+        try:
+            await asyncio.wait({task, takeover}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            takeover.cancel()
+        if not task.done():
+            # The watchdog or a confirmed cancel took the operation over; a late answer of the
+            # effect is still recorded.
+            task.add_done_callback(lambda t: self._late_answer(op.operation_id, tracked, t))
+            return _TAKEN_OVER
+        if task.cancelled():
+            return _TAKEN_OVER
+        error = task.exception()
+        return (None, error) if error is not None else (task.result(), None)
+
+    def _late_answer(self, operation_id: str, tracked: Tracked, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        asyncio.get_running_loop().create_task(
+            self._record_late(operation_id, tracked, None if error else task.result(), error)
+        )
+
+    async def _record_late(
+        self, operation_id: str, tracked: Tracked, value: Any, error: BaseException | None
+    ) -> None:
+        detail = {"late_answer": "error" if error else "result", "error": repr(error)}
+        try:
+            op = await self.ledger.annotate(operation_id, actor=self.actor, detail=detail)
+            if error is None and op.status is S.UNKNOWN:
+                await self._settle(op, tracked, S.COMMITTED, result=value, reason="late answer")
+        except Exception as exc:  # a late answer must never crash the runtime
+            logger.warning("operation {}: could not record a late answer: {}", operation_id, exc)
+
+    # --- reconciliation --------------------------------------------------------------------
+
+    async def reconcile(self, op: Operation, tracked: Tracked) -> Operation:
+        """Ask the system of record what became of an UNKNOWN operation; escalate if unsure."""
+        hook = tracked.binding.action.reconcile
+        if hook is None:
+            return await self.escalate(op, "no reconcile hook: the outcome cannot be checked")
+        delay = self.schedule.initial_secs
+        for probe in range(1, self.schedule.max_probes + 1):
+            current = await self.ledger.get(op.operation_id)
+            if current.status is not S.UNKNOWN:
+                return current
+            try:
+                answer = await hook(self.context(current, tracked.binding))
+                state, result = answer.state, answer.result
+            except Exception as exc:
+                await self.ledger.annotate(
+                    op.operation_id,
+                    actor=self.actor,
+                    detail={"reconcile_error": f"{type(exc).__name__}: {exc}", "probe": probe},
+                )
+                state, result = ReconcileState.PENDING, None
+            if state is ReconcileState.COMMITTED:
+                return await self._settle(
+                    current, tracked, S.COMMITTED, result=result, reason="reconciled"
+                )
+            if state is ReconcileState.NOT_FOUND:
+                return await self._settle(
+                    current,
+                    tracked,
+                    S.FAILED_FINAL,
+                    error="the system of record has no trace of it: it did not happen",
+                    reason="reconciled",
+                )
+            await self.clock.sleep(delay)
+            delay = min(delay * self.schedule.multiplier, self.schedule.max_secs)
+        return await self.escalate(op, f"still unknown after {self.schedule.max_probes} checks")
+
+    async def escalate(self, op: Operation, why: str) -> Operation:
+        """Mark an UNKNOWN operation as needing a person; it stays UNKNOWN."""
+        escalated = await self.ledger.annotate(
+            op.operation_id,
+            actor=self.actor,
+            detail={"escalated": why},
+            changes={"escalated_at": self.clock.now()},
+        )
+        logger.warning("operation {} escalated: {}", op.operation_id, why)
+        return escalated
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def context(self, op: Operation, binding: Binding) -> ActionContext:
+        """Return the `ActionContext` of ``op`` for its effect or a hook."""
+        return ActionContext(
+            operation_id=op.operation_id,
+            idempotency_key=op.idempotency_key,
+            tool=op.tool,
+            args=op.args,
+            attempt=op.attempt,
+            session_id=op.session_id,
+            principal=op.principal,
+            tenant=op.tenant,
+            deadline_at=op.deadline_at,
+            operation=op,
+        )
+
+    async def _denied(self, op: Operation, binding: Binding, stage: str) -> str | None:
+        decision = await self.authorizer.authorize(
+            AuthorizationRequest(
+                principal=op.principal,
+                tenant=op.tenant,
+                session_id=op.session_id,
+                tool=op.tool,
+                kind=op.kind,
+                args=op.args,
+                resource_key=op.resource_key,
+                stage=stage,
+            )
+        )
+        return None if decision.allowed else f"not authorized any more: {decision.reason}"
+
+    async def _move(
+        self, op: Operation, tracked: Tracked, to: ActionStatus, *, reason: str
+    ) -> Operation | None:
+        try:
+            return await self.ledger.transition(
+                op.operation_id,
+                expected=op.status,
+                to=to,
+                fence=tracked.fence,
+                actor=self.actor,
+                detail={"reason": reason},
+            )
+        except TransitionRefused:
+            return None
+
+    async def _settle(
+        self,
+        op: Operation,
+        tracked: Tracked,
+        to: ActionStatus,
+        *,
+        result: Any = None,
+        error: str | None = None,
+        reason: str | None = None,
+    ) -> Operation:
+        """Write an outcome from whatever non-terminal status the operation is in now.
+
+        Someone else (the watchdog, a cancel) may have moved it meanwhile: the outcome is then
+        written from that status if the table allows it, or recorded as a late event.
+        """
+        changes: dict[str, Any] = {}
+        if result is not None:
+            changes["result"] = result
+        if error is not None:
+            changes["error"] = error
+        current = op
+        for _ in range(3):
+            if current.status in TERMINAL_STATUSES or to not in TRANSITIONS[current.status]:
+                break
+            try:
+                return await self.ledger.transition(
+                    current.operation_id,
+                    expected=current.status,
+                    to=to,
+                    fence=tracked.fence,
+                    actor=self.actor,
+                    detail={"reason": reason or to.value.lower()},
+                    changes=changes,
+                )
+            except TransitionRefused:
+                current = await self.ledger.get(op.operation_id)
+        return await self.ledger.annotate(
+            op.operation_id,
+            actor=self.actor,
+            detail={"late_outcome": to.value, "error": error, "reason": reason},
+        )
+
+
+_TAKEN_OVER: Any = object()
+
+AsyncHook = Callable[..., Awaitable[Any]]

@@ -1,0 +1,778 @@
+"""`ActionRuntime`: admission, execution, deadlines, cancellation, compensation and recovery.
+
+"The model proposes; the application admits; the system of record confirms." The runtime is
+the middle of that sentence. It owns every effect's task, so cancelling Pipecat's handler
+coroutine (a barge-in, Pipecat's own timeout) never cancels a business action by accident;
+what a barge-in does to the action is the tool's ``on_interruption`` policy.
+
+Wiring into Pipecat::
+
+    runtime = await ActionRuntime.create("configs/restaurant.yaml", actions=[book_table],
+                                         authorizer=MyAuthorizer())
+    session = SessionState(session_id="call-1", principal="alice")
+    runtime.attach(llm, session)                  # one handler per action (+ confirm_action)
+    context = LLMContext(messages, tools=runtime.tools_schema())
+"""
+
+from __future__ import annotations
+
+__all__ = ["ActionRuntime", "ApprovalRefused"]
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from pipecat_actions.actions import ActionDefinition, CancelOutcome
+from pipecat_actions.admission.admitter import Admission, Admitter, Joined, Refusal, Shared
+from pipecat_actions.admission.authorization import Authorizer
+from pipecat_actions.admission.limits import Limiter, Slot
+from pipecat_actions.clock import Clock, SystemClock
+from pipecat_actions.errors import ConfigurationError, PipecatActionsError, TransitionRefused
+from pipecat_actions.execution.executor import Binding, Executor, ReconcileSchedule, Tracked
+from pipecat_actions.execution.results import refusal_result, render_operation
+from pipecat_actions.execution.watchdog import Watchdog
+from pipecat_actions.ledger import Ledger, NewOperation, Operation, OperationFilter, SqlLedger
+from pipecat_actions.policy import AdmitWhen, OnInterruption, PolicySet, ToolKind, load_policy
+from pipecat_actions.session import SessionState
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
+
+S = ActionStatus
+
+
+class ApprovalRefused(PipecatActionsError):
+    """An approval or rejection could not be applied (wrong status, arguments, expired)."""
+
+
+class ActionRuntime:
+    """Runs the tool calls of every session of one process against one ledger.
+
+    Build it with `ActionRuntime.create`; stop it with `close`.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: PolicySet,
+        ledger: Ledger,
+        authorizer: Authorizer,
+        clock: Clock,
+        owner: str,
+        lease_secs: float,
+        owns_ledger: bool,
+        schedule: ReconcileSchedule | None = None,
+    ) -> None:
+        self.policy = policy
+        self.ledger = ledger
+        self.clock = clock
+        self.owner = owner
+        self.actor = f"runtime:{owner}"
+        self.lease_secs = lease_secs
+        self._owns_ledger = owns_ledger
+        self._bindings: dict[str, Binding] = {}
+        self._tracked: dict[str, Tracked] = {}
+        self._sessions: dict[str, SessionState] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._executing: set[str] = set()
+        self.limiter = Limiter(clock.now)
+        self.executor = Executor(ledger, clock, authorizer, actor=self.actor, schedule=schedule)
+        self.watchdog = Watchdog(clock, self._expire)
+        self.admitter = Admitter(
+            bindings=self._bindings,
+            ledger=ledger,
+            clock=clock,
+            authorizer=authorizer,
+            limiter=self.limiter,
+            executor=self.executor,
+            owner=owner,
+            lease_secs=lease_secs,
+            cancel=lambda op: self.cancel(op.operation_id, reason="replaced by a newer request"),
+        )
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # --- construction ----------------------------------------------------------------------
+
+    @classmethod
+    async def create(
+        cls,
+        policy: str | os.PathLike[str] | PolicySet,
+        *,
+        authorizer: Authorizer,
+        actions: Iterable[ActionDefinition] = (),
+        ledger: Ledger | None = None,
+        ledger_url: str | None = None,
+        clock: Clock | None = None,
+        owner: str | None = None,
+        lease_secs: float = 30.0,
+        recover: bool = True,
+        schedule: ReconcileSchedule | None = None,
+    ) -> ActionRuntime:
+        """Load the policy, open the ledger, register ``actions`` and recover leftover work.
+
+        Args:
+            policy: A policy file path or a loaded `PolicySet`.
+            authorizer: Decides whether the session principal may make each call.
+            actions: The effects, with their hooks.
+            ledger: An open ledger to use (the caller closes it); else one is opened.
+            ledger_url: Where to open the ledger (default: `default_ledger_url`).
+            clock: Time source; the ledger opened here uses it too.
+            owner: This process's name in leases (default: host, pid and a random part).
+            lease_secs: How long an owner may stay silent before others take over its work.
+            recover: Claim and finish operations whose owner died.
+            schedule: How UNKNOWN operations are probed before escalation.
+
+        Raises:
+            PolicyError: The policy file is invalid.
+            ConfigurationError: An action has no policy, or its policy needs a hook it lacks.
+            LedgerError: The ledger cannot be opened.
+        """
+        policies = policy if isinstance(policy, PolicySet) else load_policy(Path(policy))
+        clock = clock or SystemClock()
+        owns = ledger is None
+        opened = ledger or await SqlLedger.create(ledger_url, clock=clock)
+        runtime = cls(
+            policy=policies,
+            ledger=opened,
+            authorizer=authorizer,
+            clock=clock,
+            owner=owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+            lease_secs=lease_secs,
+            owns_ledger=owns,
+            schedule=schedule,
+        )
+        try:
+            runtime.register(*actions)
+            runtime.watchdog.start()
+            runtime._heartbeat = asyncio.get_running_loop().create_task(
+                runtime._heartbeat_loop(), name="pipecat_actions.heartbeat"
+            )
+            if recover:
+                await runtime.recover()
+        except BaseException:
+            await runtime.close()
+            raise
+        return runtime
+
+    def register(self, *definitions: ActionDefinition) -> None:
+        """Register actions; each needs an entry in the policy.
+
+        Raises:
+            ConfigurationError: No policy for the action, or the policy asks for a hook
+                (``request_cancel`` needs ``cancel``) that the action lacks.
+        """
+        for definition in definitions:
+            policy = self.policy.get(definition.name)
+            if policy is None:
+                raise ConfigurationError(
+                    f"action {definition.name} has no entry in the policy {self.policy.source}"
+                )
+            if policy.on_interruption is OnInterruption.REQUEST_CANCEL and not definition.cancel:
+                raise ConfigurationError(
+                    f"action {definition.name}: on_interruption is request_cancel but the "
+                    "action has no cancel hook"
+                )
+            self._bindings[definition.name] = Binding(definition, policy)
+
+    async def close(self) -> None:
+        """Stop the watchdog and heartbeat; running effects keep their ledger state."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+        await self.watchdog.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for tracked in self._tracked.values():
+            if tracked.effect_task is not None and not tracked.effect_task.done():
+                tracked.effect_task.cancel()
+        if self._owns_ledger:
+            await self.ledger.close()
+
+    @property
+    def bindings(self) -> Mapping[str, Binding]:
+        """The registered actions with their policies, by tool name."""
+        return self._bindings
+
+    def attach(self, llm: Any, session: SessionState) -> None:
+        """Register a handler on a Pipecat ``llm`` for every action, bound to ``session``."""
+        from pipecat_actions.binding import attach
+
+        self._sessions[session.session_id] = session
+        attach(self, llm, session)
+
+    def instrument(self, llm: Any, session: SessionState) -> None:
+        """Route handlers the application registers on ``llm`` through this runtime."""
+        from pipecat_actions.binding import instrument
+
+        self._sessions[session.session_id] = session
+        instrument(self, llm, session)
+
+    def tools_schema(self) -> Any:
+        """Return a Pipecat ``ToolsSchema`` of every action, for ``LLMContext(tools=...)``."""
+        from pipecat_actions.binding import tools_schema
+
+        return tools_schema(self)
+
+    # --- proposing -------------------------------------------------------------------------
+
+    async def propose(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | str,
+        session: SessionState,
+        *,
+        tool_call_id: str | None = None,
+        wait: bool = True,
+    ) -> dict[str, Any]:
+        """Admit a proposed call and, with ``wait``, return its outcome as a tool result.
+
+        Cancelling the caller never cancels the operation; see ``on_interruption``.
+        """
+        self._sessions[session.session_id] = session
+        admitted = await self.admitter.admit(tool, arguments, session, tool_call_id=tool_call_id)
+        if isinstance(admitted, Refusal):
+            return admitted.result
+        if isinstance(admitted, Shared):
+            if admitted.pending is not None:
+                return dict(await asyncio.shield(admitted.pending.result))
+            return {
+                "status": "degraded",
+                "message": "A fallback answer.",
+                "result": admitted.result,
+            }
+        if isinstance(admitted, Joined):
+            op = admitted.operation
+            note = "This request was already made; this is its outcome."
+            if wait and op.status not in TERMINAL_STATUSES and op.operation_id in self._tracked:
+                op = await asyncio.shield(self._tracked[op.operation_id].done)
+            return render_operation(op, note=note)
+        tracked = self._start(admitted, session)
+        if admitted.operation.status in (S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION):
+            return render_operation(admitted.operation)
+        if not wait:
+            return render_operation(admitted.operation)
+        try:
+            final = await asyncio.shield(tracked.done)
+        except asyncio.CancelledError:
+            self._spawn(self._interrupted(tracked.operation_id))
+            raise
+        return render_operation(final)
+
+    def _start(self, admission: Admission, session: SessionState) -> Tracked:
+        op = admission.operation
+        tracked = Tracked(
+            operation_id=op.operation_id,
+            binding=admission.binding,
+            fence=op.fence,
+            done=asyncio.get_running_loop().create_future(),
+        )
+        self._track(tracked, admission.slot)
+        if op.deadline_at is not None:
+            self.watchdog.arm(op.operation_id, op.deadline_at)
+        if op.status in (S.RUNNING, S.ADMITTED):
+            wait_for = (
+                admission.generation
+                if op.status is S.ADMITTED
+                and admission.binding.policy.admit_when is AdmitWhen.TURN_CONFIRMED
+                else None
+            )
+            self._spawn(self._execute(op, tracked, session=session, wait_generation=wait_for))
+        return tracked
+
+    def _track(self, tracked: Tracked, slot: Slot | None) -> None:
+        self._tracked[tracked.operation_id] = tracked
+        if slot is not None:
+            tracked.on_finish.append(slot.release)
+
+    async def _execute(
+        self,
+        op: Operation,
+        tracked: Tracked,
+        *,
+        session: SessionState | None = None,
+        wait_generation: int | None = None,
+        stage: str = "admission",
+    ) -> None:
+        final = op
+        self._executing.add(op.operation_id)
+        try:
+            if wait_generation is not None and session is not None:
+                settled = await self._wait_generation(session, wait_generation, tracked)
+                if not settled:
+                    await self._cancel_not_started(
+                        op, tracked, "the user interrupted the reply that proposed it"
+                    )
+                    final = await self.ledger.get(op.operation_id)
+                    return
+            final = await self.executor.run(op, tracked, stage=stage)
+        except Exception as exc:
+            logger.exception("operation {}: execution failed: {}", op.operation_id, exc)
+            final = await self.ledger.get(op.operation_id)
+        finally:
+            self._executing.discard(op.operation_id)
+            if final.status in TERMINAL_STATUSES or final.status is S.UNKNOWN:
+                self._finish(tracked, final)
+
+    async def _wait_generation(
+        self, session: SessionState, generation: int, tracked: Tracked
+    ) -> bool:
+        outcome = asyncio.ensure_future(session.wait_generation_outcome(generation))
+        takeover = asyncio.ensure_future(tracked.takeover.wait())
+        try:
+            await asyncio.wait({outcome, takeover}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            takeover.cancel()
+            if not outcome.done():
+                outcome.cancel()
+        return outcome.done() and not outcome.cancelled() and outcome.result()
+
+    def _finish(self, tracked: Tracked, final: Operation) -> None:
+        self.watchdog.disarm(tracked.operation_id)
+        for callback in tracked.on_finish:
+            callback()
+        tracked.on_finish.clear()
+        if not tracked.done.done():
+            tracked.done.set_result(final)
+
+    def _spawn(self, coroutine: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def wait(self, operation_id: str) -> Operation:
+        """Wait for the outcome of an operation this runtime runs; else return its record."""
+        tracked = self._tracked.get(operation_id)
+        if tracked is None:
+            return await self.ledger.get(operation_id)
+        return await asyncio.shield(tracked.done)
+
+    # --- deadlines -------------------------------------------------------------------------
+
+    async def _expire(self, operation_id: str) -> None:
+        op = await self.ledger.get(operation_id)
+        tracked = self._tracked.get(operation_id)
+        fence = tracked.fence if tracked else op.fence
+        if op.status in TERMINAL_STATUSES:
+            return
+        if op.status in (S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION):
+            to, why = S.EXPIRED, "not confirmed or approved in time"
+        elif op.status in (S.ADMITTED, S.FAILED_RETRYABLE):
+            to, why = S.FAILED_FINAL, "deadline passed before it could be sent"
+        elif op.status in (S.RUNNING, S.CANCEL_REQUESTED):
+            to, why = S.UNKNOWN, "deadline passed while it may have been sent"
+        else:
+            return
+        try:
+            moved = await self.ledger.transition(
+                operation_id,
+                expected=op.status,
+                to=to,
+                fence=fence,
+                actor="watchdog",
+                detail={"reason": why, "deadline_at": op.deadline_at},
+                changes={"error": f"deadline: {why}"},
+            )
+        except TransitionRefused:
+            return  # it moved on its own meanwhile
+        if tracked is None:
+            return
+        tracked.takeover.set()
+        if tracked.effect_task is not None and not tracked.effect_task.done():
+            tracked.effect_task.cancel()
+        if moved.status is S.UNKNOWN:
+            self._spawn(self._reconcile_and_finish(moved, tracked))
+        else:
+            self._finish(tracked, moved)
+
+    async def _reconcile_and_finish(self, op: Operation, tracked: Tracked) -> None:
+        final = await self.executor.reconcile(op, tracked)
+        self._finish(tracked, final)
+
+    # --- cancellation ----------------------------------------------------------------------
+
+    async def _interrupted(self, operation_id: str) -> None:
+        tracked = self._tracked.get(operation_id)
+        if tracked is None:
+            return
+        mode = tracked.binding.policy.on_interruption
+        if mode is OnInterruption.CONTINUE:
+            return
+        await self.cancel(
+            operation_id,
+            reason="the user interrupted",
+            only_if_not_started=mode is OnInterruption.CANCEL_IF_NOT_STARTED,
+        )
+
+    async def cancel(
+        self, operation_id: str, *, reason: str, only_if_not_started: bool = False
+    ) -> Operation:
+        """Cancel an operation as far as the truth allows; return what the ledger then says.
+
+        Nothing sent yet: CANCELLED. Sent, with a ``cancel`` hook and unless
+        ``only_if_not_started``: CANCEL_REQUESTED, then CANCELLED only when the provider
+        confirms; otherwise the operation goes on and its real outcome is recorded.
+        """
+        op = await self.ledger.get(operation_id)
+        tracked = self._tracked.get(operation_id)
+        if tracked is None or op.status in TERMINAL_STATUSES:
+            return op
+        if op.status in (S.ADMITTED, S.FAILED_RETRYABLE):
+            return await self._cancel_not_started(op, tracked, reason)
+        if op.status in (S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION):
+            return await self._move(op, tracked, S.REJECTED, reason, finish=True)
+        hook = tracked.binding.action.cancel
+        if op.status is not S.RUNNING or only_if_not_started or hook is None:
+            return op
+        requested = await self._move(op, tracked, S.CANCEL_REQUESTED, reason)
+        if requested.status is not S.CANCEL_REQUESTED:
+            return requested
+        try:
+            answer = await hook(self.executor.context(requested, tracked.binding))
+        except Exception as exc:
+            logger.warning("operation {}: cancel hook failed: {}", operation_id, exc)
+            answer = CancelOutcome.UNKNOWN
+        if answer is CancelOutcome.CANCELLED:
+            tracked.takeover.set()
+            if tracked.effect_task is not None:
+                tracked.effect_task.cancel()
+            return await self._move(requested, tracked, S.CANCELLED, "the provider confirmed", True)
+        return await self.ledger.annotate(
+            operation_id, actor=self.actor, detail={"cancel_answer": str(answer)}
+        )
+
+    async def _cancel_not_started(self, op: Operation, tracked: Tracked, reason: str) -> Operation:
+        tracked.takeover.set()
+        return await self._move(op, tracked, S.CANCELLED, reason, finish=True)
+
+    async def _move(
+        self, op: Operation, tracked: Tracked, to: ActionStatus, reason: str, finish: bool = False
+    ) -> Operation:
+        try:
+            moved = await self.ledger.transition(
+                op.operation_id,
+                expected=op.status,
+                to=to,
+                fence=tracked.fence,
+                actor=self.actor,
+                detail={"reason": reason},
+                changes={"error": reason} if to in TERMINAL_STATUSES else None,
+            )
+        except TransitionRefused:
+            return await self.ledger.get(op.operation_id)
+        if finish:
+            self._finish(tracked, moved)
+        return moved
+
+    # --- confirmation and approval ---------------------------------------------------------
+
+    async def confirm(self, operation_id: str, token: str, session: SessionState) -> dict[str, Any]:
+        """Apply the user's verbal confirmation (the ``confirm_action`` tool)."""
+        try:
+            op = await self.ledger.get(operation_id)
+        except PipecatActionsError:
+            return refusal_result("There is no such operation.", code="unknown_operation")
+        tracked = self._tracked.get(operation_id)
+        problem = None
+        if op.session_id != session.session_id or tracked is None:
+            problem = "That operation does not belong to this conversation."
+        elif op.status is not S.AWAITING_CONFIRMATION:
+            problem = f"That operation is {op.status.value.lower()}, not waiting for a yes."
+        elif token != op.args_hash[:12]:
+            problem = "The confirmation does not match the request's details; ask again."
+        elif session.user_turn <= int(op.turn_id or 0):
+            problem = "The user has not answered yet: ask them and wait for their reply."
+        elif op.deadline_at is not None and self.clock.now() >= op.deadline_at:
+            problem = "The confirmation came too late; the request expired."
+        if problem is not None or tracked is None:
+            return refusal_result(
+                problem or "", code="confirmation_refused", operation_id=operation_id
+            )
+        return await self._release(
+            op,
+            tracked,
+            actor=f"user:{session.principal}",
+            reason="confirmed by the user",
+            wait=True,
+        )
+
+    async def approve(
+        self, operation_id: str, *, approver: str, reason: str, args_hash: str | None = None
+    ) -> Operation:
+        """Approve an operation waiting for approval; it then runs.
+
+        Raises:
+            ApprovalRefused: Not waiting for approval, expired, or approved for other
+                arguments than the ones it holds.
+        """
+        op = await self.ledger.get(operation_id)
+        self._check_approvable(op, args_hash)
+        tracked = self._tracked.get(operation_id)
+        if tracked is None:
+            # Approved from another process (the CLI): the owner picks it up on heartbeat.
+            return await self.ledger.transition(
+                operation_id,
+                expected=S.AWAITING_APPROVAL,
+                to=S.ADMITTED,
+                fence=op.fence,
+                actor=f"approver:{approver}",
+                detail={"reason": reason},
+                changes={"deadline_at": self.clock.now() + self._deadline(op.tool)},
+            )
+        await self._release(op, tracked, actor=f"approver:{approver}", reason=reason, wait=False)
+        return await self.ledger.get(operation_id)
+
+    async def reject(self, operation_id: str, *, approver: str, reason: str) -> Operation:
+        """Reject an operation waiting for approval (REJECTED; nothing runs)."""
+        op = await self.ledger.get(operation_id)
+        if op.status is not S.AWAITING_APPROVAL:
+            raise ApprovalRefused(f"operation {operation_id} is {op.status}, not awaiting approval")
+        tracked = self._tracked.get(operation_id)
+        rejected = await self.ledger.transition(
+            operation_id,
+            expected=S.AWAITING_APPROVAL,
+            to=S.REJECTED,
+            fence=tracked.fence if tracked else op.fence,
+            actor=f"approver:{approver}",
+            detail={"reason": reason},
+            changes={"error": f"rejected by {approver}: {reason}"},
+        )
+        if tracked is not None:
+            self._finish(tracked, rejected)
+        return rejected
+
+    def _check_approvable(self, op: Operation, args_hash: str | None) -> None:
+        if op.status is not S.AWAITING_APPROVAL:
+            raise ApprovalRefused(
+                f"operation {op.operation_id} is {op.status}, not awaiting approval"
+            )
+        if args_hash is not None and args_hash != op.args_hash:
+            raise ApprovalRefused(
+                f"operation {op.operation_id} holds other arguments than the ones approved"
+            )
+        if op.deadline_at is not None and self.clock.now() >= op.deadline_at:
+            raise ApprovalRefused(f"operation {op.operation_id} expired before it was approved")
+
+    async def _release(
+        self, op: Operation, tracked: Tracked, *, actor: str, reason: str, wait: bool
+    ) -> dict[str, Any]:
+        deadline_at = self.clock.now() + self._deadline(op.tool)
+        try:
+            admitted = await self.ledger.transition(
+                op.operation_id,
+                expected=op.status,
+                to=S.ADMITTED,
+                fence=tracked.fence,
+                actor=actor,
+                detail={"reason": reason},
+                changes={"deadline_at": deadline_at},
+            )
+        except TransitionRefused:
+            return render_operation(await self.ledger.get(op.operation_id))
+        self.watchdog.arm(op.operation_id, deadline_at)
+        self._spawn(self._execute(admitted, tracked))
+        if not wait:
+            return render_operation(admitted)
+        return render_operation(await asyncio.shield(tracked.done))
+
+    def _deadline(self, tool: str) -> float:
+        policy = self.policy.get(tool)
+        return policy.deadline_secs if policy is not None else 30.0
+
+    async def pending_approvals(self) -> list[Operation]:
+        """Operations waiting for a person's approval, oldest first."""
+        return await self.ledger.list(OperationFilter(status=[S.AWAITING_APPROVAL]))
+
+    # --- compensation ----------------------------------------------------------------------
+
+    async def compensate(self, operation_id: str, *, actor: str, reason: str) -> Operation:
+        """Reverse a committed operation by running its ``compensate`` hook as a new operation.
+
+        The original goes COMMITTED → COMPENSATING → COMPENSATED (or back to COMMITTED when the
+        compensation fails for good). Calling it again joins the same compensation.
+
+        Returns:
+            The compensation operation.
+        """
+        original = await self.ledger.get(operation_id)
+        binding = self._bindings.get(original.tool)
+        if binding is None or binding.action.compensate is None:
+            raise ConfigurationError(f"{original.tool} has no compensate hook")
+        key = f"compensate|{operation_id}"
+        existing = await self.ledger.find_by_key(original.tenant, key)
+        if existing is not None:
+            return await self.wait(existing.operation_id)
+        if original.status is not S.COMMITTED:
+            raise ApprovalRefused(f"operation {operation_id} is {original.status}, not COMMITTED")
+        await self.ledger.transition(
+            operation_id,
+            expected=S.COMMITTED,
+            to=S.COMPENSATING,
+            fence=original.fence,
+            actor=actor,
+            detail={"reason": reason},
+        )
+        hook = binding.action.compensate
+        compensation_binding = Binding(
+            ActionDefinition(
+                name=f"{original.tool}.compensate",
+                effect=lambda ctx: hook(ctx),
+                args_model=binding.action.args_model,
+                description=f"Reverse {original.tool}",
+            ),
+            binding.policy,
+        )
+        admitted = await self.ledger.admit(
+            NewOperation(
+                tool=f"{original.tool}.compensate"[:64],
+                kind=ToolKind.MUTATION.value,
+                args=original.args,
+                idempotency_key=key,
+                session_id=original.session_id,
+                principal=original.principal,
+                tenant=original.tenant,
+                status=S.RUNNING,
+                compensates=operation_id,
+                before_state=original.before_state,
+                deadline_at=self.clock.now() + binding.policy.deadline_secs,
+                lease_owner=self.owner,
+                lease_secs=self.lease_secs,
+                actor=actor,
+                detail={"reason": reason, "original_result": original.result},
+            )
+        )
+        comp = admitted.operation
+        tracked = Tracked(
+            comp.operation_id,
+            compensation_binding,
+            comp.fence,
+            asyncio.get_running_loop().create_future(),
+        )
+        self._tracked[comp.operation_id] = tracked
+        self.watchdog.arm(comp.operation_id, comp.deadline_at or self.clock.now())
+        await self._execute(comp, tracked)
+        final = await tracked.done
+        await self._settle_original(final)
+        return final
+
+    async def _settle_original(self, compensation: Operation) -> None:
+        if compensation.compensates is None:
+            return
+        original = await self.ledger.get(compensation.compensates)
+        if original.status is not S.COMPENSATING:
+            return
+        if compensation.status is S.COMMITTED:
+            to = S.COMPENSATED
+        elif compensation.status in (S.FAILED_FINAL, S.CANCELLED):
+            to = S.COMMITTED
+        else:
+            return  # still unknown: recovery or reconciliation settles it later
+        await self.ledger.transition(
+            original.operation_id,
+            expected=S.COMPENSATING,
+            to=to,
+            fence=original.fence,
+            actor=self.actor,
+            detail={"compensation": compensation.operation_id},
+        )
+
+    # --- recovery and leases ---------------------------------------------------------------
+
+    async def recover(self) -> list[Operation]:
+        """Claim operations whose owner's lease expired and finish them; return them."""
+        claimed: list[Operation] = []
+        while True:
+            batch = await self.ledger.claim_stale(self.owner, lease_secs=self.lease_secs, limit=50)
+            if not batch:
+                break
+            claimed.extend(batch)
+            for op in batch:
+                self._resume(op)
+        return claimed
+
+    def _resume(self, op: Operation) -> None:
+        tool = op.tool.removesuffix(".compensate")
+        binding = self._bindings.get(tool)
+        if binding is None:
+            logger.warning("recovered operation {} of unknown tool {}", op.operation_id, op.tool)
+            return
+        tracked = Tracked(
+            op.operation_id, binding, op.fence, asyncio.get_running_loop().create_future()
+        )
+        if op.tool.endswith(".compensate") and binding.action.compensate is not None:
+            hook = binding.action.compensate
+            tracked = Tracked(
+                op.operation_id,
+                Binding(
+                    ActionDefinition(
+                        op.tool,
+                        lambda ctx: hook(ctx),
+                        binding.action.args_model,
+                        op.tool,
+                        reconcile=binding.action.reconcile,
+                    ),
+                    binding.policy,
+                ),
+                op.fence,
+                tracked.done,
+            )
+        self._tracked[op.operation_id] = tracked
+        if op.deadline_at is not None and op.status in (
+            S.AWAITING_APPROVAL,
+            S.AWAITING_CONFIRMATION,
+        ):
+            self.watchdog.arm(op.operation_id, op.deadline_at)
+            return
+        self._spawn(self._recover_one(op, tracked))
+
+    async def _recover_one(self, op: Operation, tracked: Tracked) -> None:
+        if op.status in (S.RUNNING, S.CANCEL_REQUESTED):
+            op = await self.ledger.transition(
+                op.operation_id,
+                expected=op.status,
+                to=S.UNKNOWN,
+                fence=tracked.fence,
+                actor=self.actor,
+                detail={"reason": "recovered after its owner stopped"},
+            )
+        if op.status is S.UNKNOWN:
+            final = await self.executor.reconcile(op, tracked)
+        elif op.status in (S.ADMITTED, S.FAILED_RETRYABLE):
+            if op.deadline_at is not None:
+                self.watchdog.arm(op.operation_id, op.deadline_at)
+            final = await self.executor.run(op, tracked, stage="recovery")
+        else:
+            final = op
+        self._finish(tracked, final)
+        await self._settle_original(final)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.lease_secs / 3)
+            try:
+                await self.ledger.renew_lease(self.owner, lease_secs=self.lease_secs)
+                await self._pick_up_approved()
+            except Exception as exc:
+                logger.warning("lease heartbeat failed: {}", exc)
+
+    async def _pick_up_approved(self) -> None:
+        for op in await self.ledger.list(OperationFilter(status=[S.ADMITTED])):
+            tracked = self._tracked.get(op.operation_id)
+            if op.lease_owner != self.owner or tracked is None or tracked.done.done():
+                continue
+            if op.operation_id not in self._executing:
+                self.watchdog.arm(op.operation_id, op.deadline_at or self.clock.now())
+                self._spawn(self._execute(op, tracked))
+
+    async def undelivered(self) -> list[Operation]:
+        """Committed operations whose result never reached a conversation."""
+        return await self.ledger.list(OperationFilter(status=[S.COMMITTED], undelivered=True))

@@ -1,0 +1,96 @@
+"""Session state: who the conversation is with and where it stands, in memory, per pipeline.
+
+The runtime reads it to tie each tool call to its session and to judge proposals; the
+``ActionTurnTracker`` processor keeps it current from Pipecat's frames (and tests may drive it
+directly). It is never the source of truth for what happened: that is the ledger.
+
+Two counters matter:
+
+* ``user_turn`` grows when the user starts a new turn. A verbal confirmation counts only if it
+  comes from a later user turn than the proposal it confirms.
+* ``generation`` grows when the LLM starts a new response. A tool call belongs to the
+  generation that proposed it; if the user interrupted that generation before the call is
+  admitted, the call is a stale proposal.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SessionState"]
+
+import asyncio
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SessionState:
+    """The live state of one conversation.
+
+    Attributes:
+        session_id: Identifies the conversation (and the operations it owns).
+        principal: The authenticated user the agent acts for. Only the application sets it;
+            ids in tool arguments are never taken as identity.
+        tenant: The tenant the session belongs to.
+        active_agent: The agent currently speaking for the bot, for handoffs and visibility.
+        user_turn: Counter of user turns (see the module docstring).
+        generation: Counter of LLM generations (see the module docstring).
+        user_speaking: Whether the user is speaking now.
+        bot_speaking: Whether the bot is speaking now.
+    """
+
+    session_id: str
+    principal: str
+    tenant: str = "default"
+    active_agent: str | None = None
+    user_turn: int = 0
+    generation: int = 0
+    user_speaking: bool = False
+    bot_speaking: bool = False
+    _interrupted: set[int] = field(default_factory=set, repr=False)
+    _settled: set[int] = field(default_factory=set, repr=False)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def start_user_turn(self) -> int:
+        """Record that the user started a new turn; return its number."""
+        self.user_turn += 1
+        self._notify()
+        return self.user_turn
+
+    def start_generation(self) -> int:
+        """Record that the LLM started a new response; return its number."""
+        self.generation += 1
+        self._notify()
+        return self.generation
+
+    def interrupt(self) -> None:
+        """Record a barge-in: the current generation was interrupted."""
+        if self.generation not in self._settled:
+            self._interrupted.add(self.generation)
+        self._notify()
+
+    def settle_generation(self, generation: int | None = None) -> None:
+        """Record that a generation finished without being interrupted."""
+        number = self.generation if generation is None else generation
+        if number not in self._interrupted:
+            self._settled.add(number)
+        self._notify()
+
+    def is_interrupted(self, generation: int) -> bool:
+        """True if the user interrupted ``generation``."""
+        return generation in self._interrupted
+
+    def is_settled(self, generation: int) -> bool:
+        """True if ``generation`` finished without being interrupted."""
+        return generation in self._settled
+
+    async def wait_generation_outcome(self, generation: int) -> bool:
+        """Wait until ``generation`` is settled (True) or interrupted (False)."""
+        while True:
+            if generation in self._interrupted:
+                return False
+            if generation in self._settled:
+                return True
+            self._changed.clear()
+            await self._changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
