@@ -1,0 +1,109 @@
+"""`ScriptedLLM`: an `LLMService` that answers from a script, through Pipecat's real tool path.
+
+Each inference (each ``LLMContextFrame``) takes the next step of the script: text to say, or
+tool calls to make. Tool calls go through ``LLMService.run_function_calls``, so Pipecat's real
+aggregators, timeouts, interruption handling and parallel-call grouping all run::
+
+    llm = ScriptedLLM([
+        ToolCalls([("book_table", {"restaurant_id": "r1", "date": "2030-05-01"})]),
+        Say("Your table is booked."),
+    ])
+"""
+
+from __future__ import annotations
+
+__all__ = ["Say", "ScriptedLLM", "ToolCalls"]
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipecat.frames.frames import (
+    Frame,
+    FunctionCallFromLLM,
+    LLMContextFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.llm_service import LLMService
+from pipecat.services.settings import LLMSettings
+
+
+@dataclass(frozen=True)
+class Say:
+    """A script step: the model answers with ``text``."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """A script step: the model calls tools, each ``(name, arguments)``, in one response."""
+
+    calls: Sequence[tuple[str, Mapping[str, Any]]]
+
+
+class ScriptedLLM(LLMService):
+    """An LLM service whose answers come from a script (see the module docstring).
+
+    Args:
+        script: The steps, consumed one per inference; when it runs out the model says
+            ``fallback``.
+        fallback: What the model says once the script is exhausted.
+        **kwargs: Passed to `LLMService` (``function_call_timeout_secs``, ...).
+    """
+
+    def __init__(
+        self, script: Iterable[Say | ToolCalls], *, fallback: str = "(done)", **kwargs: Any
+    ) -> None:
+        settings = LLMSettings(
+            model="scripted",
+            system_instruction=None,
+            temperature=None,
+            max_tokens=None,
+            top_p=None,
+            top_k=None,
+            frequency_penalty=None,
+            presence_penalty=None,
+            seed=None,
+            filter_incomplete_user_turns=None,
+            user_turn_completion_config=None,
+        )
+        super().__init__(settings=settings, **kwargs)
+        self._script = list(script)
+        self._fallback = fallback
+        self._ids = itertools.count(1)
+        self.inferences = 0
+        """How many times the model was asked to answer."""
+
+    def push_step(self, step: Say | ToolCalls) -> None:
+        """Append a step to the script."""
+        self._script.append(step)
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        """Answer context frames from the script; pass every other frame on."""
+        await super().process_frame(frame, direction)
+        if not isinstance(frame, LLMContextFrame):
+            # LLMService.process_frame does not forward frames; subclasses must.
+            await self.push_frame(frame, direction)
+            return
+        self.inferences += 1
+        step = self._script.pop(0) if self._script else Say(self._fallback)
+        await self.push_frame(LLMFullResponseStartFrame())
+        if isinstance(step, ToolCalls):
+            calls = [
+                FunctionCallFromLLM(
+                    function_name=name,
+                    tool_call_id=f"call_{next(self._ids)}",
+                    arguments=arguments,
+                    context=frame.context,
+                )
+                for name, arguments in step.calls
+            ]
+            await self.run_function_calls(calls)
+        else:
+            await self.push_frame(LLMTextFrame(step.text))
+        await self.push_frame(LLMFullResponseEndFrame())

@@ -1,0 +1,1 @@
+"""Tests of the shipped test doubles (pipecat_actions.testing)."""
