@@ -28,16 +28,31 @@ from typing import Any
 
 from loguru import logger
 
-from pipecat_actions.actions import ActionDefinition, CancelOutcome
-from pipecat_actions.admission.admitter import Admission, Admitter, Joined, Refusal, Shared
+from pipecat_actions.actions import ActionContext, ActionDefinition, CancelOutcome
+from pipecat_actions.admission.admitter import (
+    Admission,
+    Admitter,
+    Joined,
+    ReadAdmission,
+    Refusal,
+    Shared,
+)
 from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.admission.limits import Limiter, Slot
 from pipecat_actions.clock import Clock, SystemClock
 from pipecat_actions.errors import ConfigurationError, PipecatActionsError, TransitionRefused
 from pipecat_actions.execution.executor import Binding, Executor, ReconcileSchedule, Tracked
-from pipecat_actions.execution.results import refusal_result, render_operation
+from pipecat_actions.execution.outcomes import Outcome, classify
+from pipecat_actions.execution.results import refusal_result, render, render_operation
 from pipecat_actions.execution.watchdog import Watchdog
-from pipecat_actions.ledger import Ledger, NewOperation, Operation, OperationFilter, SqlLedger
+from pipecat_actions.ledger import (
+    Ledger,
+    NewOperation,
+    Operation,
+    OperationFilter,
+    SqlLedger,
+    new_operation_id,
+)
 from pipecat_actions.policy import AdmitWhen, OnInterruption, PolicySet, ToolKind, load_policy
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
@@ -79,6 +94,8 @@ class ActionRuntime:
         self._sessions: dict[str, SessionState] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._executing: set[str] = set()
+        self._reads: dict[str, asyncio.Task[Any]] = {}
+        self._audits: set[asyncio.Task[Any]] = set()
         self.limiter = Limiter(clock.now)
         self.executor = Executor(ledger, clock, authorizer, actor=self.actor, schedule=schedule)
         self.watchdog = Watchdog(clock, self._expire)
@@ -179,11 +196,20 @@ class ActionRuntime:
                 )
             self._bindings[definition.name] = Binding(definition, policy)
 
-    async def close(self) -> None:
-        """Stop the watchdog and heartbeat; running effects keep their ledger state."""
+    async def close(self, *, grace_secs: float = 5.0) -> None:
+        """Stop: wait up to ``grace_secs`` for running operations, then leave them to recovery.
+
+        An operation still running at the end keeps its ledger status (RUNNING, ...); the next
+        runtime to claim its lease reconciles it.
+        """
         if self._closed:
             return
         self._closed = True
+        pending = [t.done for t in self._tracked.values() if not t.done.done()]
+        if pending and grace_secs > 0:
+            await asyncio.wait(pending, timeout=grace_secs)
+        if self._audits:
+            await asyncio.gather(*self._audits, return_exceptions=True)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
@@ -241,6 +267,8 @@ class ActionRuntime:
         admitted = await self.admitter.admit(tool, arguments, session, tool_call_id=tool_call_id)
         if isinstance(admitted, Refusal):
             return admitted.result
+        if isinstance(admitted, ReadAdmission):
+            return await self._read(tool, admitted, session, tool_call_id, wait=wait)
         if isinstance(admitted, Shared):
             if admitted.pending is not None:
                 return dict(await asyncio.shield(admitted.pending.result))
@@ -266,6 +294,106 @@ class ActionRuntime:
             self._spawn(self._interrupted(tracked.operation_id))
             raise
         return render_operation(final)
+
+    async def _read(
+        self,
+        tool: str,
+        admission: ReadAdmission,
+        session: SessionState,
+        tool_call_id: str | None,
+        *,
+        wait: bool,
+    ) -> dict[str, Any]:
+        operation_id = new_operation_id()
+        deadline_at = self.clock.now() + admission.binding.policy.deadline_secs
+        task = self._spawn(
+            self._run_read(tool, operation_id, deadline_at, admission, session, tool_call_id)
+        )
+        # The watchdog bounds a read too: at its deadline the read's task is cancelled (a read
+        # changes nothing, so stopping it is always safe).
+        self._reads[operation_id] = task
+        self.watchdog.arm(operation_id, deadline_at)
+        outcome: asyncio.Future[dict[str, Any]] = asyncio.ensure_future(task)
+        self.limiter.register_read(tool, admission.key, outcome)
+        if not wait:
+            return {
+                "status": "running",
+                "operation_id": operation_id,
+                "message": f"{tool} is in progress.",
+            }
+        return dict(await asyncio.shield(outcome))
+
+    async def _run_read(
+        self,
+        tool: str,
+        operation_id: str,
+        deadline_at: float,
+        admission: ReadAdmission,
+        session: SessionState,
+        tool_call_id: str | None,
+    ) -> dict[str, Any]:
+        policy = admission.binding.policy
+        status, value, error, attempt = S.FAILED_FINAL, None, None, 0
+        try:
+            while True:
+                attempt += 1
+                ctx = ActionContext(
+                    operation_id=operation_id,
+                    idempotency_key=admission.key,
+                    tool=tool,
+                    args=admission.args,
+                    attempt=attempt,
+                    session_id=session.session_id,
+                    principal=session.principal,
+                    tenant=session.tenant,
+                    deadline_at=deadline_at,
+                )
+                try:
+                    value = await admission.binding.action.run(ctx)
+                    status, error = S.COMMITTED, None
+                    break
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    if classify(exc, mutation=False) is Outcome.FINAL:
+                        break
+                    if attempt >= policy.retry.max_attempts:
+                        break
+                    delay = policy.retry.delay_for(attempt, rand=self.executor.rand())
+                    if self.clock.now() + delay >= deadline_at:
+                        break
+                    await self.clock.sleep(delay)
+        except asyncio.CancelledError:
+            error = "deadline passed"
+        finally:
+            admission.slot.release()
+            self.watchdog.disarm(operation_id)
+            self._reads.pop(operation_id, None)
+        # Recorded after the answer, off the critical path: a read needs no write-ahead.
+        self._spawn(
+            self.ledger.record_completed(
+                NewOperation(
+                    tool=tool,
+                    kind=ToolKind.READ.value,
+                    args=admission.args,
+                    idempotency_key=admission.key,
+                    session_id=session.session_id,
+                    principal=session.principal,
+                    tenant=session.tenant,
+                    status=status,
+                    operation_id=operation_id,
+                    resource_key=admission.resource_key,
+                    turn_id=admission.turn_id,
+                    provider_call_id=tool_call_id,
+                    agent=session.active_agent,
+                    error=error,
+                    result=value,
+                    actor=self.actor,
+                    detail={"attempts": attempt},
+                )
+            ),
+            audit=True,
+        )
+        return render(status, tool=tool, operation_id=operation_id, value=value, error=error)
 
     def _start(self, admission: Admission, session: SessionState) -> Tracked:
         op = admission.operation
@@ -343,10 +471,11 @@ class ActionRuntime:
         if not tracked.done.done():
             tracked.done.set_result(final)
 
-    def _spawn(self, coroutine: Any) -> asyncio.Task[Any]:
+    def _spawn(self, coroutine: Any, *, audit: bool = False) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        tasks = self._audits if audit else self._tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
         return task
 
     async def wait(self, operation_id: str) -> Operation:
@@ -359,6 +488,10 @@ class ActionRuntime:
     # --- deadlines -------------------------------------------------------------------------
 
     async def _expire(self, operation_id: str) -> None:
+        read = self._reads.get(operation_id)
+        if read is not None:
+            read.cancel()
+            return
         op = await self.ledger.get(operation_id)
         tracked = self._tracked.get(operation_id)
         fence = tracked.fence if tracked else op.fence

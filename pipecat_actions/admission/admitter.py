@@ -10,7 +10,7 @@ duplicate policy → confirmation or approval → durable admission.
 
 from __future__ import annotations
 
-__all__ = ["Admission", "Admitter", "Joined", "Refusal"]
+__all__ = ["Admission", "Admitter", "Joined", "ReadAdmission", "Refusal", "Shared"]
 
 import json
 import uuid
@@ -63,6 +63,18 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class ReadAdmission:
+    """A read passed admission; it runs at once and is recorded after the fact."""
+
+    binding: Binding
+    args: dict[str, Any]
+    slot: Slot
+    key: str
+    resource_key: str | None
+    turn_id: str
+
+
+@dataclass(frozen=True)
 class Shared:
     """The call is answered without an operation of its own (coalesced read or degraded)."""
 
@@ -104,7 +116,7 @@ class Admitter:
         *,
         tool_call_id: str | None = None,
         generation: int | None = None,
-    ) -> Refusal | Joined | Admission | Shared:
+    ) -> Refusal | Joined | Admission | ReadAdmission | Shared:
         """Run every admission step for one proposed call."""
         generation = session.generation if generation is None else generation
         base = _Audit(tool, session, tool_call_id, str(session.user_turn), generation)
@@ -163,16 +175,31 @@ class Admitter:
             self._limiter.charge_session(tool, policy, session.session_id)
         except Refused as exc:
             return await self._refuse(base, exc.code, exc.message)
-        existing = await self._ledger.find_by_key(session.tenant, key)
-        if existing is not None and existing.status is not S.REJECTED:
+        if not mutation:
+            # Reads change nothing: no duplicate check and no write-ahead; identical reads
+            # running at once may share one result (overflow: coalesce).
+            try:
+                taken = await self._limiter.acquire(
+                    tool, policy, session.principal, coalesce_key=key
+                )
+            except Refused as exc:
+                return await self._refuse(base, exc.code, exc.message)
+            if isinstance(taken, Degraded):
+                return Shared(taken.result)
+            if isinstance(taken, Coalesced):
+                return Shared(None, pending=taken)
+            return ReadAdmission(binding, args, taken, key, base.resource_key, base.turn_id)
+        existing = None
+        if policy.on_duplicate not in (OnDuplicate.JOIN, OnDuplicate.ALLOW):
+            # join needs no look-up: the insert itself returns the operation holding the key.
+            existing = await self._ledger.find_by_key(session.tenant, key)
+        if existing is not None:
             duplicate = await self._duplicate(base, binding, existing, key, session)
             if duplicate is not None:
                 return duplicate
             key = f"{key}|again:{existing.operation_id}"
         try:
-            taken = await self._limiter.acquire(
-                tool, policy, session.principal, coalesce_key=key if not mutation else None
-            )
+            taken = await self._limiter.acquire(tool, policy, session.principal)
         except Refused as exc:
             return await self._refuse(base, exc.code, exc.message)
         if isinstance(taken, Degraded):

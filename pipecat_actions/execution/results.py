@@ -8,7 +8,7 @@ COMMITTED.
 
 from __future__ import annotations
 
-__all__ = ["refusal_result", "render_operation"]
+__all__ = ["refusal_result", "render", "render_operation"]
 
 from typing import Any
 
@@ -45,16 +45,37 @@ _MESSAGES: dict[ActionStatus, str] = {
 
 def render_operation(op: Operation, *, note: str | None = None) -> dict[str, Any]:
     """Return the tool result that tells the model the truth about ``op``."""
-    message = _MESSAGES[op.status].format(tool=op.tool, error=op.error or "no reason given")
-    result: dict[str, Any] = {
-        "status": op.status.value.lower(),
-        "operation_id": op.operation_id,
-        "message": message if note is None else f"{message} {note}",
-    }
-    if op.status in (ActionStatus.COMMITTED, ActionStatus.COMPENSATED) and op.result is not None:
-        result["result"] = op.result
+    result = render(
+        op.status,
+        tool=op.tool,
+        operation_id=op.operation_id,
+        value=op.result,
+        error=op.error,
+        note=note,
+    )
     if op.status is ActionStatus.AWAITING_CONFIRMATION:
         result["confirmation_token"] = op.args_hash[:12]
+    return result
+
+
+def render(
+    status: ActionStatus,
+    *,
+    tool: str,
+    operation_id: str,
+    value: Any = None,
+    error: str | None = None,
+    note: str | None = None,
+) -> dict[str, Any]:
+    """Return the tool result for an operation of ``tool`` in ``status``."""
+    message = _MESSAGES[status].format(tool=tool, error=error or "no reason given")
+    result: dict[str, Any] = {
+        "status": status.value.lower(),
+        "operation_id": operation_id,
+        "message": message if note is None else f"{message} {note}",
+    }
+    if status in (ActionStatus.COMMITTED, ActionStatus.COMPENSATED) and value is not None:
+        result["result"] = value
     return result
 
 

@@ -40,6 +40,7 @@ class Watchdog:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
+        self._sleeping_until = float("-inf")
         self.lateness_secs: list[float] = []
         """How late each expiry fired (clock time), for the benchmark."""
 
@@ -47,7 +48,9 @@ class Watchdog:
         """Arm (or move) the deadline of an operation."""
         self._armed[operation_id] = deadline_at
         heapq.heappush(self._heap, (deadline_at, next(self._order), operation_id))
-        if self._heap[0][2] == operation_id:
+        # Wake the loop only when this deadline comes before the one it sleeps until: arming a
+        # later deadline (the common case) costs a heap push and nothing else.
+        if deadline_at < self._sleeping_until:
             self._wake.set()
 
     def disarm(self, operation_id: str) -> None:
@@ -80,12 +83,15 @@ class Watchdog:
             self._drop_disarmed()
             if not self._heap:
                 self._wake.clear()
+                self._sleeping_until = float("inf")
                 await self._wake.wait()
+                self._sleeping_until = float("-inf")
                 continue
             deadline_at, _, operation_id = self._heap[0]
             delay = deadline_at - self._clock.now()
             if delay > 0:
                 self._wake.clear()
+                self._sleeping_until = deadline_at
                 sleeper = asyncio.ensure_future(self._clock.sleep(delay))
                 woken = asyncio.ensure_future(self._wake.wait())
                 try:
@@ -93,6 +99,7 @@ class Watchdog:
                 finally:
                     sleeper.cancel()
                     woken.cancel()
+                    self._sleeping_until = float("-inf")
                 continue
             heapq.heappop(self._heap)
             if self._armed.get(operation_id) != deadline_at:

@@ -155,6 +155,7 @@ class EncodedOperation:
     args_hash: str
     before_state_json: str | None
     detail_json: str | None
+    result_json: str | None
 
     @classmethod
     def of(cls, new: NewOperation) -> EncodedOperation:
@@ -173,6 +174,7 @@ class EncodedOperation:
                 None if new.before_state is None else canonical_json(new.before_state)
             ),
             detail_json=encode_detail(new.detail),
+            result_json=None if new.result is None else canonical_json(new.result),
         )
 
 
@@ -202,7 +204,7 @@ def new_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> d
         "delivered_agent": None,
         "status": new.status.value,
         "attempt": 1 if running else 0,
-        "result_json": None,
+        "result_json": encoded.result_json,
         "error": new.error,
         "before_state_json": encoded.before_state_json,
         "compensates": new.compensates,
@@ -217,7 +219,7 @@ def new_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> d
         "admitted_at": now if ActionStatus.ADMITTED in path else None,
         "started_at": now if running else None,
         "sent_at": now if running else None,
-        "committed_at": None,
+        "committed_at": now if new.status is ActionStatus.COMMITTED else None,
         "finished_at": now if new.status in TERMINAL_STATUSES else None,
         "delivered_at": None,
         "acknowledged_at": None,

@@ -50,6 +50,17 @@ class Ledger(ABC):
         """Insert ``new`` as REJECTED without binding its idempotency key, for the audit trail."""
 
     @abstractmethod
+    async def record_completed(self, new: NewOperation) -> Operation:
+        """Insert ``new`` with its outcome already known (COMMITTED or FAILED_FINAL).
+
+        For reads, recorded after the fact and off the critical path: nothing of the real world
+        depends on them, so they need no write-ahead. The idempotency key is not bound.
+
+        Raises:
+            ValueError: ``new.status`` is not COMMITTED or FAILED_FINAL.
+        """
+
+    @abstractmethod
     async def transition(
         self,
         operation_id: str,

@@ -102,6 +102,7 @@ class NewOperation:
     lease_owner: str | None = None
     lease_secs: float = 30.0
     error: str | None = None
+    result: Any = None
     actor: str = "runtime"
     detail: Mapping[str, Any] | None = None
 

@@ -298,6 +298,20 @@ class SqlLedger(Ledger):
 
         return await self._write(work)
 
+    async def record_completed(self, new: NewOperation) -> Operation:  # noqa: D102 - see Ledger
+        if new.status not in (ActionStatus.COMMITTED, ActionStatus.FAILED_FINAL):
+            raise ValueError(f"record_completed takes COMMITTED or FAILED_FINAL, not {new.status}")
+        encoded = EncodedOperation.of(new)
+
+        def work(conn: Connection) -> Operation:
+            now = self._clock.now()
+            row = new_row(encoded, now, key_slot=None)
+            conn.execute(self._insert_refusal, row)
+            conn.execute(self._insert_events, creation_events(encoded, now))
+            return operation_from_row(row)
+
+        return await self._write(work)
+
     def _release_key(self, conn: Connection, held: Operation, now: float) -> None:
         released = (
             conn.execute(
