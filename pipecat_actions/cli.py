@@ -6,6 +6,10 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions policy check FILE...      validate policy files (exit 1 if any is invalid)
     pipecat-actions db upgrade [URL]          create or upgrade the ledger schema
     pipecat-actions db status [URL]           show the schema revision of a ledger database
+    pipecat-actions approvals list|show|approve|reject   operations waiting for a person
+
+``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``) names the ledger; ``--json`` prints
+machine-readable output.
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ __all__ = ["main"]
 
 import argparse
 import asyncio
+import json
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
 from pipecat_actions.errors import PipecatActionsError
+from pipecat_actions.ledger.records import OperationFilter
+from pipecat_actions.status import ActionStatus
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -52,6 +59,26 @@ def _build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="accept a PostgreSQL server running with synchronous_commit=off or fsync=off",
         )
+    approvals = commands.add_parser("approvals", help="operations waiting for a person")
+    approval_commands = approvals.add_subparsers(dest="approvals_command", required=True)
+    listing = approval_commands.add_parser("list", help="list operations awaiting approval")
+    show = approval_commands.add_parser("show", help="show one operation and its arguments")
+    show.add_argument("operation_id")
+    decide = []
+    for name in ("approve", "reject"):
+        sub = approval_commands.add_parser(name, help=f"{name} an operation")
+        sub.add_argument("operation_id")
+        sub.add_argument("--approver", required=True, help="who decides (recorded)")
+        sub.add_argument("--reason", required=True, help="why (recorded)")
+        decide.append(sub)
+    decide[0].add_argument(
+        "--args-hash",
+        default=None,
+        help="the args hash shown by `approvals show`: refuse if the arguments differ",
+    )
+    for sub in (listing, show, *decide):
+        sub.add_argument("--ledger", default=None, metavar="URL", help="the ledger database")
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 
@@ -65,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return check_policy_files(args.files, out=sys.stdout, err=sys.stderr)
         if args.command == "db":
             return asyncio.run(_db(args, sys.stdout))
+        if args.command == "approvals":
+            return asyncio.run(_approvals(args, sys.stdout))
     except PipecatActionsError as exc:
         print(f"pipecat-actions: {exc}", file=sys.stderr)
         return 1
@@ -107,6 +136,67 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
         verdict = f"newer than this code ({state.head}): upgrade pipecat_actions"
     print(f"{ledger.url}: revision {state.current or 'none'}, {verdict}", file=out)
     return 0 if state.up_to_date else 1
+
+
+async def _approvals(args: argparse.Namespace, out: TextIO) -> int:
+    from pipecat_actions.approvals import approve_operation, reject_operation
+    from pipecat_actions.clock import SystemClock
+    from pipecat_actions.ledger import SqlLedger
+    from pipecat_actions.ledger.records import Operation
+
+    def describe(op: Operation) -> dict[str, object]:
+        return {
+            "operation_id": op.operation_id,
+            "tool": op.tool,
+            "status": op.status.value,
+            "principal": op.principal,
+            "session_id": op.session_id,
+            "args": op.args,
+            "args_hash": op.args_hash,
+            "created_at": op.created_at,
+            "expires_at": op.deadline_at,
+        }
+
+    ledger = await SqlLedger.create(args.ledger)
+    try:
+        command = args.approvals_command
+        if command == "list":
+            waiting = await ledger.list(OperationFilter(status=[ActionStatus.AWAITING_APPROVAL]))
+            if args.json:
+                print(json.dumps([describe(op) for op in waiting], indent=2), file=out)
+            elif not waiting:
+                print("no operation is waiting for approval", file=out)
+            for op in [] if args.json else waiting:
+                print(
+                    f"{op.operation_id}  {op.tool:<20} {op.principal:<20} "
+                    f"{json.dumps(op.args)[:60]}",
+                    file=out,
+                )
+            return 0
+        if command == "show":
+            op = await ledger.get(args.operation_id)
+            print(json.dumps(describe(op), indent=2), file=out)
+            return 0
+        if command == "approve":
+            op = await approve_operation(
+                ledger,
+                args.operation_id,
+                approver=args.approver,
+                reason=args.reason,
+                now=SystemClock().now(),
+                args_hash=args.args_hash,
+            )
+        else:
+            op = await reject_operation(
+                ledger, args.operation_id, approver=args.approver, reason=args.reason
+            )
+        if args.json:
+            print(json.dumps(describe(op), indent=2), file=out)
+        else:
+            print(f"{op.operation_id}: {op.status.value}", file=out)
+        return 0
+    finally:
+        await ledger.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 __all__ = ["ActionRuntime", "ApprovalRefused"]
 
+
 import asyncio
 import os
 import socket
@@ -39,8 +40,14 @@ from pipecat_actions.admission.admitter import (
 )
 from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.admission.limits import Limiter, Slot
+from pipecat_actions.approvals import ApprovalRefused, approve_operation, reject_operation
 from pipecat_actions.clock import Clock, SystemClock
-from pipecat_actions.errors import ConfigurationError, PipecatActionsError, TransitionRefused
+from pipecat_actions.errors import (
+    ConfigurationError,
+    PipecatActionsError,
+    TransitionRefused,
+    UnexpectedStatus,
+)
 from pipecat_actions.execution.executor import Binding, Executor, ReconcileSchedule, Tracked
 from pipecat_actions.execution.outcomes import Outcome, classify
 from pipecat_actions.execution.results import refusal_result, render, render_operation
@@ -58,10 +65,6 @@ from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
 S = ActionStatus
-
-
-class ApprovalRefused(PipecatActionsError):
-    """An approval or rejection could not be applied (wrong status, arguments, expired)."""
 
 
 class ActionRuntime:
@@ -205,7 +208,11 @@ class ActionRuntime:
         if self._closed:
             return
         self._closed = True
-        pending = [t.done for t in self._tracked.values() if not t.done.done()]
+        pending = [
+            t.done
+            for t in self._tracked.values()
+            if t.operation_id in self._executing and not t.done.done()
+        ]
         if pending and grace_secs > 0:
             await asyncio.wait(pending, timeout=grace_secs)
         if self._audits:
@@ -647,53 +654,46 @@ class ActionRuntime:
             ApprovalRefused: Not waiting for approval, expired, or approved for other
                 arguments than the ones it holds.
         """
-        op = await self.ledger.get(operation_id)
-        self._check_approvable(op, args_hash)
         tracked = self._tracked.get(operation_id)
-        if tracked is None:
-            # Approved from another process (the CLI): the owner picks it up on heartbeat.
-            return await self.ledger.transition(
+        try:
+            approved = await approve_operation(
+                self.ledger,
                 operation_id,
-                expected=S.AWAITING_APPROVAL,
-                to=S.ADMITTED,
-                fence=op.fence,
-                actor=f"approver:{approver}",
-                detail={"reason": reason},
-                changes={"deadline_at": self.clock.now() + self._deadline(op.tool)},
+                approver=approver,
+                reason=reason,
+                now=self.clock.now(),
+                args_hash=args_hash,
+                fence=tracked.fence if tracked else None,
+                deadline_at=self.clock.now() + self._deadline_for(operation_id),
             )
-        await self._release(op, tracked, actor=f"approver:{approver}", reason=reason, wait=False)
-        return await self.ledger.get(operation_id)
+        except ApprovalRefused:
+            if tracked is not None:
+                current = await self.ledger.get(operation_id)
+                if current.status in TERMINAL_STATUSES:
+                    self._finish(tracked, current)
+            raise
+        if tracked is not None and approved.deadline_at is not None:
+            self.watchdog.arm(operation_id, approved.deadline_at)
+            self._spawn(self._execute(approved, tracked))
+        return approved
 
     async def reject(self, operation_id: str, *, approver: str, reason: str) -> Operation:
         """Reject an operation waiting for approval (REJECTED; nothing runs)."""
-        op = await self.ledger.get(operation_id)
-        if op.status is not S.AWAITING_APPROVAL:
-            raise ApprovalRefused(f"operation {operation_id} is {op.status}, not awaiting approval")
         tracked = self._tracked.get(operation_id)
-        rejected = await self.ledger.transition(
+        rejected = await reject_operation(
+            self.ledger,
             operation_id,
-            expected=S.AWAITING_APPROVAL,
-            to=S.REJECTED,
-            fence=tracked.fence if tracked else op.fence,
-            actor=f"approver:{approver}",
-            detail={"reason": reason},
-            changes={"error": f"rejected by {approver}: {reason}"},
+            approver=approver,
+            reason=reason,
+            fence=tracked.fence if tracked else None,
         )
         if tracked is not None:
             self._finish(tracked, rejected)
         return rejected
 
-    def _check_approvable(self, op: Operation, args_hash: str | None) -> None:
-        if op.status is not S.AWAITING_APPROVAL:
-            raise ApprovalRefused(
-                f"operation {op.operation_id} is {op.status}, not awaiting approval"
-            )
-        if args_hash is not None and args_hash != op.args_hash:
-            raise ApprovalRefused(
-                f"operation {op.operation_id} holds other arguments than the ones approved"
-            )
-        if op.deadline_at is not None and self.clock.now() >= op.deadline_at:
-            raise ApprovalRefused(f"operation {op.operation_id} expired before it was approved")
+    def _deadline_for(self, operation_id: str) -> float:
+        tracked = self._tracked.get(operation_id)
+        return tracked.binding.policy.deadline_secs if tracked else 30.0
 
     async def _release(
         self, op: Operation, tracked: Tracked, *, actor: str, reason: str, wait: bool
@@ -745,7 +745,11 @@ class ActionRuntime:
         if existing is not None:
             return await self.wait(existing.operation_id)
         if original.status is not S.COMMITTED:
-            raise ApprovalRefused(f"operation {operation_id} is {original.status}, not COMMITTED")
+            raise UnexpectedStatus(
+                operation_id=operation_id,
+                expected_status=S.COMMITTED.value,
+                actual_status=original.status.value,
+            )
         await self.ledger.transition(
             operation_id,
             expected=S.COMMITTED,
@@ -903,6 +907,14 @@ class ActionRuntime:
             if op.lease_owner != self.owner or tracked is None or tracked.done.done():
                 continue
             if op.operation_id not in self._executing:
+                if op.deadline_at is None:
+                    op = await self.ledger.annotate(
+                        op.operation_id,
+                        actor=self.actor,
+                        fence=tracked.fence,
+                        detail={"reason": "approved elsewhere; deadline set by its owner"},
+                        changes={"deadline_at": self.clock.now() + self._deadline(op.tool)},
+                    )
                 self.watchdog.arm(op.operation_id, op.deadline_at or self.clock.now())
                 self._spawn(self._execute(op, tracked))
 

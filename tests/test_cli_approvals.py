@@ -1,0 +1,163 @@
+"""`pipecat-actions approvals`: a person approves or rejects from another process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipecat_actions.actions import ActionContext, action
+from pipecat_actions.admission.authorization import AllowAll
+from pipecat_actions.cli import main
+from pipecat_actions.policy import load_policy_text
+from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.session import SessionState
+from pipecat_actions.status import ActionStatus
+
+POLICY = """
+version: 1
+tools:
+  refund_deposit:
+    kind: mutation
+    risk: high
+    confirmation: {mode: approval, expires_after_secs: 60}
+"""
+
+
+async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = await asyncio.to_thread(main, list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+async def waiting(tmp_path: Path) -> Any:
+    refunds: list[int] = []
+
+    @action
+    async def refund_deposit(ctx: ActionContext, booking_id: str, amount_cents: int) -> dict:
+        refunds.append(amount_cents)
+        return {"refunded_cents": amount_cents}
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    runtime = await ActionRuntime.create(
+        load_policy_text(POLICY),
+        authorizer=AllowAll(),
+        actions=[refund_deposit],
+        ledger_url=url,
+        lease_secs=0.3,
+    )
+    session = SessionState(session_id="call-1", principal="alice")
+    result = await runtime.propose(
+        "refund_deposit", {"booking_id": "b-1", "amount_cents": 2500}, session
+    )
+    assert result["status"] == "awaiting_approval"
+    yield runtime, url, result["operation_id"], refunds
+    await runtime.close()
+
+
+async def test_approval_from_the_cli_runs_the_operation_in_the_owning_runtime(
+    waiting: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runtime, url, operation_id, refunds = waiting
+    code, out, _ = await _cli(capsys, "approvals", "list", "--ledger", url, "--json")
+    assert code == 0
+    listed = json.loads(out)
+    assert [op["operation_id"] for op in listed] == [operation_id]
+    assert listed[0]["args"] == {"amount_cents": 2500, "booking_id": "b-1"}
+    code, out, _ = await _cli(
+        capsys,
+        "approvals",
+        "approve",
+        operation_id,
+        "--ledger",
+        url,
+        "--approver",
+        "bob",
+        "--reason",
+        "deposit policy",
+        "--args-hash",
+        listed[0]["args_hash"],
+    )
+    assert code == 0
+    assert "ADMITTED" in out
+    final = await asyncio.wait_for(runtime.wait(operation_id), timeout=10)
+    assert final.status is ActionStatus.COMMITTED
+    assert refunds == [2500]
+    actors = [e.actor for e in await runtime.ledger.events(operation_id)]
+    assert "approver:bob" in actors
+
+
+async def test_approval_for_other_arguments_is_refused_and_nothing_runs(
+    waiting: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runtime, url, operation_id, refunds = waiting
+    code, _, err = await _cli(
+        capsys,
+        "approvals",
+        "approve",
+        operation_id,
+        "--ledger",
+        url,
+        "--approver",
+        "bob",
+        "--reason",
+        "ok",
+        "--args-hash",
+        "0" * 64,
+    )
+    assert code == 1
+    assert "other arguments" in err
+    assert "Traceback" not in err
+    assert (await runtime.ledger.get(operation_id)).status is ActionStatus.AWAITING_APPROVAL
+    assert refunds == []
+
+
+async def test_rejection_from_the_cli_is_final_and_nothing_runs(
+    waiting: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runtime, url, operation_id, refunds = waiting
+    code, out, _ = await _cli(
+        capsys,
+        "approvals",
+        "reject",
+        operation_id,
+        "--ledger",
+        url,
+        "--approver",
+        "bob",
+        "--reason",
+        "not eligible",
+    )
+    assert code == 0
+    assert "REJECTED" in out
+    op = await runtime.ledger.get(operation_id)
+    assert op.status is ActionStatus.REJECTED
+    assert op.error == "rejected by bob: not eligible"
+    code, _, err = await _cli(
+        capsys,
+        "approvals",
+        "approve",
+        operation_id,
+        "--ledger",
+        url,
+        "--approver",
+        "bob",
+        "--reason",
+        "changed my mind",
+    )
+    assert code == 1
+    assert "not awaiting approval" in err
+    assert refunds == []
+
+
+async def test_show_of_an_unknown_operation_is_a_one_line_error(
+    waiting: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, url, _, _ = waiting
+    code, _, err = await _cli(capsys, "approvals", "show", "op_nope", "--ledger", url)
+    assert code == 1
+    assert err.strip() == "pipecat-actions: operation op_nope not found"
