@@ -24,6 +24,7 @@ from pipecat.adapters.llm.schemas.direct_function import DirectFunctionWrapper
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.services.llm_service import FunctionCallParams, LLMService
+from pydantic import BaseModel, ConfigDict, create_model
 
 from pipecat_actions.actions import ActionContext, ActionDefinition
 from pipecat_actions.policy import ConfirmationMode, OnDuplicate
@@ -108,9 +109,13 @@ def instrument(runtime: ActionRuntime, llm: LLMService, session: SessionState) -
     """Route handlers the application registers on ``llm`` through ``runtime``.
 
     Each wrapped handler becomes an action's effect: the call is admitted, recorded and run by
-    the runtime, and the handler's result (what it passes to ``result_callback``) is the
-    effect's result. The wrapper keeps ``@tool_options`` attributes and the signature-derived
-    schema (``functools.wraps``). Handlers already registered are wrapped too.
+    the runtime, and what the handler passes to ``result_callback`` is the effect's result.
+    Plain handlers are wrapped with ``functools.wraps`` (``@tool_options`` attributes and
+    ``__wrapped__`` survive). Direct functions keep their own function object inside a
+    `DirectFunctionWrapper` subclass, so Pipecat's per-inference sync of ``LLMContext`` tools
+    sees an unchanged handler and does not re-register it. Handlers registered before the call
+    are wrapped too. A tool without an entry in the policy raises `ConfigurationError` when it
+    is registered.
     """
     original_register = llm.register_function
     original_direct = llm._register_direct_function
@@ -121,9 +126,8 @@ def instrument(runtime: ActionRuntime, llm: LLMService, session: SessionState) -
         original_register(function_name, handler, **options)
 
     def register_direct(handler: Any, **options: Any) -> None:
-        if not _is_ours(handler):
-            handler = _wrap_direct(runtime, handler, session)
         original_direct(handler, **options)
+        _admit_direct(runtime, llm, handler, session)
 
     llm.register_function = register_function  # type: ignore[method-assign]
     llm._register_direct_function = register_direct  # type: ignore[method-assign]
@@ -131,7 +135,7 @@ def instrument(runtime: ActionRuntime, llm: LLMService, session: SessionState) -
         if name is None or _is_ours(item.handler):
             continue
         if isinstance(item.handler, DirectFunctionWrapper):
-            register_direct(item.handler.function)
+            _admit_direct(runtime, llm, item.handler.function, session)
         else:
             original_register(
                 name,
@@ -143,7 +147,9 @@ def instrument(runtime: ActionRuntime, llm: LLMService, session: SessionState) -
 
 
 def _is_ours(handler: Any) -> bool:
-    return bool(getattr(handler, "_pipecat_actions_wrapped", False))
+    return isinstance(handler, _AdmittedDirectFunction) or bool(
+        getattr(handler, "_pipecat_actions_wrapped", False)
+    )
 
 
 def _wrap_handler(
@@ -151,7 +157,11 @@ def _wrap_handler(
 ) -> Callable[..., Any]:
     """Wrap a ``handler(params)``: its result becomes the result of an admitted operation."""
     if name not in runtime.bindings:
-        runtime.register(_definition_for(name, handler))
+
+        async def call(ctx: ActionContext, arguments: dict[str, Any], capture: Any) -> None:
+            await handler(_params(name, ctx, arguments, capture))
+
+        runtime.register(_definition(name, call, getattr(handler, "__doc__", None)))
 
     @functools.wraps(handler)
     async def wrapped(params: FunctionCallParams) -> None:
@@ -164,7 +174,52 @@ def _wrap_handler(
     return wrapped
 
 
-def _definition_for(name: str, handler: Any) -> ActionDefinition:
+class _AdmittedDirectFunction(DirectFunctionWrapper):
+    """A direct function whose calls go through the runtime; ``function`` stays the original."""
+
+    def __init__(self, function: Any, runtime: ActionRuntime, session: SessionState) -> None:
+        super().__init__(function)
+        self._runtime = runtime
+        self._session = session
+
+    async def invoke(self, args: Any, params: FunctionCallParams) -> None:
+        result = await self._runtime.propose(
+            self.name, dict(args), self._session, tool_call_id=params.tool_call_id
+        )
+        await params.result_callback(result)
+
+
+def _admit_direct(
+    runtime: ActionRuntime, llm: LLMService, function: Any, session: SessionState
+) -> None:
+    admitted = _AdmittedDirectFunction(function, runtime, session)
+    name = admitted.name
+    if name not in runtime.bindings:
+
+        async def call(ctx: ActionContext, arguments: dict[str, Any], capture: Any) -> None:
+            await function(_params(name, ctx, arguments, capture), **arguments)
+
+        runtime.register(_definition(name, call, admitted.description))
+    llm._functions[name].handler = admitted
+
+
+def _params(
+    name: str, ctx: ActionContext, arguments: dict[str, Any], capture: Any
+) -> FunctionCallParams:
+    # The application's handler runs as the effect, outside Pipecat's call: it gets the
+    # arguments and a result callback, not the LLM, the worker or the context.
+    return FunctionCallParams(
+        function_name=name,
+        tool_call_id=ctx.operation_id,
+        arguments=arguments,
+        llm=None,  # type: ignore[arg-type]
+        pipeline_worker=None,  # type: ignore[arg-type]
+        context=None,  # type: ignore[arg-type]
+        result_callback=capture,
+    )
+
+
+def _definition(name: str, call: Callable[..., Any], description: str | None) -> ActionDefinition:
     async def effect(ctx: ActionContext, **arguments: Any) -> Any:
         box: dict[str, Any] = {}
 
@@ -172,67 +227,15 @@ def _definition_for(name: str, handler: Any) -> ActionDefinition:
             if properties is None or getattr(properties, "is_final", True):
                 box["result"] = result
 
-        params = FunctionCallParams(
-            function_name=name,
-            tool_call_id=ctx.operation_id,
-            arguments=arguments,
-            llm=None,  # type: ignore[arg-type]
-            pipeline_worker=None,  # type: ignore[arg-type]
-            context=None,  # type: ignore[arg-type]
-            result_callback=capture,
-        )
-        await handler(params)
+        await call(ctx, arguments, capture)
         return box.get("result")
 
     return ActionDefinition(
-        name=name,
-        effect=effect,
-        args_model=_open_model(name),
-        description=getattr(handler, "__doc__", None) or name,
+        name=name, effect=effect, args_model=_open_model(name), description=description or name
     )
 
 
-def _wrap_direct(runtime: ActionRuntime, function: Any, session: SessionState) -> Any:
-    wrapper = DirectFunctionWrapper(function)
-    name = wrapper.name
-    if name not in runtime.bindings:
-
-        async def effect(ctx: ActionContext, **arguments: Any) -> Any:
-            box: dict[str, Any] = {}
-
-            async def capture(result: Any, *, properties: Any = None) -> None:
-                box["result"] = result
-
-            params = FunctionCallParams(
-                function_name=name,
-                tool_call_id=ctx.operation_id,
-                arguments=arguments,
-                llm=None,  # type: ignore[arg-type]
-                pipeline_worker=None,  # type: ignore[arg-type]
-                context=None,  # type: ignore[arg-type]
-                result_callback=capture,
-            )
-            await function(params, **arguments)
-            return box.get("result")
-
-        runtime.register(
-            ActionDefinition(name, effect, _open_model(name), wrapper.description or name)
-        )
-
-    @functools.wraps(function)
-    async def wrapped(params: FunctionCallParams, **arguments: Any) -> None:
-        result = await runtime.propose(name, arguments, session, tool_call_id=params.tool_call_id)
-        await params.result_callback(result)
-
-    wrapped._pipecat_actions_wrapped = True  # type: ignore[attr-defined]
-    return wrapped
-
-
-def _open_model(name: str) -> Any:
-    from pydantic import BaseModel, ConfigDict
-
-    class Arguments(BaseModel):
-        model_config = ConfigDict(extra="allow", frozen=True)
-
-    Arguments.__name__ = f"{name}_arguments"
-    return Arguments
+def _open_model(name: str) -> type[BaseModel]:
+    # The application's handler validates its own arguments; the runtime still applies the
+    # payload cap and records them.
+    return create_model(f"{name}_arguments", __config__=ConfigDict(extra="allow", frozen=True))

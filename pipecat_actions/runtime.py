@@ -199,6 +199,11 @@ class ActionRuntime:
                 )
             self._bindings[definition.name] = Binding(definition, policy)
 
+    async def flush(self) -> None:
+        """Wait until the audit records of finished reads are written."""
+        if self._audits:
+            await asyncio.gather(*self._audits, return_exceptions=True)
+
     async def close(self, *, grace_secs: float = 5.0) -> None:
         """Stop: wait up to ``grace_secs`` for running operations, then leave them to recovery.
 

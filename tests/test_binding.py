@@ -1,0 +1,155 @@
+"""Every handler an LLMService runs goes through the runtime: attached, registered, or lazy."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pipecat.adapters.llm.schemas.direct_function import tool_options
+from pipecat.frames.frames import LLMRunFrame
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
+from pipecat.services.llm_service import FunctionCallParams
+from pipecat.tests.utils import SleepFrame, run_test
+
+from pipecat_actions.actions import ActionContext, action
+from pipecat_actions.admission.authorization import AllowAll
+from pipecat_actions.policy import load_policy_text
+from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.session import SessionState
+from pipecat_actions.status import ActionStatus
+from pipecat_actions.testing import Say, ScriptedLLM, ToolCalls
+
+POLICY = """
+version: 1
+tools:
+  get_weather:
+    kind: read
+  book_table:
+    kind: mutation
+    mode: background
+    idempotency: {key_fields: [time]}
+"""
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[ActionRuntime]:
+    opened = await ActionRuntime.create(
+        load_policy_text(POLICY), authorizer=AllowAll(), ledger_url=f"sqlite:///{tmp_path}/l.db"
+    )
+    yield opened
+    await opened.close()
+
+
+async def _converse(llm: ScriptedLLM, context: LLMContext) -> list[dict[str, Any]]:
+    pair = LLMContextAggregatorPair(context)
+    await run_test(
+        Pipeline([pair.user(), llm, pair.assistant()]),
+        frames_to_send=[LLMRunFrame(), SleepFrame(sleep=0.5)],
+    )
+    return [dict(m) for m in context.get_messages()]
+
+
+def _tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [json.loads(m["content"]) for m in messages if m.get("role") == "tool"]
+
+
+async def test_attached_actions_are_advertised_with_their_argument_schema(
+    runtime: ActionRuntime,
+) -> None:
+    @action
+    async def book_table(ctx: ActionContext, time: str, party_size: int = 2) -> dict[str, Any]:
+        """Book a table at a time."""
+        return {}
+
+    runtime.register(book_table)
+    (schema,) = runtime.tools_schema().standard_tools
+    assert schema.name == "book_table"
+    assert schema.description == "Book a table at a time."
+    assert schema.required == ["time"]
+    assert set(schema.properties) == {"time", "party_size"}
+
+
+async def test_a_handler_registered_after_instrument_is_admitted_and_recorded(
+    runtime: ActionRuntime,
+) -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def get_weather(params: FunctionCallParams) -> None:
+        calls.append(dict(params.arguments))
+        await params.result_callback({"temp_c": 21})
+
+    llm = ScriptedLLM([ToolCalls([("get_weather", {"city": "Oslo"})]), Say("21 degrees.")])
+    session = SessionState(session_id="s1", principal="alice")
+    runtime.instrument(llm, session)
+    llm.register_function("get_weather", get_weather)
+    messages = await _converse(llm, LLMContext(messages=[{"role": "user", "content": "?"}]))
+    assert calls == [{"city": "Oslo"}]
+    (result,) = _tool_results(messages)
+    assert result["status"] == "committed"
+    assert result["result"] == {"temp_c": 21}
+    await runtime.flush()
+    (op,) = await runtime.ledger.list()
+    assert (op.tool, op.status, op.principal) == ("get_weather", ActionStatus.COMMITTED, "alice")
+
+
+async def test_wrapping_keeps_tool_options_and_a_handler_registered_before_instrument(
+    runtime: ActionRuntime,
+) -> None:
+    @tool_options(cancel_on_interruption=False, timeout_secs=5)
+    async def book_table(params: FunctionCallParams) -> None:
+        await params.result_callback({"booked": params.arguments["time"]})
+
+    llm = ScriptedLLM([])
+    llm.register_function("book_table", book_table)
+    runtime.instrument(llm, SessionState(session_id="s1", principal="alice"))
+    item = llm._functions["book_table"]
+    assert item.handler is not book_table
+    assert item.handler.__wrapped__ is book_table
+    assert item.cancel_on_interruption is False
+    assert item.timeout_secs == 5
+
+
+async def test_a_direct_function_listed_in_the_context_is_wrapped_when_pipecat_registers_it(
+    runtime: ActionRuntime,
+) -> None:
+    seen: list[str] = []
+
+    async def get_weather(params: FunctionCallParams, city: str) -> None:
+        """Get the weather.
+
+        Args:
+            city: The city.
+        """
+        seen.append(city)
+        await params.result_callback({"temp_c": 3})
+
+    llm = ScriptedLLM([ToolCalls([("get_weather", {"city": "Bergen"})]), Say("Cold.")])
+    runtime.instrument(llm, SessionState(session_id="s1", principal="alice"))
+    context = LLMContext(messages=[{"role": "user", "content": "?"}], tools=[get_weather])
+    messages = await _converse(llm, context)
+    assert seen == ["Bergen"]
+    assert _tool_results(messages)[0]["status"] == "committed"
+    await runtime.flush()
+    assert [op.tool for op in await runtime.ledger.list()] == ["get_weather"]
+
+
+async def test_a_handler_for_a_tool_without_policy_is_refused_and_never_runs(
+    runtime: ActionRuntime,
+) -> None:
+    ran: list[bool] = []
+
+    async def transfer_money(params: FunctionCallParams) -> None:
+        ran.append(True)
+        await params.result_callback({"ok": True})
+
+    llm = ScriptedLLM([ToolCalls([("transfer_money", {"amount": 10})]), Say("Hm.")])
+    session = SessionState(session_id="s1", principal="alice")
+    runtime.instrument(llm, session)
+    with pytest.raises(Exception, match="no entry in the policy"):
+        llm.register_function("transfer_money", transfer_money)
+    assert ran == []
