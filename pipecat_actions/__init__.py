@@ -1,10 +1,26 @@
 """pipecat_actions: tool calls that change the real world, made safe for Pipecat voice agents.
 
 The model proposes; the application admits; the system of record confirms; the conversation
-communicates. This package keeps the durable part of that promise: a ledger of every operation
-with its status and audit trail, the status machine it obeys, and per-tool policies in YAML.
+communicates. This package admits and runs tool calls (`ActionRuntime`), keeps a durable ledger
+of every operation with its status and audit trail, the status machine it obeys, and per-tool
+policies in YAML.
 """
 
+from pipecat_actions.actions import (
+    ActionContext,
+    ActionDefinition,
+    CancelOutcome,
+    Reconciliation,
+    Refused,
+    action,
+)
+from pipecat_actions.admission.authorization import (
+    AllowAll,
+    AuthorizationRequest,
+    Authorizer,
+    Decision,
+)
+from pipecat_actions.approvals import ApprovalRefused
 from pipecat_actions.clock import Clock, ManualClock, SystemClock
 from pipecat_actions.errors import (
     ConfigurationError,
@@ -24,6 +40,13 @@ from pipecat_actions.errors import (
     TransitionRefused,
     UnexpectedStatus,
 )
+from pipecat_actions.execution.executor import ReconcileSchedule
+from pipecat_actions.execution.outcomes import (
+    EffectFailed,
+    EffectNotSent,
+    EffectOutcomeUnknown,
+    EffectRetryable,
+)
 from pipecat_actions.ledger import (
     AdmitResult,
     EventKind,
@@ -38,11 +61,34 @@ from pipecat_actions.ledger import (
     hash_arguments,
 )
 from pipecat_actions.policy import PolicySet, ToolPolicy, load_policy, load_policy_text
+from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus, is_terminal
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # runtime
+    "ActionRuntime",
+    "ReconcileSchedule",
+    "SessionState",
+    # actions
+    "ActionContext",
+    "ActionDefinition",
+    "CancelOutcome",
+    "Reconciliation",
+    "Refused",
+    "action",
+    # effect failures
+    "EffectFailed",
+    "EffectNotSent",
+    "EffectOutcomeUnknown",
+    "EffectRetryable",
+    # authorization
+    "AllowAll",
+    "AuthorizationRequest",
+    "Authorizer",
+    "Decision",
     # status machine
     "TERMINAL_STATUSES",
     "TRANSITIONS",
@@ -70,6 +116,7 @@ __all__ = [
     "ManualClock",
     "SystemClock",
     # errors
+    "ApprovalRefused",
     "ConfigurationError",
     "IdempotencyMismatch",
     "IllegalTransition",

@@ -233,7 +233,9 @@ def _args_model(effect: Effect, name: str) -> type[BaseModel]:
         fields[parameter.name] = (hints[parameter.name], default)
     model: type[BaseModel] = create_model(
         f"{name}_arguments",
-        __config__=ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True),
+        __config__=ConfigDict(
+            extra="forbid", str_strip_whitespace=True, frozen=True, allow_inf_nan=False
+        ),
         **fields,
     )
     return model

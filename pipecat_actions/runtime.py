@@ -65,6 +65,8 @@ from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
 S = ActionStatus
+_IN_FLIGHT = frozenset({S.ADMITTED, S.RUNNING, S.FAILED_RETRYABLE, S.CANCEL_REQUESTED})
+"""Statuses worth waiting for: the outcome is due within the deadline (not a person's answer)."""
 
 
 class ActionRuntime:
@@ -292,7 +294,7 @@ class ActionRuntime:
         if isinstance(admitted, Joined):
             op = admitted.operation
             note = "This request was already made; this is its outcome."
-            if wait and op.status not in TERMINAL_STATUSES and op.operation_id in self._tracked:
+            if wait and op.status in _IN_FLIGHT and op.operation_id in self._tracked:
                 op = await asyncio.shield(self._tracked[op.operation_id].done)
             return render_operation(op, note=note)
         tracked = self._start(admitted, session)
@@ -441,10 +443,15 @@ class ActionRuntime:
         session: SessionState | None = None,
         wait_generation: int | None = None,
         stage: str = "admission",
+        take_slot: bool = False,
     ) -> None:
         final = op
         self._executing.add(op.operation_id)
         try:
+            if take_slot:
+                policy = tracked.binding.policy
+                slot = await self.limiter.wait_for_slot(op.tool, policy, op.principal)
+                tracked.on_finish.append(slot.release)
             if wait_generation is not None and session is not None:
                 settled = await self._wait_generation(session, wait_generation, tracked)
                 if not settled:
@@ -679,7 +686,7 @@ class ActionRuntime:
             raise
         if tracked is not None and approved.deadline_at is not None:
             self.watchdog.arm(operation_id, approved.deadline_at)
-            self._spawn(self._execute(approved, tracked))
+            self._spawn(self._execute(approved, tracked, take_slot=True))
         return approved
 
     async def reject(self, operation_id: str, *, approver: str, reason: str) -> Operation:
@@ -717,7 +724,7 @@ class ActionRuntime:
         except TransitionRefused:
             return render_operation(await self.ledger.get(op.operation_id))
         self.watchdog.arm(op.operation_id, deadline_at)
-        self._spawn(self._execute(admitted, tracked))
+        self._spawn(self._execute(admitted, tracked, take_slot=True))
         if not wait:
             return render_operation(admitted)
         return render_operation(await asyncio.shield(tracked.done))
@@ -921,7 +928,7 @@ class ActionRuntime:
                         changes={"deadline_at": self.clock.now() + self._deadline(op.tool)},
                     )
                 self.watchdog.arm(op.operation_id, op.deadline_at or self.clock.now())
-                self._spawn(self._execute(op, tracked))
+                self._spawn(self._execute(op, tracked, take_slot=True))
 
     async def undelivered(self) -> list[Operation]:
         """Committed operations whose result never reached a conversation."""

@@ -29,6 +29,7 @@ from pipecat_actions.errors import IdempotencyMismatch
 from pipecat_actions.execution.executor import Binding, Executor
 from pipecat_actions.execution.results import refusal_result
 from pipecat_actions.ledger import Ledger, NewOperation, Operation
+from pipecat_actions.ledger.records import canonical_json
 from pipecat_actions.policy import AdmitWhen, ConfirmationMode, OnDuplicate, ToolKind
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
@@ -141,8 +142,16 @@ class Admitter:
         base.args = parsed
         try:
             args = binding.action.args_model.model_validate(parsed).model_dump(mode="json")
+            canonical_json(args)  # what cannot be stored or hashed is refused here
         except ValidationError as exc:
             return await self._refuse(base, "invalid_arguments", _describe(exc))
+        except (ValueError, TypeError, RecursionError):
+            return await self._refuse(
+                base,
+                "invalid_arguments",
+                "The arguments are nested too deeply or hold values that are not plain data; "
+                "nothing was done.",
+            )
         base.args = args
         try:
             resource_key = policy.resource_key(args)
@@ -221,7 +230,13 @@ class Admitter:
         Returns None when a new operation should be admitted (under a derived key).
         """
         if existing.args_hash != _hash(base.args) or existing.tool != base.tool:
-            return None  # another intent under the same key: the ledger refuses it at insert
+            return await self._refuse(
+                base,
+                "idempotency_mismatch",
+                "An earlier request with the same intent had different details "
+                f"(operation {existing.operation_id}); nothing new was done.",
+                operation_id=existing.operation_id,
+            )
         mode = binding.policy.on_duplicate
         if mode is OnDuplicate.REJECT:
             return await self._refuse(
@@ -235,7 +250,10 @@ class Admitter:
             return None
         if mode is OnDuplicate.REPLACE and existing.status not in TERMINAL_STATUSES:
             stopped = await self._cancel(existing)
-            return None if stopped.status is S.CANCELLED else Joined(stopped)
+            # Withdrawn before anything ran (cancelled, or a question no longer asked): the new
+            # call replaces it. Otherwise the earlier one went ahead and the new call joins it.
+            withdrawn = stopped.status in (S.CANCELLED, S.REJECTED, S.EXPIRED)
+            return None if withdrawn else Joined(stopped)
         return Joined(existing)
 
     async def _insert(
@@ -306,6 +324,10 @@ class Admitter:
         if not admitted.created:
             slot.release()
             return Joined(admitted.operation)
+        if status in (S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION):
+            # Waiting for a person holds no capacity; the slot is taken again when it runs.
+            slot.release()
+            return Admission(admitted.operation, binding, None, generation)
         return Admission(admitted.operation, binding, slot, generation)
 
     def _parse(
@@ -385,8 +407,6 @@ def _hash(args: Mapping[str, Any]) -> str:
 
 def _draft(base: _Audit, key: str, session: SessionState) -> Operation:
     """A stand-in record for hooks that run before the operation exists (snapshot, checks)."""
-    from pipecat_actions.ledger.records import canonical_json
-
     args_json = canonical_json(dict(base.args))
     return Operation(
         operation_id="(not yet admitted)",

@@ -136,6 +136,13 @@ class Limiter:
                 state.queued -= 1
         return self._take(tool, state, policy, principal)
 
+    async def wait_for_slot(self, tool: str, policy: ToolPolicy, principal: str) -> Slot:
+        """Wait, however long, for a slot: for work already admitted (approved, confirmed)."""
+        state = self._tools[tool]
+        async with state.freed:
+            await state.freed.wait_for(lambda: not self._full(state, policy, principal))
+        return self._take(tool, state, policy, principal)
+
     def register_read(self, tool: str, coalesce_key: str, result: asyncio.Future[Any]) -> None:
         """Let identical reads of ``tool`` join ``result`` while it is pending."""
         inflight = self._tools[tool].inflight_reads

@@ -68,7 +68,8 @@ def render(
     note: str | None = None,
 ) -> dict[str, Any]:
     """Return the tool result for an operation of ``tool`` in ``status``."""
-    message = _MESSAGES[status].format(tool=tool, error=error or "no reason given")
+    reason = (error or "no reason given").rstrip(". ") + "."
+    message = _MESSAGES[status].format(tool=tool, error=reason)
     result: dict[str, Any] = {
         "status": status.value.lower(),
         "operation_id": operation_id,

@@ -12,6 +12,7 @@ __all__ = [
     "encode_detail",
     "new_row",
     "operation_from_row",
+    "storable",
     "to_event",
     "to_operation",
     "update_statement",
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Row, Update, bindparam, func, update
+from sqlalchemy import Row, String, Update, bindparam, func, update
 
 from pipecat_actions.ledger.records import (
     EventKind,
@@ -141,7 +142,11 @@ def column_changes(changes: Mapping[str, Any] | None) -> dict[str, Any]:
             f"cannot change {', '.join(unknown)}: allowed are {', '.join(CHANGEABLE_FIELDS)}"
         )
     return {
-        CHANGEABLE_FIELDS[k]: (None if v is None else canonical_json(v)) if k in _JSON_FIELDS else v
+        CHANGEABLE_FIELDS[k]: (None if v is None else canonical_json(v))
+        if k in _JSON_FIELDS
+        else storable(v, CHANGEABLE_FIELDS[k])
+        if isinstance(v, str)
+        else v
         for k, v in changes.items()
     }
 
@@ -178,8 +183,39 @@ class EncodedOperation:
         )
 
 
+_LIMITS: dict[str, int] = {
+    c.name: c.type.length for c in operations.c if isinstance(c.type, String) and c.type.length
+}
+
+
+def storable(value: str | None, column: str | None = None) -> str | None:
+    """Return ``value`` as text every backend stores: no NUL, no lone surrogate, fitting.
+
+    PostgreSQL refuses NUL in text and both backends refuse unencodable surrogates; an id
+    longer than its column keeps its start and a hash of the whole, so distinct ids stay
+    distinct. These come from hostile input (a tool_call_id, a resource template filled with
+    LLM arguments); refusing to record them would lose the audit of the refusal itself.
+    """
+    if value is None:
+        return None
+    text = value.replace("\x00", "\ufffd").encode("utf-8", "backslashreplace").decode("utf-8")
+    limit = _LIMITS.get(column or "")
+    if limit is not None and len(text) > limit:
+        digest = hash_canonical_json(text)[:16]
+        text = f"{text[: limit - 18]}~{digest}"
+    return text
+
+
 def new_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> dict[str, Any]:
     """Return the operations row of a new operation as first inserted at ``now``."""
+    row = _raw_row(encoded, now, key_slot=key_slot)
+    for column, value in row.items():
+        if isinstance(value, str):
+            row[column] = storable(value, column)
+    return row
+
+
+def _raw_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> dict[str, Any]:
     new, args_json, args_hash = encoded.new, encoded.args_json, encoded.args_hash
     path = path_from_requested(new.status)
     running = ActionStatus.RUNNING in path

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -46,13 +46,13 @@ def as_ledger_error(exc: Exception, *, url: str) -> Exception:
     """Return the error a ledger caller should see for ``exc``.
 
     A broken constraint (a duplicate operation id, a compensated operation that does not
-    exist) is `LedgerIntegrityError`, not retryable; driver, pool and network failures are
-    `LedgerUnavailable`, retryable. Anything else (a `LedgerError`, a programming error) is
-    returned as it is.
+    exist) or a value the database cannot hold is `LedgerIntegrityError`, not retryable;
+    driver, pool and network failures are `LedgerUnavailable`, retryable. Anything else (a
+    `LedgerError`, a programming error) is returned as it is.
     """
     if isinstance(exc, LedgerError):
         return exc
-    if isinstance(exc, IntegrityError):
+    if isinstance(exc, IntegrityError | DataError):
         error: Exception = LedgerIntegrityError(
             f"ledger database {url} refused the write: {exc.orig}"
         )

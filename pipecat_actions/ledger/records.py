@@ -28,16 +28,18 @@ from pipecat_actions.status import ActionStatus
 
 
 def canonical_json(value: Any) -> str:
-    """Encode ``value`` as canonical JSON: sorted keys, no spaces, UTF-8 text kept as is.
+    """Encode ``value`` as canonical JSON: sorted keys, no spaces, non-ASCII escaped.
 
-    Equal values always give equal text, so the text can be hashed and compared.
+    Equal values always give equal text, so the text can be hashed and compared. Escaping
+    every non-ASCII character keeps the text storable anywhere, even when it holds a lone
+    surrogate or a NUL from hostile input.
 
     Raises:
         TypeError: ``value`` holds something JSON cannot represent.
         ValueError: ``value`` holds NaN or infinity, or a circular reference.
     """
     return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
     )
 
 

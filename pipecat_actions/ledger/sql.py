@@ -68,6 +68,7 @@ from pipecat_actions.ledger.records import (
     Operation,
     OperationEvent,
     OperationFilter,
+    canonical_json,
 )
 from pipecat_actions.ledger.schema import events, operations
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus, check_transition
@@ -276,18 +277,17 @@ class SqlLedger(Ledger):
 
     async def record_refusal(self, new: NewOperation) -> Operation:  # noqa: D102 - see Ledger
         refused = replace(new, status=ActionStatus.REJECTED)
-        try:
-            encoded = EncodedOperation.of(refused)
-        except (TypeError, ValueError):
-            # A refusal records what was proposed even when it is not valid JSON.
-            encoded = EncodedOperation.of(
-                replace(
-                    refused,
-                    args={"unencodable_arguments": repr(dict(refused.args))[:4096]},
-                    before_state=None,
-                    detail={"unencodable_detail": repr(refused.detail)[:4096]},
-                )
+        # A refusal records what was proposed even when it is not valid JSON: whatever part
+        # cannot be encoded is kept as its repr, the rest as it is.
+        if not _encodes(refused.args):
+            refused = replace(
+                refused, args={"unencodable_arguments": repr(dict(refused.args))[:4096]}
             )
+        if not _encodes(refused.detail):
+            refused = replace(refused, detail={"unencodable_detail": repr(refused.detail)[:4096]})
+        if not _encodes(refused.before_state):
+            refused = replace(refused, before_state=None)
+        encoded = EncodedOperation.of(refused)
 
         def work(conn: Connection) -> Operation:
             now = self._clock.now()
@@ -657,3 +657,11 @@ class SqlLedger(Ledger):
             return [to_event(r) for r in conn.execute(query)]
 
         return await self._read(work)
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        canonical_json(dict(value) if isinstance(value, Mapping) else value)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True

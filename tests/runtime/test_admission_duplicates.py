@@ -1,0 +1,257 @@
+"""Idempotency and the duplicate policy: the same intent never causes a second side effect.
+
+The key comes from the policy's key fields, never from the provider's tool_call_id, so calls
+with new ids for the same intent meet the operation already bound to that key; what happens
+next is the tool's ``on_duplicate`` policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pipecat_actions.clock import ManualClock
+from pipecat_actions.ledger import OperationFilter
+from pipecat_actions.session import SessionState
+from pipecat_actions.status import ActionStatus
+
+from ._admission_support import (
+    Restaurant,
+    assert_refusal_audited,
+    booking_args,
+    eventually,
+    running,
+    sqlite_url,
+    wait_for_status,
+)
+
+S = ActionStatus
+
+
+def _booking_policy(on_duplicate: str = "join", extra: str = "") -> str:
+    return f"""
+  book_table:
+    kind: mutation
+    arguments: [restaurant_id, date, time, party_size, guest]
+    idempotency:
+      key_fields: [restaurant_id, date, time]
+    on_duplicate: {on_duplicate}
+{extra}"""
+
+
+@pytest.mark.parametrize("conversations", [1, 4])
+async def test_hundred_concurrent_duplicate_calls_book_once_and_share_one_operation(
+    ledger_url: str, clock: ManualClock, conversations: int
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(_booking_policy(), restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        # One user: the key's scope is the principal, so parallel calls of the user match too.
+        sessions = [SessionState(f"call-{n}", principal="alice") for n in range(conversations)]
+        results = await asyncio.gather(
+            *(
+                rt.propose(
+                    "book_table",
+                    booking_args(),
+                    sessions[n % conversations],
+                    tool_call_id=f"call_{n:03d}",
+                )
+                for n in range(100)
+            )
+        )
+
+        operation_ids = {result["operation_id"] for result in results}
+        assert len(operation_ids) == 1, operation_ids
+        (operation_id,) = operation_ids
+        final = await rt.wait(operation_id)
+        assert final.status is S.COMMITTED
+        assert {result["status"] for result in results} <= {"committed", "running"}
+        assert any(result["status"] == "committed" for result in results)
+        assert restaurant.bookings_made == 1
+        assert restaurant.sor.calls["book"] == 1
+        assert len(await rt.ledger.list(OperationFilter(tool="book_table"))) == 1
+
+
+@pytest.mark.parametrize("on_duplicate", ["join", "reject", "confirm", "replace"])
+async def test_same_key_with_other_details_is_refused_as_idempotency_mismatch(
+    ledger_url: str, clock: ManualClock, on_duplicate: str
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(
+        _booking_policy(on_duplicate), restaurant, ledger_url=ledger_url, clock=clock
+    ) as rt:
+        session = SessionState("call-1", principal="alice")
+        first = await rt.propose("book_table", booking_args(party_size=2), session)
+        assert first["status"] == "committed", first
+
+        # Same restaurant, date and time (the key fields), another party size.
+        second = await rt.propose(
+            "book_table", booking_args(party_size=4), session, tool_call_id="call_2"
+        )
+
+        await assert_refusal_audited(
+            rt, second, "idempotency_mismatch", refers_to=first["operation_id"]
+        )
+        assert restaurant.bookings_made == 1
+        assert restaurant.sor.calls["book"] == 1
+        assert (await rt.ledger.get(first["operation_id"])).status is S.COMMITTED
+
+
+async def test_join_gives_a_repeated_call_the_first_calls_outcome(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(
+        _booking_policy("join"), restaurant, ledger_url=ledger_url, clock=clock
+    ) as rt:
+        session = SessionState("call-1", principal="alice")
+        first = await rt.propose("book_table", booking_args(), session, tool_call_id="call_1")
+        again = await rt.propose("book_table", booking_args(), session, tool_call_id="call_2")
+
+        assert first["status"] == again["status"] == "committed"
+        assert again["operation_id"] == first["operation_id"]
+        assert again["result"] == first["result"]
+        assert "already" in again["message"]
+        assert restaurant.bookings_made == 1
+
+
+async def test_reject_refuses_a_repeated_call_naming_the_first_operation(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(
+        _booking_policy("reject"), restaurant, ledger_url=ledger_url, clock=clock
+    ) as rt:
+        session = SessionState("call-1", principal="alice")
+        first = await rt.propose("book_table", booking_args(), session, tool_call_id="call_1")
+        again = await rt.propose("book_table", booking_args(), session, tool_call_id="call_2")
+
+        assert first["status"] == "committed"
+        assert again["status"] == "refused"
+        assert again["reason"] == "duplicate"
+        assert again["operation_id"] == first["operation_id"]
+        assert restaurant.bookings_made == 1
+        refusals = await rt.ledger.list(OperationFilter(status=[S.REJECTED]))
+        assert len(refusals) == 1
+        assert refusals[0].provider_call_id == "call_2"
+        trail = await rt.ledger.events(refusals[0].operation_id)
+        assert trail[-1].detail == {"reason": "duplicate", "duplicate_of": first["operation_id"]}
+
+
+async def test_allow_runs_a_repeated_call_again_as_a_new_operation(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(
+        _booking_policy("allow"), restaurant, ledger_url=ledger_url, clock=clock
+    ) as rt:
+        session = SessionState("call-1", principal="alice")
+        first = await rt.propose("book_table", booking_args(), session, tool_call_id="call_1")
+        again = await rt.propose("book_table", booking_args(), session, tool_call_id="call_2")
+
+        assert first["status"] == again["status"] == "committed"
+        assert again["operation_id"] != first["operation_id"]
+        assert restaurant.bookings_made == 2
+        assert len(await rt.ledger.list(OperationFilter(status=[S.COMMITTED]))) == 2
+
+
+async def test_confirm_asks_the_user_before_doing_the_same_thing_again(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(
+        _booking_policy("confirm"), restaurant, ledger_url=ledger_url, clock=clock
+    ) as rt:
+        session = SessionState("call-1", principal="alice")
+        first = await rt.propose("book_table", booking_args(), session, tool_call_id="call_1")
+        again = await rt.propose("book_table", booking_args(), session, tool_call_id="call_2")
+
+        assert first["status"] == "committed"
+        assert again["status"] == "awaiting_confirmation", again
+        assert again["operation_id"] != first["operation_id"]
+        assert again["confirmation_token"]
+        assert (await rt.ledger.get(again["operation_id"])).status is S.AWAITING_CONFIRMATION
+        assert restaurant.bookings_made == 1
+
+        session.start_user_turn()  # the user says "yes, book it again"
+        confirmed = await rt.confirm(again["operation_id"], again["confirmation_token"], session)
+
+        assert confirmed["status"] == "committed", confirmed
+        assert restaurant.bookings_made == 2
+
+
+async def test_replace_cancels_an_earlier_call_that_has_not_started(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    # turn_confirmed holds each call until the reply that proposed it ends: not started yet.
+    policy = _booking_policy("replace", "    admit_when: turn_confirmed\n")
+    async with running(policy, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        session = SessionState("call-1", principal="alice")
+        session.start_generation()
+        first = await rt.propose(
+            "book_table", booking_args(), session, tool_call_id="call_1", wait=False
+        )
+        assert first["status"] == "admitted", first
+
+        again = await rt.propose(
+            "book_table", booking_args(), session, tool_call_id="call_2", wait=False
+        )
+
+        assert again["operation_id"] != first["operation_id"]
+        assert (await rt.ledger.get(first["operation_id"])).status is S.CANCELLED
+        session.settle_generation()
+        final = await rt.wait(again["operation_id"])
+        assert final.status is S.COMMITTED
+        assert restaurant.bookings_made == 1
+        assert (await rt.wait(first["operation_id"])).status is S.CANCELLED
+
+
+async def test_replace_joins_an_earlier_call_that_is_already_running(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    restaurant.sor.faults.hang("book")
+    async with running(
+        _booking_policy("replace"), restaurant, ledger_url=ledger_url, clock=clock
+    ) as rt:
+        session = SessionState("call-1", principal="alice")
+        first = await rt.propose(
+            "book_table", booking_args(), session, tool_call_id="call_1", wait=False
+        )
+        await eventually(lambda: restaurant.sor.calls["book"] == 1, what="the booking is sent")
+
+        again = await rt.propose(
+            "book_table", booking_args(), session, tool_call_id="call_2", wait=False
+        )
+
+        # Sent and without a cancel hook: it cannot be stopped, so the new call joins it.
+        assert again["operation_id"] == first["operation_id"]
+        assert again["status"] == "running"
+        restaurant.sor.release_hung()
+        final = await rt.wait(first["operation_id"])
+        assert final.status is S.COMMITTED
+        assert restaurant.bookings_made == 1
+        assert restaurant.sor.calls["book"] == 1
+
+
+async def test_replace_supersedes_an_earlier_call_still_awaiting_confirmation(
+    tmp_path: object, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    policy = _booking_policy("replace", "    confirmation:\n      mode: verbal\n")
+    async with running(policy, restaurant, ledger_url=sqlite_url(tmp_path), clock=clock) as rt:
+        session = SessionState("call-1", principal="alice")
+        first = await rt.propose("book_table", booking_args(), session, tool_call_id="call_1")
+        assert first["status"] == "awaiting_confirmation"
+
+        again = await rt.propose("book_table", booking_args(), session, tool_call_id="call_2")
+
+        # The earlier question is withdrawn and the new call asks again; it is not lost.
+        assert await wait_for_status(rt, first["operation_id"], S.REJECTED, S.CANCELLED)
+        assert again["status"] == "awaiting_confirmation", again
+        assert again["operation_id"] != first["operation_id"]
+        session.start_user_turn()
+        confirmed = await rt.confirm(again["operation_id"], again["confirmation_token"], session)
+        assert confirmed["status"] == "committed", confirmed
+        assert restaurant.bookings_made == 1
