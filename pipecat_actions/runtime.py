@@ -20,6 +20,7 @@ __all__ = ["ActionRuntime", "ApprovalRefused"]
 
 
 import asyncio
+import dataclasses
 import os
 import socket
 import uuid
@@ -278,9 +279,18 @@ class ActionRuntime:
         Cancelling the caller never cancels the operation; see ``on_interruption``.
         """
         self._sessions[session.session_id] = session
-        admitted = await self.admitter.admit(tool, arguments, session, tool_call_id=tool_call_id)
-        if isinstance(admitted, Refusal):
-            return admitted.result
+        # Admission runs to its end even when the caller is cancelled meanwhile (a barge-in):
+        # an operation it inserted must be started and bounded, never left behind.
+        admitting = asyncio.ensure_future(
+            self._admit_and_start(tool, arguments, session, tool_call_id)
+        )
+        try:
+            admitted = await asyncio.shield(admitting)
+        except asyncio.CancelledError:
+            admitting.add_done_callback(self._interrupted_during_admission)
+            raise
+        if isinstance(admitted, dict):
+            return admitted
         if isinstance(admitted, ReadAdmission):
             return await self._read(tool, admitted, session, tool_call_id, wait=wait)
         if isinstance(admitted, Shared):
@@ -297,17 +307,38 @@ class ActionRuntime:
             if wait and op.status in _IN_FLIGHT and op.operation_id in self._tracked:
                 op = await asyncio.shield(self._tracked[op.operation_id].done)
             return render_operation(op, note=note)
-        tracked = self._start(admitted, session)
-        if admitted.operation.status in (S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION):
-            return render_operation(admitted.operation)
+        tracked = admitted
         if not wait:
-            return render_operation(admitted.operation)
+            return render_operation(await self.ledger.get(tracked.operation_id))
         try:
             final = await asyncio.shield(tracked.done)
         except asyncio.CancelledError:
             self._spawn(self._interrupted(tracked.operation_id))
             raise
         return render_operation(final)
+
+    async def _admit_and_start(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | str,
+        session: SessionState,
+        tool_call_id: str | None,
+    ) -> dict[str, Any] | ReadAdmission | Shared | Joined | Tracked:
+        admitted = await self.admitter.admit(tool, arguments, session, tool_call_id=tool_call_id)
+        if isinstance(admitted, Refusal):
+            return admitted.result
+        if not isinstance(admitted, Admission):
+            return admitted
+        tracked = self._start(admitted, session)
+        if admitted.operation.status in (S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION):
+            return render_operation(admitted.operation)
+        return tracked
+
+    def _interrupted_during_admission(self, admitting: asyncio.Future[Any]) -> None:
+        if admitting.cancelled() or admitting.exception() is not None:
+            return
+        if isinstance(admitting.result(), Tracked):
+            self._spawn(self._interrupted(admitting.result().operation_id))
 
     async def _read(
         self,
@@ -514,28 +545,35 @@ class ActionRuntime:
         op = await self.ledger.get(operation_id)
         tracked = self._tracked.get(operation_id)
         fence = tracked.fence if tracked else op.fence
-        if op.status in TERMINAL_STATUSES:
+        moved = None
+        for _ in range(3):
+            # The status may change between the read and the write (an attempt starting):
+            # read again and apply the rule for the new status, so no deadline is lost.
+            if op.status in TERMINAL_STATUSES:
+                return
+            if op.status in (S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION):
+                to, why = S.EXPIRED, "not confirmed or approved in time"
+            elif op.status in (S.ADMITTED, S.FAILED_RETRYABLE):
+                to, why = S.FAILED_FINAL, "deadline passed before it could be sent"
+            elif op.status in (S.RUNNING, S.CANCEL_REQUESTED):
+                to, why = S.UNKNOWN, "deadline passed while it may have been sent"
+            else:
+                return
+            try:
+                moved = await self.ledger.transition(
+                    operation_id,
+                    expected=op.status,
+                    to=to,
+                    fence=fence,
+                    actor="watchdog",
+                    detail={"reason": why, "deadline_at": op.deadline_at},
+                    changes={"error": f"deadline: {why}"},
+                )
+                break
+            except TransitionRefused:
+                op = await self.ledger.get(operation_id)
+        if moved is None:
             return
-        if op.status in (S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION):
-            to, why = S.EXPIRED, "not confirmed or approved in time"
-        elif op.status in (S.ADMITTED, S.FAILED_RETRYABLE):
-            to, why = S.FAILED_FINAL, "deadline passed before it could be sent"
-        elif op.status in (S.RUNNING, S.CANCEL_REQUESTED):
-            to, why = S.UNKNOWN, "deadline passed while it may have been sent"
-        else:
-            return
-        try:
-            moved = await self.ledger.transition(
-                operation_id,
-                expected=op.status,
-                to=to,
-                fence=fence,
-                actor="watchdog",
-                detail={"reason": why, "deadline_at": op.deadline_at},
-                changes={"error": f"deadline: {why}"},
-            )
-        except TransitionRefused:
-            return  # it moved on its own meanwhile
         if tracked is None:
             return
         tracked.takeover.set()
@@ -742,11 +780,18 @@ class ActionRuntime:
     async def compensate(self, operation_id: str, *, actor: str, reason: str) -> Operation:
         """Reverse a committed operation by running its ``compensate`` hook as a new operation.
 
-        The original goes COMMITTED → COMPENSATING → COMPENSATED (or back to COMMITTED when the
-        compensation fails for good). Calling it again joins the same compensation.
+        The compensation is admitted first, under the key ``compensate|<operation>``, so
+        concurrent requests join one compensation; the original then goes COMMITTED →
+        COMPENSATING → COMPENSATED, or back to COMMITTED when the compensation fails for good
+        (a later call may then try again under a new key). The hook's context carries the
+        original operation (``ctx.operation``: its result and before-state).
 
         Returns:
-            The compensation operation.
+            The compensation operation, once it has an outcome.
+
+        Raises:
+            ConfigurationError: The action has no compensate hook.
+            UnexpectedStatus: The original is not COMMITTED (nor being compensated).
         """
         original = await self.ledger.get(operation_id)
         binding = self._bindings.get(original.tool)
@@ -754,32 +799,17 @@ class ActionRuntime:
             raise ConfigurationError(f"{original.tool} has no compensate hook")
         key = f"compensate|{operation_id}"
         existing = await self.ledger.find_by_key(original.tenant, key)
+        while existing is not None and existing.status in (S.FAILED_FINAL, S.CANCELLED):
+            key = f"compensate|{operation_id}|after:{existing.operation_id}"
+            existing = await self.ledger.find_by_key(original.tenant, key)
         if existing is not None:
             return await self.wait(existing.operation_id)
-        if original.status is not S.COMMITTED:
+        if original.status not in (S.COMMITTED, S.COMPENSATING):
             raise UnexpectedStatus(
                 operation_id=operation_id,
                 expected_status=S.COMMITTED.value,
                 actual_status=original.status.value,
             )
-        await self.ledger.transition(
-            operation_id,
-            expected=S.COMMITTED,
-            to=S.COMPENSATING,
-            fence=original.fence,
-            actor=actor,
-            detail={"reason": reason},
-        )
-        hook = binding.action.compensate
-        compensation_binding = Binding(
-            ActionDefinition(
-                name=f"{original.tool}.compensate",
-                effect=lambda ctx: hook(ctx),
-                args_model=binding.action.args_model,
-                description=f"Reverse {original.tool}",
-            ),
-            binding.policy,
-        )
         admitted = await self.ledger.admit(
             NewOperation(
                 tool=f"{original.tool}.compensate"[:64],
@@ -796,43 +826,77 @@ class ActionRuntime:
                 lease_owner=self.owner,
                 lease_secs=self.lease_secs,
                 actor=actor,
-                detail={"reason": reason, "original_result": original.result},
+                detail={"reason": reason},
             )
         )
         comp = admitted.operation
+        if not admitted.created:
+            return await self.wait(comp.operation_id)
         tracked = Tracked(
             comp.operation_id,
-            compensation_binding,
+            self._compensation_binding(binding),
             comp.fence,
             asyncio.get_running_loop().create_future(),
         )
         self._tracked[comp.operation_id] = tracked
+        if original.status is S.COMMITTED:
+            await self.ledger.transition(
+                operation_id,
+                expected=S.COMMITTED,
+                to=S.COMPENSATING,
+                fence=original.fence,
+                actor=actor,
+                detail={"reason": reason, "compensation": comp.operation_id},
+            )
         self.watchdog.arm(comp.operation_id, comp.deadline_at or self.clock.now())
         await self._execute(comp, tracked)
-        final = await tracked.done
+        final = await asyncio.shield(tracked.done)
         await self._settle_original(final)
         return final
+
+    def _compensation_binding(self, binding: Binding) -> Binding:
+        hook = binding.action.compensate
+        assert hook is not None
+        ledger = self.ledger
+
+        async def effect(ctx: ActionContext, **_: Any) -> Any:
+            # The hook reverses the original: it gets the original operation (its result and
+            # before-state) and arguments, under the compensation's own id and key.
+            assert ctx.operation is not None
+            assert ctx.operation.compensates is not None
+            original = await ledger.get(ctx.operation.compensates)
+            return await hook(dataclasses.replace(ctx, operation=original, args=original.args))
+
+        return Binding(
+            ActionDefinition(
+                name=f"{binding.action.name}.compensate",
+                effect=effect,
+                args_model=binding.action.args_model,
+                description=f"Reverse {binding.action.name}",
+            ),
+            binding.policy,
+        )
 
     async def _settle_original(self, compensation: Operation) -> None:
         if compensation.compensates is None:
             return
         original = await self.ledger.get(compensation.compensates)
-        if original.status is not S.COMPENSATING:
-            return
         if compensation.status is S.COMMITTED:
-            to = S.COMPENSATED
+            steps = {S.COMMITTED: [S.COMPENSATING, S.COMPENSATED], S.COMPENSATING: [S.COMPENSATED]}
         elif compensation.status in (S.FAILED_FINAL, S.CANCELLED):
-            to = S.COMMITTED
+            steps = {S.COMPENSATING: [S.COMMITTED]}
         else:
             return  # still unknown: recovery or reconciliation settles it later
-        await self.ledger.transition(
-            original.operation_id,
-            expected=S.COMPENSATING,
-            to=to,
-            fence=original.fence,
-            actor=self.actor,
-            detail={"compensation": compensation.operation_id},
-        )
+        current = original
+        for to in steps.get(original.status, []):
+            current = await self.ledger.transition(
+                original.operation_id,
+                expected=current.status,
+                to=to,
+                fence=current.fence,
+                actor=self.actor,
+                detail={"compensation": compensation.operation_id},
+            )
 
     # --- recovery and leases ---------------------------------------------------------------
 
@@ -858,21 +922,8 @@ class ActionRuntime:
             op.operation_id, binding, op.fence, asyncio.get_running_loop().create_future()
         )
         if op.tool.endswith(".compensate") and binding.action.compensate is not None:
-            hook = binding.action.compensate
             tracked = Tracked(
-                op.operation_id,
-                Binding(
-                    ActionDefinition(
-                        op.tool,
-                        lambda ctx: hook(ctx),
-                        binding.action.args_model,
-                        op.tool,
-                        reconcile=binding.action.reconcile,
-                    ),
-                    binding.policy,
-                ),
-                op.fence,
-                tracked.done,
+                op.operation_id, self._compensation_binding(binding), op.fence, tracked.done
             )
         self._tracked[op.operation_id] = tracked
         if op.deadline_at is not None and op.status in (

@@ -192,6 +192,10 @@ class Executor:
             op = await self.ledger.annotate(operation_id, actor=self.actor, detail=detail)
             if error is None and op.status is S.UNKNOWN:
                 await self._settle(op, tracked, S.COMMITTED, result=value, reason="late answer")
+            elif error is None and op.status is S.FAILED_FINAL:
+                # The effect says it happened, the ledger says it did not (reconciliation
+                # found nothing, or the deadline failed it): a person must look.
+                await self.escalate(op, "a late success contradicts FAILED_FINAL")
         except Exception as exc:  # a late answer must never crash the runtime
             logger.warning("operation {}: could not record a late answer: {}", operation_id, exc)
 
