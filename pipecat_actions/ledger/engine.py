@@ -26,10 +26,13 @@ __all__ = [
     "create_sqlite_writer_engine",
     "default_ledger_url",
     "normalize_url",
+    "prepare_sqlite_file",
     "redact_url",
 ]
 
+import fcntl
 import os
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -40,7 +43,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from pipecat_actions.errors import LedgerConfigurationError
+from pipecat_actions.errors import LedgerConfigurationError, LedgerUnavailable
 
 DEFAULT_LEDGER_DIR = ".pipecat_actions"
 ENV_LEDGER_URL = "PIPECAT_ACTIONS_LEDGER_URL"
@@ -147,6 +150,38 @@ def create_engine_for(url: URL, settings: LedgerSettings) -> AsyncEngine:
     return engine
 
 
+def prepare_sqlite_file(url: URL, settings: LedgerSettings) -> None:
+    """Create the SQLite file if needed and switch it to WAL, one process at a time.
+
+    WAL mode is stored in the file, so this happens once per file. Switching needs an exclusive
+    lock that SQLite refuses at once (without waiting) when several new connections race for
+    it; an advisory lock on a sidecar file serialises the processes doing it. Blocking: call it
+    from a thread.
+    """
+    path = Path(url.database or "")
+    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            try:
+                connection = sqlite3.connect(path, timeout=settings.sqlite_busy_timeout_ms / 1000)
+                try:
+                    mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                finally:
+                    connection.close()
+            except sqlite3.OperationalError as exc:
+                raise LedgerUnavailable(f"ledger database {path} failed: {exc}") from exc
+            except sqlite3.DatabaseError as exc:
+                raise LedgerConfigurationError(
+                    f"{path} is not a usable SQLite database: {exc}"
+                ) from exc
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    if str(mode).lower() != "wal":
+        raise LedgerConfigurationError(
+            f"SQLite refused WAL mode for {path} (it reports {mode!r}); the ledger needs it"
+        )
+
+
 def create_sqlite_writer_engine(url: URL, settings: LedgerSettings) -> Engine:
     """Create the synchronous engine of the SQLite writer thread (stdlib ``sqlite3``).
 
@@ -168,13 +203,13 @@ def _install_sqlite_checks(engine: Engine, settings: LedgerSettings) -> None:
         cursor = dbapi_connection.cursor()
         try:
             checks = (
-                ("journal_mode", "PRAGMA journal_mode=WAL", "wal"),
-                ("synchronous", f"PRAGMA synchronous={want_sync}", want_sync),
                 (
                     "busy_timeout",
                     f"PRAGMA busy_timeout={int(settings.sqlite_busy_timeout_ms)}",
                     int(settings.sqlite_busy_timeout_ms),
                 ),
+                ("journal_mode", "PRAGMA journal_mode=WAL", "wal"),
+                ("synchronous", f"PRAGMA synchronous={want_sync}", want_sync),
                 ("foreign_keys", "PRAGMA foreign_keys=ON", 1),
             )
             for name, statement, expected in checks:

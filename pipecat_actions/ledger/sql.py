@@ -12,6 +12,7 @@ import builtins
 
 __all__ = ["CHANGEABLE_FIELDS", "SqlLedger"]
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -59,6 +60,7 @@ from pipecat_actions.ledger.engine import (
     create_sqlite_writer_engine,
     default_ledger_url,
     normalize_url,
+    prepare_sqlite_file,
     redact_url,
 )
 from pipecat_actions.ledger.records import (
@@ -151,8 +153,19 @@ class SqlLedger(Ledger):
         parsed = normalize_url(url or default_ledger_url())
         settings = settings or LedgerSettings()
         is_sqlite = parsed.get_backend_name() == "sqlite"
+
+        engine = create_engine_for(parsed, settings)  # makes a SQLite file's directory
+        if is_sqlite:
+            try:
+                await guard_database_errors(
+                    asyncio.to_thread(prepare_sqlite_file, parsed, settings),
+                    url=redact_url(parsed),
+                )
+            except BaseException:
+                await engine.dispose()
+                raise
         ledger = cls(
-            create_engine_for(parsed, settings),
+            engine,
             url=redact_url(parsed),
             clock=clock or SystemClock(),
             settings=settings,
