@@ -26,7 +26,7 @@ import socket
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from loguru import logger
 
@@ -118,6 +118,7 @@ class ActionRuntime:
         )
         self._heartbeat: asyncio.Task[None] | None = None
         self._closed = False
+        self.recover_unsent: Literal["run", "fail"] = "run"
 
     # --- construction ----------------------------------------------------------------------
 
@@ -134,6 +135,7 @@ class ActionRuntime:
         owner: str | None = None,
         lease_secs: float = 30.0,
         recover: bool = True,
+        recover_unsent: Literal["run", "fail"] = "run",
         schedule: ReconcileSchedule | None = None,
     ) -> ActionRuntime:
         """Load the policy, open the ledger, register ``actions`` and recover leftover work.
@@ -148,6 +150,8 @@ class ActionRuntime:
             owner: This process's name in leases (default: host, pid and a random part).
             lease_secs: How long an owner may stay silent before others take over its work.
             recover: Claim and finish operations whose owner died.
+            recover_unsent: What to do with a recovered operation that was admitted but never
+                sent: ``run`` it (after asking the authorizer again) or ``fail`` it.
             schedule: How UNKNOWN operations are probed before escalation.
 
         Raises:
@@ -169,6 +173,7 @@ class ActionRuntime:
             owns_ledger=owns,
             schedule=schedule,
         )
+        runtime.recover_unsent = recover_unsent
         try:
             runtime.register(*actions)
             runtime.watchdog.start()
@@ -946,6 +951,16 @@ class ActionRuntime:
             )
         if op.status is S.UNKNOWN:
             final = await self.executor.reconcile(op, tracked)
+        elif op.status in (S.ADMITTED, S.FAILED_RETRYABLE) and self.recover_unsent == "fail":
+            final = await self.ledger.transition(
+                op.operation_id,
+                expected=op.status,
+                to=S.FAILED_FINAL,
+                fence=tracked.fence,
+                actor=self.actor,
+                detail={"reason": "recovered unsent; recover_unsent is fail"},
+                changes={"error": "its owner stopped before sending it; not retried by policy"},
+            )
         elif op.status in (S.ADMITTED, S.FAILED_RETRYABLE):
             if op.deadline_at is not None:
                 self.watchdog.arm(op.operation_id, op.deadline_at)
