@@ -101,6 +101,9 @@ class ActionRuntime:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._executing: set[str] = set()
         self._reads: dict[str, asyncio.Task[Any]] = {}
+        self._expired_reads: set[str] = set()
+        self._read_records: list[NewOperation] = []
+        self._read_flusher: asyncio.Task[Any] | None = None
         self._audits: set[asyncio.Task[Any]] = set()
         self.limiter = Limiter(clock.now)
         self.executor = Executor(ledger, clock, authorizer, actor=self.actor, schedule=schedule)
@@ -207,8 +210,30 @@ class ActionRuntime:
                 )
             self._bindings[definition.name] = Binding(definition, policy)
 
+    def _record_read(self, record: NewOperation) -> None:
+        # Reads are audited in batches a moment after their answers: one task and one
+        # group-committed write for many reads, instead of a task and a write each on the hot
+        # path. The short real-time pause batches I/O; it decides nothing about the call.
+        self._read_records.append(record)
+        if self._read_flusher is None or self._read_flusher.done():
+            self._read_flusher = self._spawn(self._flush_reads(pause_secs=0.02), audit=True)
+
+    async def _flush_reads(self, *, pause_secs: float = 0.0) -> None:
+        if pause_secs:
+            await asyncio.sleep(pause_secs)
+        while self._read_records:
+            batch, self._read_records = self._read_records, []
+            results = await asyncio.gather(
+                *(self.ledger.record_completed(record) for record in batch),
+                return_exceptions=True,
+            )
+            for record, result in zip(batch, results, strict=True):
+                if isinstance(result, BaseException):
+                    logger.warning("read {} not audited: {}", record.operation_id, result)
+
     async def flush(self) -> None:
-        """Wait until the audit records of finished reads are written."""
+        """Write the audit records of finished reads now, and wait until they are written."""
+        await self._flush_reads()
         if self._audits:
             await asyncio.gather(*self._audits, return_exceptions=True)
 
@@ -228,8 +253,7 @@ class ActionRuntime:
         ]
         if pending and grace_secs > 0:
             await asyncio.wait(pending, timeout=grace_secs)
-        if self._audits:
-            await asyncio.gather(*self._audits, return_exceptions=True)
+        await self.flush()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
@@ -284,6 +308,17 @@ class ActionRuntime:
         Cancelling the caller never cancels the operation; see ``on_interruption``.
         """
         self._sessions[session.session_id] = session
+        binding = self._bindings.get(tool)
+        if binding is not None and binding.policy.kind is ToolKind.READ:
+            # A read writes nothing before its effect, so it is admitted and run in the
+            # caller's own task: no hand-off to another task on the hot path.
+            read = await self.admitter.admit(tool, arguments, session, tool_call_id=tool_call_id)
+            if isinstance(read, ReadAdmission):
+                return await self._read(tool, read, session, tool_call_id)
+            if isinstance(read, Refusal):
+                return read.result
+            if isinstance(read, Shared):
+                return await self._shared(read)
         # Admission runs to its end even when the caller is cancelled meanwhile (a barge-in):
         # an operation it inserted must be started and bounded, never left behind.
         admitting = asyncio.ensure_future(
@@ -297,15 +332,9 @@ class ActionRuntime:
         if isinstance(admitted, dict):
             return admitted
         if isinstance(admitted, ReadAdmission):
-            return await self._read(tool, admitted, session, tool_call_id, wait=wait)
+            return await self._read(tool, admitted, session, tool_call_id)
         if isinstance(admitted, Shared):
-            if admitted.pending is not None:
-                return dict(await asyncio.shield(admitted.pending.result))
-            return {
-                "status": "degraded",
-                "message": "A fallback answer.",
-                "result": admitted.result,
-            }
+            return await self._shared(admitted)
         if isinstance(admitted, Joined):
             op = admitted.operation
             note = "This request was already made; this is its outcome."
@@ -345,44 +374,28 @@ class ActionRuntime:
         if isinstance(admitting.result(), Tracked):
             self._spawn(self._interrupted(admitting.result().operation_id))
 
+    async def _shared(self, shared: Shared) -> dict[str, Any]:
+        if shared.pending is not None:
+            return dict(await asyncio.shield(shared.pending.result))
+        return {"status": "degraded", "message": "A fallback answer.", "result": shared.result}
+
     async def _read(
         self,
         tool: str,
         admission: ReadAdmission,
         session: SessionState,
         tool_call_id: str | None,
-        *,
-        wait: bool,
     ) -> dict[str, Any]:
+        """Run an admitted read in the caller's task, bounded by the watchdog."""
         operation_id = new_operation_id()
-        deadline_at = self.clock.now() + admission.binding.policy.deadline_secs
-        task = self._spawn(
-            self._run_read(tool, operation_id, deadline_at, admission, session, tool_call_id)
-        )
-        # The watchdog bounds a read too: at its deadline the read's task is cancelled (a read
-        # changes nothing, so stopping it is always safe).
+        policy = admission.binding.policy
+        deadline_at = self.clock.now() + policy.deadline_secs
+        outcome: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.limiter.register_read(tool, admission.key, outcome)
+        task = asyncio.current_task()
+        assert task is not None
         self._reads[operation_id] = task
         self.watchdog.arm(operation_id, deadline_at)
-        outcome: asyncio.Future[dict[str, Any]] = asyncio.ensure_future(task)
-        self.limiter.register_read(tool, admission.key, outcome)
-        if not wait:
-            return {
-                "status": "running",
-                "operation_id": operation_id,
-                "message": f"{tool} is in progress.",
-            }
-        return dict(await asyncio.shield(outcome))
-
-    async def _run_read(
-        self,
-        tool: str,
-        operation_id: str,
-        deadline_at: float,
-        admission: ReadAdmission,
-        session: SessionState,
-        tool_call_id: str | None,
-    ) -> dict[str, Any]:
-        policy = admission.binding.policy
         status, value, error, attempt = S.FAILED_FINAL, None, None, 0
         try:
             while True:
@@ -402,6 +415,12 @@ class ActionRuntime:
                     value = await admission.binding.action.run(ctx)
                     status, error = S.COMMITTED, None
                     break
+                except asyncio.CancelledError:
+                    if operation_id not in self._expired_reads:
+                        raise  # the caller was cancelled: a read may simply stop
+                    task.uncancel()
+                    error = "deadline passed"
+                    break
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
                     if classify(exc, mutation=False) is Outcome.FINAL:
@@ -412,15 +431,18 @@ class ActionRuntime:
                     if self.clock.now() + delay >= deadline_at:
                         break
                     await self.clock.sleep(delay)
-        except asyncio.CancelledError:
-            error = "deadline passed"
         finally:
             admission.slot.release()
             self.watchdog.disarm(operation_id)
             self._reads.pop(operation_id, None)
-        # Recorded after the answer, off the critical path: a read needs no write-ahead.
-        self._spawn(
-            self.ledger.record_completed(
+            self._expired_reads.discard(operation_id)
+            if status is not S.COMMITTED and error is None:
+                error = "the caller stopped waiting"
+            result = render(status, tool=tool, operation_id=operation_id, value=value, error=error)
+            if not outcome.done():
+                outcome.set_result(result)
+            # Recorded after the answer, off the critical path: a read needs no write-ahead.
+            self._record_read(
                 NewOperation(
                     tool=tool,
                     kind=ToolKind.READ.value,
@@ -440,10 +462,8 @@ class ActionRuntime:
                     actor=self.actor,
                     detail={"attempts": attempt},
                 )
-            ),
-            audit=True,
-        )
-        return render(status, tool=tool, operation_id=operation_id, value=value, error=error)
+            )
+        return result
 
     def _start(self, admission: Admission, session: SessionState) -> Tracked:
         op = admission.operation
@@ -545,6 +565,7 @@ class ActionRuntime:
     async def _expire(self, operation_id: str) -> None:
         read = self._reads.get(operation_id)
         if read is not None:
+            self._expired_reads.add(operation_id)
             read.cancel()
             return
         op = await self.ledger.get(operation_id)

@@ -187,16 +187,9 @@ class Admitter:
         if not mutation:
             # Reads change nothing: no duplicate check and no write-ahead; identical reads
             # running at once may share one result (overflow: coalesce).
-            try:
-                taken = await self._limiter.acquire(
-                    tool, policy, session.principal, coalesce_key=key
-                )
-            except Refused as exc:
-                return await self._refuse(base, exc.code, exc.message)
-            if isinstance(taken, Degraded):
-                return Shared(taken.result)
-            if isinstance(taken, Coalesced):
-                return Shared(None, pending=taken)
+            taken = await self._take_slot(base, binding, session, coalesce_key=key)
+            if not isinstance(taken, Slot):
+                return taken
             return ReadAdmission(binding, args, taken, key, base.resource_key, base.turn_id)
         existing = None
         if policy.on_duplicate not in (OnDuplicate.JOIN, OnDuplicate.ALLOW):
@@ -207,15 +200,31 @@ class Admitter:
             if duplicate is not None:
                 return duplicate
             key = f"{key}|again:{existing.operation_id}"
+        taken = await self._take_slot(base, binding, session)
+        if not isinstance(taken, Slot):
+            return taken
+        return await self._insert(base, binding, key, args, session, taken, generation)
+
+    async def _take_slot(
+        self,
+        base: _Audit,
+        binding: Binding,
+        session: SessionState,
+        *,
+        coalesce_key: str | None = None,
+    ) -> Slot | Refusal | Shared:
+        """Take a limiter slot, or answer by the overflow policy (refuse, share, degrade)."""
         try:
-            taken = await self._limiter.acquire(tool, policy, session.principal)
+            taken = await self._limiter.acquire(
+                base.tool, binding.policy, session.principal, coalesce_key=coalesce_key
+            )
         except Refused as exc:
             return await self._refuse(base, exc.code, exc.message)
         if isinstance(taken, Degraded):
             return Shared(taken.result)
         if isinstance(taken, Coalesced):
             return Shared(None, pending=taken)
-        return await self._insert(base, binding, key, args, session, taken, generation)
+        return taken
 
     async def _duplicate(
         self,

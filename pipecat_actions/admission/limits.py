@@ -61,6 +61,7 @@ class Degraded:
 class _ToolState:
     running: int = 0
     queued: int = 0
+    waiting: int = 0
     per_principal: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     starts: deque[float] = field(default_factory=deque)
     inflight_reads: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
@@ -130,8 +131,7 @@ class Limiter:
                 )
             state.queued += 1
             try:
-                async with state.freed:
-                    await state.freed.wait_for(lambda: not self._full(state, policy, principal))
+                await self._wait_until_free(state, policy, principal)
             finally:
                 state.queued -= 1
         return self._take(tool, state, policy, principal)
@@ -139,9 +139,16 @@ class Limiter:
     async def wait_for_slot(self, tool: str, policy: ToolPolicy, principal: str) -> Slot:
         """Wait, however long, for a slot: for work already admitted (approved, confirmed)."""
         state = self._tools[tool]
-        async with state.freed:
-            await state.freed.wait_for(lambda: not self._full(state, policy, principal))
+        await self._wait_until_free(state, policy, principal)
         return self._take(tool, state, policy, principal)
+
+    async def _wait_until_free(self, state: _ToolState, policy: ToolPolicy, principal: str) -> None:
+        state.waiting += 1
+        try:
+            async with state.freed:
+                await state.freed.wait_for(lambda: not self._full(state, policy, principal))
+        finally:
+            state.waiting -= 1
 
     def register_read(self, tool: str, coalesce_key: str, result: asyncio.Future[Any]) -> None:
         """Let identical reads of ``tool`` join ``result`` while it is pending."""
@@ -167,7 +174,8 @@ class Limiter:
         def release() -> None:
             state.running -= 1
             state.per_principal[principal] -= 1
-            asyncio.get_running_loop().create_task(self._notify(state))
+            if state.waiting:
+                asyncio.get_running_loop().create_task(self._notify(state))
 
         return Slot(release)
 
