@@ -24,7 +24,7 @@ import dataclasses
 import os
 import socket
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -103,6 +103,8 @@ class ActionRuntime:
         self._reads: dict[str, asyncio.Task[Any]] = {}
         self._expired_reads: set[str] = set()
         self._read_records: list[NewOperation] = []
+        self._calls: dict[str, str] = {}
+        self._listeners: dict[str, list[Callable[[Operation], None]]] = {}
         self._read_flusher: asyncio.Task[Any] | None = None
         self._audits: set[asyncio.Task[Any]] = set()
         self.limiter = Limiter(clock.now)
@@ -361,8 +363,12 @@ class ActionRuntime:
         admitted = await self.admitter.admit(tool, arguments, session, tool_call_id=tool_call_id)
         if isinstance(admitted, Refusal):
             return admitted.result
+        if isinstance(admitted, Joined) and tool_call_id:
+            self._calls[tool_call_id] = admitted.operation.operation_id
         if not isinstance(admitted, Admission):
             return admitted
+        if tool_call_id:
+            self._calls[tool_call_id] = admitted.operation.operation_id
         tracked = self._start(admitted, session)
         if admitted.operation.status in (S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION):
             return render_operation(admitted.operation)
@@ -545,6 +551,22 @@ class ActionRuntime:
         tracked.on_finish.clear()
         if not tracked.done.done():
             tracked.done.set_result(final)
+            for listener in list(self._listeners.get(final.session_id, ())):
+                listener(final)
+
+    def operation_for_call(self, tool_call_id: str) -> str | None:
+        """Return the operation a Pipecat ``tool_call_id`` was admitted as (or joined), if any."""
+        return self._calls.get(tool_call_id)
+
+    def listen(self, session_id: str, listener: Callable[[Operation], None]) -> None:
+        """Call ``listener`` with each operation of ``session_id`` when it gets an outcome."""
+        self._listeners.setdefault(session_id, []).append(listener)
+
+    def unlisten(self, session_id: str, listener: Callable[[Operation], None]) -> None:
+        """Stop calling ``listener``."""
+        listeners = self._listeners.get(session_id, [])
+        if listener in listeners:
+            listeners.remove(listener)
 
     def _spawn(self, coroutine: Any, *, audit: bool = False) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coroutine)

@@ -1,0 +1,390 @@
+"""`ActionResultGate`: tool results reach the context only truthfully, and late ones still arrive.
+
+Place it right before the assistant aggregator (after ``transport.output()``), where it sees
+exactly the frames the aggregator sees, in the same order:
+
+* **Truthful cancellation.** When Pipecat cancels a call the runtime owns (a barge-in on a
+  blocking tool, Pipecat's ``timeout_secs``), the aggregator would write ``"CANCELLED"``. The
+  gate withholds that cancel frame and closes the call with the operation's real state instead
+  (still running, committed with its result, unknown and being checked, or really cancelled).
+* **Ordering repair.** A cancel (a system frame) can overtake the in-progress frame (a control
+  frame that waits behind audio), which would leave the tool message ``IN_PROGRESS`` forever
+  (pipecat #5779). The gate keeps such a cancel until the in-progress frame has passed.
+* **Late results.** An operation whose call was closed before it finished (interrupted, timed
+  out, waiting for approval) is reported when it gets its outcome, as a developer message,
+  after the relevance checks: already delivered? superseded by a newer operation on the same
+  resource? visible to the active agent? Then the tool's delivery policy applies: ``in_place``
+  and ``interrupt`` now, ``when_idle`` once neither the user nor the bot speaks, ``silent``
+  without inference, ``suppress`` recorded only.
+* **Delivery records.** ``delivered_at`` when a result enters the context, ``acknowledged_at``
+  when the bot next finishes speaking without being interrupted.
+
+Held frames and messages are kept in state and released from tasks, never by awaiting inside
+``process_frame``. Every frame the gate does not act on is pushed on at once.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ActionResultGate"]
+
+import json
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
+    Frame,
+    FunctionCallCancelFrame,
+    FunctionCallInProgressFrame,
+    FunctionCallResultFrame,
+    FunctionCallResultProperties,
+    InterruptionFrame,
+    LLMContextFrame,
+    LLMFullResponseEndFrame,
+    LLMMessagesAppendFrame,
+    UserStartedSpeakingFrame,
+    UserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+
+from pipecat_actions.execution.results import render_operation
+from pipecat_actions.ledger import Operation, OperationFilter
+from pipecat_actions.policy import DeliveryMode
+from pipecat_actions.session import SessionState
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
+
+if TYPE_CHECKING:
+    from pipecat_actions.runtime import ActionRuntime
+
+S = ActionStatus
+_WATCHED = (
+    FunctionCallInProgressFrame,
+    FunctionCallCancelFrame,
+    FunctionCallResultFrame,
+    UserStartedSpeakingFrame,
+    UserStoppedSpeakingFrame,
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+)
+_STILL_OPEN = frozenset(
+    {
+        "running",
+        "admitted",
+        "failed_retryable",
+        "unknown",
+        "cancel_requested",
+        "awaiting_approval",
+        "awaiting_confirmation",
+    }
+)
+
+
+@dataclass
+class _Late:
+    operation: Operation
+    mode: DeliveryMode
+    superseded_by: str | None
+
+
+class ActionResultGate(FrameProcessor):
+    """Keeps the context truthful about the runtime's operations (see the module docstring).
+
+    Args:
+        runtime: The runtime whose operations the calls are.
+        session: The session this pipeline serves.
+        **kwargs: Passed to `FrameProcessor`.
+    """
+
+    def __init__(self, runtime: ActionRuntime, session: SessionState, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.runtime = runtime
+        self.session = session
+        self._progressed: set[str] = set()
+        self._early_cancels: dict[str, FunctionCallCancelFrame] = {}
+        self._closed_by_gate: set[str] = set()
+        self._awaiting_outcome: set[str] = set()
+        self._held: deque[_Late] = deque()
+        self._unacknowledged: list[str] = []
+        self._interrupted_since_delivery = False
+        self._listening = False
+
+    # --- frames ----------------------------------------------------------------------------
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        """Act on function-call, speaking and interruption frames; push every frame on."""
+        await super().process_frame(frame, direction)
+        if not self._listening:
+            self.runtime.listen(self.session.session_id, self._on_outcome)
+            self._listening = True
+        if direction is FrameDirection.UPSTREAM:
+            if isinstance(frame, LLMContextFrame):
+                self.session.start_generation()  # the assistant aggregator asks for inference
+            await self.push_frame(frame, direction)
+            return
+        if not isinstance(frame, _WATCHED):
+            await self.push_frame(frame, direction)
+            return
+        if isinstance(frame, FunctionCallCancelFrame):
+            await self._on_cancel(frame)
+            return
+        if isinstance(frame, FunctionCallResultFrame):
+            await self._on_result(frame)
+            return
+        await self.push_frame(frame, direction)
+        if isinstance(frame, FunctionCallInProgressFrame):
+            self._progressed.add(frame.tool_call_id)
+            early = self._early_cancels.pop(frame.tool_call_id, None)
+            if early is not None:
+                await self._on_cancel(early)
+        elif isinstance(frame, UserStartedSpeakingFrame):
+            self.session.user_speaking = True
+        elif isinstance(frame, UserStoppedSpeakingFrame):
+            self.session.user_speaking = False
+            self._release_when_idle()
+        elif isinstance(frame, BotStartedSpeakingFrame):
+            self.session.bot_speaking = True
+        elif isinstance(frame, BotStoppedSpeakingFrame):
+            self.session.bot_speaking = False
+            self._acknowledge()
+            self._release_when_idle()
+        elif isinstance(frame, InterruptionFrame):
+            self._interrupted_since_delivery = True
+        elif isinstance(frame, LLMFullResponseEndFrame):
+            self.session.settle_generation()
+
+    async def _on_cancel(self, frame: FunctionCallCancelFrame) -> None:
+        operation_id = self.runtime.operation_for_call(frame.tool_call_id)
+        if frame.tool_call_id not in self._progressed:
+            # Overtook its in-progress frame: pass it on only after that frame (see above).
+            self._early_cancels[frame.tool_call_id] = frame
+            return
+        if operation_id is None:
+            await self.push_frame(frame)
+            return
+        self._closed_by_gate.add(frame.tool_call_id)
+        self.create_task(self._close_truthfully(frame, operation_id))
+
+    async def _close_truthfully(self, cancel: FunctionCallCancelFrame, operation_id: str) -> None:
+        op = await self.runtime.ledger.get(operation_id)
+        note = None
+        if op.status not in TERMINAL_STATUSES:
+            note = "The user interrupted the wait; the action was not stopped."
+            self._awaiting_outcome.add(operation_id)
+        result = render_operation(op, note=note)
+        await self.push_frame(
+            FunctionCallResultFrame(
+                function_name=cancel.function_name,
+                tool_call_id=cancel.tool_call_id,
+                arguments={},
+                result=result,
+                run_llm=cancel.run_llm,
+                properties=FunctionCallResultProperties(run_llm=cancel.run_llm),
+            )
+        )
+        if op.status in TERMINAL_STATUSES:
+            await self._mark_delivered(op)
+
+    async def _on_result(self, frame: FunctionCallResultFrame) -> None:
+        if frame.tool_call_id in self._closed_by_gate:
+            logger.debug("{}: dropping a result for a call it already closed", self)
+            return
+        await self.push_frame(frame)
+        result = frame.result if isinstance(frame.result, dict) else {}
+        operation_id = result.get("operation_id")
+        if not isinstance(operation_id, str):
+            return
+        if result.get("status") in _STILL_OPEN:
+            self._awaiting_outcome.add(operation_id)
+        else:
+            self.create_task(self._mark_delivered_id(operation_id))
+
+    # --- late outcomes ---------------------------------------------------------------------
+
+    def _on_outcome(self, op: Operation) -> None:
+        if op.operation_id not in self._awaiting_outcome:
+            return
+        self._awaiting_outcome.discard(op.operation_id)
+        self.create_task(self._deliver_late(op))
+
+    async def _deliver_late(self, op: Operation) -> None:
+        current = await self.runtime.ledger.get(op.operation_id)
+        if current.delivered_at is not None:
+            return
+        binding = self.runtime.bindings.get(current.tool)
+        delivery = binding.policy.delivery if binding else None
+        superseded_by = await self._superseded_by(current)
+        if delivery is None:
+            mode = DeliveryMode.WHEN_IDLE
+        else:
+            mode = delivery.superseded if superseded_by else delivery.late
+        late = _Late(current, mode, superseded_by)
+        if not self._visible(current):
+            self._held.append(late)  # until an agent who may hear it is active
+            return
+        if mode is DeliveryMode.SUPPRESS:
+            await self.runtime.ledger.annotate(
+                current.operation_id, actor=self._actor, detail={"delivery": "suppressed"}
+            )
+            return
+        busy = self.session.user_speaking or self.session.bot_speaking
+        if mode is DeliveryMode.WHEN_IDLE and busy:
+            self._held.append(late)
+            return
+        await self._push_late(late)
+
+    async def _superseded_by(self, op: Operation) -> str | None:
+        if op.resource_key is None:
+            return None
+        newer = await self.runtime.ledger.list(
+            OperationFilter(
+                session_id=op.session_id,
+                resource_key=op.resource_key,
+                created_from=op.created_at,
+            )
+        )
+        for other in newer:
+            if (
+                other.operation_id != op.operation_id
+                and other.status is not S.REJECTED
+                and other.tool == op.tool
+            ):
+                return other.operation_id
+        return None
+
+    async def _push_late(self, late: _Late) -> None:
+        op = late.operation
+        content = render_operation(op)
+        if late.superseded_by is not None:
+            content["superseded_by"] = late.superseded_by
+            content["note"] = (
+                "The user changed this request afterwards; this earlier one still has the "
+                "outcome above. Tell the user the real state and offer to undo it if unwanted."
+            )
+        message: Any = {
+            "role": "developer",
+            "content": f"Outcome of an earlier {op.tool} request: {json.dumps(content)}",
+        }
+        if late.mode is DeliveryMode.INTERRUPT and self.session.bot_speaking:
+            await self.broadcast_interruption()  # type: ignore[no-untyped-call]
+        run_llm = late.mode is not DeliveryMode.SILENT
+        await self.push_frame(LLMMessagesAppendFrame(messages=[message], run_llm=run_llm))
+        await self._mark_delivered(op)
+
+    def _release_when_idle(self) -> None:
+        if self.session.user_speaking or self.session.bot_speaking or not self._held:
+            return
+        ready = [late for late in self._held if self._visible(late.operation)]
+        for late in ready:
+            self._held.remove(late)
+            self.create_task(self._push_late(late))
+
+    def _visible(self, op: Operation) -> bool:
+        binding = self.runtime.bindings.get(op.tool)
+        allowed = binding.policy.visible_to if binding else ()
+        return not allowed or self.session.active_agent in allowed
+
+    # --- handoffs --------------------------------------------------------------------------
+
+    async def handoff(self, agent: str) -> None:
+        """Make ``agent`` the active agent; brief it on pending operations; release results.
+
+        Operations belong to the session, not to the agent that started them: results held
+        because the previous agent could not see them are delivered if this one may.
+        """
+        self.session.active_agent = agent
+        pending = await self.runtime.ledger.list(
+            OperationFilter(
+                session_id=self.session.session_id,
+                status=[
+                    S.RUNNING,
+                    S.ADMITTED,
+                    S.UNKNOWN,
+                    S.AWAITING_APPROVAL,
+                    S.AWAITING_CONFIRMATION,
+                    S.FAILED_RETRYABLE,
+                    S.CANCEL_REQUESTED,
+                ],
+            )
+        )
+        if pending:
+            brief = [
+                {
+                    "operation_id": op.operation_id,
+                    "tool": op.tool,
+                    "status": op.status.value,
+                    "arguments": op.args,
+                }
+                for op in pending
+            ]
+            await self.push_frame(
+                LLMMessagesAppendFrame(
+                    messages=[
+                        {
+                            "role": "developer",
+                            "content": "You are now handling this conversation. Operations still "
+                            f"pending for the user: {json.dumps(brief)}. Their outcomes will be "
+                            "reported here; do not start them again.",
+                        }
+                    ],
+                    run_llm=False,
+                )
+            )
+        self._release_when_idle()
+
+    # --- delivery records ------------------------------------------------------------------
+
+    @property
+    def _actor(self) -> str:
+        return f"gate:{self.session.session_id}"
+
+    async def _mark_delivered_id(self, operation_id: str) -> None:
+        try:
+            await self._mark_delivered(await self.runtime.ledger.get(operation_id))
+        except Exception as exc:  # a record of delivery must never break the conversation
+            logger.warning("{}: delivery of {} not recorded: {}", self, operation_id, exc)
+
+    async def _mark_delivered(self, op: Operation) -> None:
+        if op.delivered_at is not None:
+            return
+        await self.runtime.ledger.annotate(
+            op.operation_id,
+            actor=self._actor,
+            detail={"delivered": op.status.value, "agent": self.session.active_agent},
+            changes={
+                "delivered_at": self.runtime.clock.now(),
+                "delivered_agent": self.session.active_agent,
+            },
+        )
+        self._unacknowledged.append(op.operation_id)
+        self._interrupted_since_delivery = False
+
+    def _acknowledge(self) -> None:
+        if not self._unacknowledged or self._interrupted_since_delivery:
+            self._interrupted_since_delivery = False
+            return
+        done, self._unacknowledged = self._unacknowledged, []
+        self.create_task(self._record_acknowledged(done))
+
+    async def _record_acknowledged(self, operation_ids: list[str]) -> None:
+        for operation_id in operation_ids:
+            try:
+                await self.runtime.ledger.annotate(
+                    operation_id,
+                    actor=self._actor,
+                    detail={"acknowledged": True},
+                    changes={"acknowledged_at": self.runtime.clock.now()},
+                )
+            except Exception as exc:
+                logger.warning(
+                    "{}: acknowledgement of {} not recorded: {}", self, operation_id, exc
+                )
+
+    async def cleanup(self) -> None:
+        """Stop listening to the runtime."""
+        self.runtime.unlisten(self.session.session_id, self._on_outcome)
+        await super().cleanup()  # type: ignore[no-untyped-call]
