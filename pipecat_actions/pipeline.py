@@ -1,0 +1,134 @@
+"""The pipeline template: the standard cascade with the runtime and both processors in place.
+
+::
+
+    transport.input() → stt → user_agg → ActionTurnTracker → llm → tts → transport.output()
+        → ActionResultGate → assistant_agg
+
+Why each goes where it goes (and what breaks otherwise):
+
+* `ActionTurnTracker` right **after the user aggregator**: it must see the user's turn frames
+  and every interruption the aggregator broadcasts, and the context frames it sends to the
+  LLM. Before the aggregator it would see raw VAD and transcripts, not turns; after the LLM it
+  would see interruptions too late to mark a proposal stale.
+* `ActionResultGate` right **before the assistant aggregator**: it must see exactly what the
+  aggregator sees, in the same order, to replace a ``FunctionCallCancelFrame`` before the
+  aggregator writes ``"CANCELLED"``. The aggregator consumes every function-call frame, so a
+  gate after it sees none; a gate before ``transport.output()`` sees frames before they are
+  synced with audio, so it cannot repair a cancel that overtook its in-progress frame.
+
+`check_placement` reports a misplacement it can detect before the pipeline starts;
+`build_pipeline` builds the template and checks it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["build_pipeline", "check_placement"]
+
+from collections.abc import Sequence
+from typing import Any
+
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import (
+    LLMAssistantAggregator,
+    LLMContextAggregatorPair,
+    LLMUserAggregator,
+    LLMUserAggregatorParams,
+)
+from pipecat.processors.frame_processor import FrameProcessor
+from pipecat.services.llm_service import LLMService
+
+from pipecat_actions.errors import ConfigurationError
+from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.session import SessionState
+
+
+def build_pipeline(
+    *,
+    runtime: ActionRuntime,
+    session: SessionState,
+    llm: LLMService,
+    context: LLMContext,
+    tts: FrameProcessor | None = None,
+    stt: FrameProcessor | None = None,
+    transport: Any = None,
+    user_params: LLMUserAggregatorParams | None = None,
+) -> tuple[Pipeline, ActionResultGate]:
+    """Build the standard cascade with the runtime attached and the processors in place.
+
+    Args:
+        runtime: The action runtime; its actions are registered on ``llm`` for ``session``.
+        session: The conversation's session state.
+        llm: The LLM service.
+        context: The conversation context; pass ``tools=runtime.tools_schema()`` to it.
+        tts: The TTS service, if any.
+        stt: The STT service, if any.
+        transport: A Pipecat transport (its ``input()`` and ``output()`` are used), if any.
+        user_params: Parameters of the user aggregator (VAD, turn strategies).
+
+    Returns:
+        The pipeline and its gate (for handoffs: ``await gate.handoff("billing")``).
+    """
+    pair = LLMContextAggregatorPair(context, user_params=user_params)
+    gate = ActionResultGate(runtime, session)
+    runtime.attach(llm, session)
+    stages: list[FrameProcessor] = []
+    if transport is not None:
+        stages.append(transport.input())
+    if stt is not None:
+        stages.append(stt)
+    stages += [pair.user(), ActionTurnTracker(session), llm]
+    if tts is not None:
+        stages.append(tts)
+    if transport is not None:
+        stages.append(transport.output())
+    stages += [gate, pair.assistant()]
+    check_placement(stages)
+    return Pipeline(stages), gate
+
+
+def check_placement(processors: Sequence[FrameProcessor]) -> None:
+    """Raise `ConfigurationError` if the tracker or the gate is where it cannot work.
+
+    Args:
+        processors: The pipeline's processors in order (``Pipeline.processors`` or the list
+            given to ``Pipeline``).
+    """
+    names = [type(p).__name__ for p in processors]
+
+    def index(kind: type[Any]) -> int | None:
+        found = [i for i, p in enumerate(processors) if isinstance(p, kind)]
+        if len(found) > 1:
+            raise ConfigurationError(f"the pipeline has {len(found)} {kind.__name__}s; use one")
+        return found[0] if found else None
+
+    gate, tracker = index(ActionResultGate), index(ActionTurnTracker)
+    user, assistant = index(LLMUserAggregator), index(LLMAssistantAggregator)
+    llm = next((i for i, p in enumerate(processors) if isinstance(p, LLMService)), None)
+    if gate is None:
+        raise ConfigurationError(
+            "the pipeline has no ActionResultGate: Pipecat would write 'CANCELLED' for an "
+            "action that goes on; put the gate right before the assistant aggregator"
+        )
+    if assistant is None or gate + 1 != assistant:
+        after = names[gate + 1] if gate + 1 < len(names) else "nothing"
+        raise ConfigurationError(
+            "ActionResultGate must come right before the assistant aggregator (it must see "
+            f"what the aggregator sees, in the same order); it is followed by {after}"
+        )
+    if llm is not None and gate < llm:
+        raise ConfigurationError("ActionResultGate must come after the LLM service")
+    if tracker is None:
+        return
+    if user is None or tracker < user:
+        raise ConfigurationError(
+            "ActionTurnTracker must come after the user aggregator, which broadcasts the "
+            "user's turns and interruptions"
+        )
+    if llm is not None and tracker > llm:
+        raise ConfigurationError(
+            "ActionTurnTracker must come before the LLM service: after it, an interruption "
+            "arrives too late to mark a proposal stale"
+        )
