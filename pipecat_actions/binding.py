@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 from pipecat.adapters.llm.schemas.direct_function import DirectFunctionWrapper
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
+from pipecat.frames.frames import TTSSpeakFrame
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pydantic import BaseModel, ConfigDict, create_model
 
 from pipecat_actions.actions import ActionContext, ActionDefinition
-from pipecat_actions.policy import ConfirmationMode, OnDuplicate
+from pipecat_actions.policy import ConfirmationMode, ExecutionMode, OnDuplicate
 from pipecat_actions.session import SessionState
 
 if TYPE_CHECKING:
@@ -87,9 +88,21 @@ def attach(runtime: ActionRuntime, llm: LLMService, session: SessionState) -> No
 
 
 def _handler(runtime: ActionRuntime, name: str, session: SessionState) -> Callable[..., Any]:
+    policy = runtime.bindings[name].policy
+    announcement = policy.announce if policy.mode is ExecutionMode.BACKGROUND else None
+
     async def handler(params: FunctionCallParams) -> None:
+        async def announce(_: str) -> None:
+            # Said through the normal TTS path when a background action starts, so the user
+            # does not fill the silence and ask again; the policy checks it claims no outcome.
+            await params.llm.push_frame(TTSSpeakFrame(announcement or ""))
+
         result = await runtime.propose(
-            name, dict(params.arguments), session, tool_call_id=params.tool_call_id
+            name,
+            dict(params.arguments),
+            session,
+            tool_call_id=params.tool_call_id,
+            on_started=announce if announcement else None,
         )
         await params.result_callback(result)
 

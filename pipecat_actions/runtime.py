@@ -24,7 +24,7 @@ import dataclasses
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -304,10 +304,20 @@ class ActionRuntime:
         *,
         tool_call_id: str | None = None,
         wait: bool = True,
+        on_started: Callable[[str], Awaitable[None]] | None = None,
     ) -> dict[str, Any]:
         """Admit a proposed call and, with ``wait``, return its outcome as a tool result.
 
         Cancelling the caller never cancels the operation; see ``on_interruption``.
+
+        Args:
+            tool: The tool name.
+            arguments: The arguments (a mapping, or JSON text).
+            session: The session proposing it.
+            tool_call_id: The provider's id of the call, recorded (never used as a key).
+            wait: For a mutation, wait for its outcome (else return its admitted state).
+            on_started: Called with the operation id once a new mutation was admitted and
+                started (not for refusals, duplicates or calls waiting for a person).
         """
         self._sessions[session.session_id] = session
         binding = self._bindings.get(tool)
@@ -344,6 +354,8 @@ class ActionRuntime:
                 op = await asyncio.shield(self._tracked[op.operation_id].done)
             return render_operation(op, note=note)
         tracked = admitted
+        if on_started is not None:
+            await on_started(tracked.operation_id)
         if not wait:
             return render_operation(await self.ledger.get(tracked.operation_id))
         try:

@@ -112,6 +112,9 @@ class ActionResultGate(FrameProcessor):
         self._unacknowledged: list[str] = []
         self._interrupted_since_delivery = False
         self._listening = False
+        self._group_of_call: dict[str, str] = {}
+        self._delivering: set[str] = set()
+        self._group_of_operation: dict[str, str] = {}
 
     # --- frames ----------------------------------------------------------------------------
 
@@ -138,6 +141,8 @@ class ActionResultGate(FrameProcessor):
         await self.push_frame(frame, direction)
         if isinstance(frame, FunctionCallInProgressFrame):
             self._progressed.add(frame.tool_call_id)
+            if frame.group_id is not None:
+                self._group_of_call[frame.tool_call_id] = frame.group_id
             early = self._early_cancels.pop(frame.tool_call_id, None)
             if early is not None:
                 await self._on_cancel(early)
@@ -174,7 +179,7 @@ class ActionResultGate(FrameProcessor):
         note = None
         if op.status not in TERMINAL_STATUSES:
             note = "The user interrupted the wait; the action was not stopped."
-            self._awaiting_outcome.add(operation_id)
+            self._await_outcome(operation_id, cancel.tool_call_id)
         result = render_operation(op, note=note)
         await self.push_frame(
             FunctionCallResultFrame(
@@ -199,21 +204,44 @@ class ActionResultGate(FrameProcessor):
         if not isinstance(operation_id, str):
             return
         if result.get("status") in _STILL_OPEN:
-            self._awaiting_outcome.add(operation_id)
+            self._await_outcome(operation_id, frame.tool_call_id)
         else:
             self.create_task(self._mark_delivered_id(operation_id))
 
     # --- late outcomes ---------------------------------------------------------------------
 
+    def _await_outcome(self, operation_id: str, tool_call_id: str) -> None:
+        self._awaiting_outcome.add(operation_id)
+        group = self._group_of_call.get(tool_call_id)
+        if group is not None:
+            self._group_of_operation[operation_id] = group
+
+    def _forget(self, operation_id: str) -> None:
+        self._awaiting_outcome.discard(operation_id)
+        self._delivering.discard(operation_id)
+        self._group_of_operation.pop(operation_id, None)
+
+    def _siblings_pending(self, operation_id: str) -> bool:
+        """True if calls proposed together with this one still wait for their outcome."""
+        group = self._group_of_operation.get(operation_id)
+        return group is not None and any(
+            self._group_of_operation.get(other) == group
+            for other in self._awaiting_outcome
+            if other != operation_id
+        )
+
     def _on_outcome(self, op: Operation) -> None:
-        if op.operation_id not in self._awaiting_outcome:
+        # The operation stays in _awaiting_outcome until it is told (see _push_late), so that
+        # siblings told meanwhile know it is still to come.
+        if op.operation_id not in self._awaiting_outcome or op.operation_id in self._delivering:
             return
-        self._awaiting_outcome.discard(op.operation_id)
+        self._delivering.add(op.operation_id)
         self.create_task(self._deliver_late(op))
 
     async def _deliver_late(self, op: Operation) -> None:
         current = await self.runtime.ledger.get(op.operation_id)
         if current.delivered_at is not None:
+            self._forget(op.operation_id)
             return
         binding = self.runtime.bindings.get(current.tool)
         delivery = binding.policy.delivery if binding else None
@@ -227,6 +255,7 @@ class ActionResultGate(FrameProcessor):
             self._held.append(late)  # until an agent who may hear it is active
             return
         if mode is DeliveryMode.SUPPRESS:
+            self._forget(current.operation_id)
             await self.runtime.ledger.annotate(
                 current.operation_id, actor=self._actor, detail={"delivery": "suppressed"}
             )
@@ -271,7 +300,12 @@ class ActionResultGate(FrameProcessor):
         }
         if late.mode is DeliveryMode.INTERRUPT and self.session.bot_speaking:
             await self.broadcast_interruption()  # type: ignore[no-untyped-call]
-        run_llm = late.mode is not DeliveryMode.SILENT
+        # Calls proposed together are told together: every outcome but the last goes into the
+        # context silently, and the last one makes the bot speak about all of them.
+        run_llm = late.mode is not DeliveryMode.SILENT and not self._siblings_pending(
+            op.operation_id
+        )
+        self._forget(op.operation_id)
         await self.push_frame(LLMMessagesAppendFrame(messages=[message], run_llm=run_llm))
         await self._mark_delivered(op)
 

@@ -17,8 +17,10 @@ import pytest
 from pipecat.frames.frames import (
     Frame,
     FunctionCallInProgressFrame,
+    FunctionCallResultFrame,
     InterruptionFrame,
     LLMRunFrame,
+    TTSSpeakFrame,
     UserStartedSpeakingFrame,
     UserStoppedSpeakingFrame,
 )
@@ -275,3 +277,73 @@ async def test_a_result_not_visible_to_the_active_agent_waits_for_a_handoff(
     assert any("committed" in c for c in developer), developer
     (op,) = await agent.runtime.ledger.list()
     assert op.delivered_agent == "host"
+
+
+async def test_outcomes_of_calls_proposed_together_are_told_in_one_spoken_turn(
+    runtime_factory: Any,
+) -> None:
+    agent = await runtime_factory()
+    agent.llm.push_step(ToolCalls([("book_table", BOOK_2100), ("book_table", BOOK_2130)]))
+    agent.llm.push_step(Say("Both are booked."))
+    await agent.run([LLMRunFrame(), SleepFrame(sleep=0.2), InterruptionFrame(), SleepFrame(1.2)])
+
+    late = [m for m in agent.messages() if m.get("role") == "developer"]
+    assert len(late) == 2
+    assert agent.sor.side_effects["book"] == 2
+    # One inference for the proposal, one for both outcomes together (not one each).
+    assert agent.llm.inferences == 2
+
+
+class Tap(FrameProcessor):
+    """Records the frames that pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[Frame] = []
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        self.frames.append(frame)
+        await self.push_frame(frame, direction)
+
+
+async def test_a_background_action_is_announced_when_it_starts_without_claiming_an_outcome(
+    tmp_path: Path,
+) -> None:
+    sor = FakeSystemOfRecord()
+    sor.add_restaurant("r1", tables=3)
+    sor.faults.set_latency(0.3)
+
+    @action
+    async def book_table(
+        ctx: ActionContext, restaurant_id: str, date: str, time: str, party_size: int
+    ) -> dict[str, Any]:
+        """Book a table."""
+        booking = await sor.book(
+            restaurant_id, date, time, party_size, "Ada", idempotency_key=ctx.idempotency_key
+        )
+        return {"booking_id": booking.booking_id}
+
+    runtime = await ActionRuntime.create(
+        load_policy_text(
+            "version: 1\ntools:\n  book_table:\n    kind: mutation\n    mode: background\n"
+            "    announce: Let me book that for you, one moment.\n"
+        ),
+        authorizer=AllowAll(),
+        actions=[book_table],
+        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
+    )
+    try:
+        agent = Agent(runtime, sor, [])
+        agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
+        agent.llm.push_step(Say("Your table is booked."))
+        tap = Tap()
+        await agent.run([LLMRunFrame(), SleepFrame(sleep=0.8)], before_gate=[tap])
+    finally:
+        await runtime.close(grace_secs=0)
+    spoken = [f.text for f in tap.frames if isinstance(f, TTSSpeakFrame)]
+    assert spoken == ["Let me book that for you, one moment."]
+    said_at = next(i for i, f in enumerate(tap.frames) if isinstance(f, TTSSpeakFrame))
+    result_at = next(i for i, f in enumerate(tap.frames) if isinstance(f, FunctionCallResultFrame))
+    assert said_at < result_at
+    assert sor.side_effects["book"] == 1

@@ -1,0 +1,460 @@
+"""`run_conversation`: drive a realistic voice pipeline offline from a timed script.
+
+It builds the standard cascade pipeline around the given LLM, with no network, keys or audio
+device::
+
+    transport.input() → user_agg → [after_user_aggregator…] → llm → tts
+        → transport.output() → [before_assistant_aggregator…] → assistant_agg
+
+`FakeTTS` (unless another TTS is given) turns the answers into silent audio,
+`FakeOutputTransport` plays it in real time, and the user's turns are fed as the VAD and
+transcript frames a voice pipeline makes (`UserSays`, `BargeIn`), so every turn, interruption
+and tool call goes through Pipecat's own aggregators, turn strategies and output transport::
+
+    llm = ScriptedLLM([ToolCalls([("book_table", {...})]), Say("Booked.")])
+    llm.register_function("book_table", book_table)
+    result = await run_conversation(
+        [UserSays("Book a table for two"), BargeIn("wait", after_secs=0.3)],
+        llm=llm,
+        before_assistant_aggregator=[gate],
+    )
+    assert result.heard[0].interrupted
+
+After the script the conversation settles (the bot silent, no tool call open, nothing
+happening for a moment), then ends with an ``EndFrame``.
+
+Timing is real: a step waits on the wall clock and the bot speaks for as long as its audio
+lasts, so keep utterances short (``FakeTTS(secs_per_char=...)``) to keep tests fast.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BargeIn",
+    "ConversationResult",
+    "ObservedFrame",
+    "Push",
+    "Step",
+    "UserSays",
+    "Wait",
+    "WaitUntilIdle",
+    "offline_user_params",
+    "run_conversation",
+]
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias, TypeVar
+
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
+    EndFrame,
+    Frame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    StartFrame,
+    TTSStartedFrame,
+    TTSStoppedFrame,
+    UserStartedSpeakingFrame,
+    UserStoppedSpeakingFrame,
+)
+from pipecat.observers.base_observer import BaseObserver, FramePushed
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.aggregators.llm_context import LLMContext, LLMContextMessage
+from pipecat.processors.aggregators.llm_response_universal import (
+    LLMAssistantAggregator,
+    LLMContextAggregatorPair,
+    LLMUserAggregatorParams,
+)
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.services.llm_service import LLMService
+from pipecat.services.tts_service import TTSService
+from pipecat.turns.user_start import TranscriptionUserTurnStartStrategy, VADUserTurnStartStrategy
+from pipecat.turns.user_stop import SpeechTimeoutUserTurnStopStrategy
+from pipecat.turns.user_turn_strategies import UserTurnStrategies
+from pipecat.workers.runner import WorkerRunner
+
+from pipecat_actions.testing.transport import (
+    FakeTransport,
+    HeardUtterance,
+    user_starts_speaking,
+    user_stops_speaking,
+)
+from pipecat_actions.testing.tts import FakeTTS
+
+_FrameT = TypeVar("_FrameT", bound=Frame)
+
+SAMPLE_RATE = 16_000
+
+
+@dataclass(frozen=True)
+class UserSays:
+    """A script step: the user speaks ``text``.
+
+    The user starts speaking (VAD start, which opens the user turn and interrupts the bot if
+    it is speaking), talks for ``speech_secs``, then the final transcript and VAD's stop
+    arrive; the turn ends once the stop strategy agrees and the LLM runs.
+
+    Attributes:
+        text: What the user says.
+        at_secs: If set, the step first waits until this many seconds after the start.
+        speech_secs: How long the user talks.
+    """
+
+    text: str
+    at_secs: float | None = None
+    speech_secs: float = 0.3
+
+
+@dataclass(frozen=True)
+class BargeIn:
+    """A script step: the user talks over the bot.
+
+    It waits until the bot is speaking (at most ``timeout_secs``), lets it speak for
+    ``after_secs`` more, then the user speaks as in `UserSays`. ``text=None`` is speech with
+    no words (a cough): it interrupts, the turn stays open until the user aggregator's
+    ``user_turn_stop_timeout`` (see `offline_user_params`), and Pipecat's empty-turn handling
+    decides what follows (by default it asks the LLM to have the user repeat).
+
+    Attributes:
+        text: What the user says, or ``None``.
+        after_secs: Seconds of bot speech before the user starts.
+        speech_secs: How long the user talks.
+        timeout_secs: How long to wait for the bot to speak before failing.
+    """
+
+    text: str | None = None
+    after_secs: float = 0.3
+    speech_secs: float = 0.3
+    timeout_secs: float = 5.0
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A script step: let ``secs`` seconds pass."""
+
+    secs: float
+
+
+@dataclass(frozen=True)
+class WaitUntilIdle:
+    """A script step: wait until the conversation is idle.
+
+    Idle means no user turn open, no LLM response or TTS context open, the bot not speaking,
+    no function call in progress in the assistant aggregator, and no frame pushed for
+    ``quiet_secs``.
+
+    Attributes:
+        quiet_secs: How long nothing must happen.
+        timeout_secs: How long to wait before failing with `TimeoutError`.
+    """
+
+    quiet_secs: float = 0.3
+    timeout_secs: float = 10.0
+
+
+@dataclass(frozen=True)
+class Push:
+    """A script step: queue ``frames`` into the start of the pipeline (e.g. an ``LLMRunFrame``)."""
+
+    frames: Sequence[Frame]
+
+
+Step: TypeAlias = UserSays | BargeIn | Wait | WaitUntilIdle | Push
+
+
+@dataclass(frozen=True)
+class ObservedFrame:
+    """A frame as first pushed in the pipeline.
+
+    Attributes:
+        at_secs: Pipeline-clock time of the push.
+        source: Name of the processor that pushed it.
+        direction: Which way it was pushed.
+        frame: The frame.
+    """
+
+    at_secs: float
+    source: str
+    direction: FrameDirection
+    frame: Frame
+
+
+@dataclass
+class ConversationResult:
+    """What happened in a conversation run by `run_conversation`.
+
+    Attributes:
+        heard: What the user heard, in order; utterances cut by an interruption are marked.
+        context_messages: The LLM context's messages at the end.
+        frames: Every frame pushed in the pipeline, once each, in push order.
+        spoken: What the TTS was asked to say, if it is a `FakeTTS` (else empty).
+    """
+
+    heard: list[HeardUtterance]
+    context_messages: list[LLMContextMessage]
+    frames: list[ObservedFrame] = field(default_factory=list)
+    spoken: list[str] = field(default_factory=list)
+
+    @property
+    def heard_texts(self) -> list[str]:
+        """The text of each heard utterance, with ``" [interrupted]"`` after the cut ones."""
+        return [u.text + (" [interrupted]" if u.interrupted else "") for u in self.heard]
+
+    def frames_of(
+        self, frame_type: type[_FrameT], direction: FrameDirection | None = None
+    ) -> list[_FrameT]:
+        """The observed frames of a type, optionally only those pushed one way."""
+        return [
+            o.frame
+            for o in self.frames
+            if isinstance(o.frame, frame_type) and (direction is None or o.direction == direction)
+        ]
+
+
+def offline_user_params(
+    *, user_speech_timeout_secs: float = 0.3, user_turn_stop_timeout_secs: float = 5.0
+) -> LLMUserAggregatorParams:
+    """User aggregator parameters for turns fed as VAD and transcript frames, without audio.
+
+    The start strategies are Pipecat's defaults (VAD, then transcription). The stop strategy
+    is `SpeechTimeoutUserTurnStopStrategy`: the default Smart Turn analyzer decides from the
+    user's audio, and with none it never finds the turn complete.
+
+    Args:
+        user_speech_timeout_secs: How long after VAD's stop (with a transcript) the turn ends.
+        user_turn_stop_timeout_secs: How long a turn with no transcript stays open before
+            Pipecat ends it anyway (Pipecat's default is 5 s).
+    """
+    strategies = UserTurnStrategies(
+        start=[VADUserTurnStartStrategy(), TranscriptionUserTurnStartStrategy()],
+        stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=user_speech_timeout_secs)],
+    )
+    return LLMUserAggregatorParams(
+        user_turn_strategies=strategies, user_turn_stop_timeout=user_turn_stop_timeout_secs
+    )
+
+
+class _Recorder(BaseObserver):
+    """Records each frame once and tracks what the conversation is busy with."""
+
+    def __init__(self, assistant: LLMAssistantAggregator) -> None:
+        super().__init__(observe_every_push=False)
+        self._assistant = assistant
+        self.frames: list[ObservedFrame] = []
+        self.user_turn = False
+        self.llm_responding = False
+        self.tts_active = False
+        self.bot_speaking = False
+        self.last_push = time.monotonic()
+        self.changed = asyncio.Event()
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        frame = data.frame
+        self.frames.append(
+            ObservedFrame(data.timestamp / 1e9, data.source.name, data.direction, frame)
+        )
+        self.last_push = time.monotonic()
+        if isinstance(frame, UserStartedSpeakingFrame):
+            self.user_turn = True
+        elif isinstance(frame, UserStoppedSpeakingFrame):
+            self.user_turn = False
+        elif isinstance(frame, LLMFullResponseStartFrame):
+            self.llm_responding = True
+        elif isinstance(frame, LLMFullResponseEndFrame):
+            self.llm_responding = False
+        elif isinstance(frame, TTSStartedFrame):
+            self.tts_active = True
+        elif isinstance(frame, TTSStoppedFrame):
+            self.tts_active = False
+        elif isinstance(frame, BotStartedSpeakingFrame):
+            self.bot_speaking = True
+        elif isinstance(frame, BotStoppedSpeakingFrame):
+            self.bot_speaking = False
+        elif isinstance(frame, InterruptionFrame):
+            # An interruption drops the response and its audio contexts without end frames.
+            self.llm_responding = False
+            self.tts_active = False
+        self.changed.set()
+
+    def busy_with(self) -> list[str]:
+        """What keeps the conversation from being idle."""
+        busy = {
+            "user turn": self.user_turn,
+            "LLM response": self.llm_responding,
+            "TTS context": self.tts_active,
+            "bot speaking": self.bot_speaking,
+            "function call": self._assistant.has_function_calls_in_progress,
+        }
+        return [name for name, on in busy.items() if on]
+
+    async def wait_for(
+        self, condition: str, check: Callable[[], bool], timeout_secs: float
+    ) -> None:
+        """Wait until ``check()`` is true, failing with `TimeoutError` after the timeout."""
+        try:
+            async with asyncio.timeout(timeout_secs):
+                while not check():
+                    self.changed.clear()
+                    # Re-check at least every 50 ms: quietness is a matter of time passing.
+                    try:
+                        async with asyncio.timeout(0.05):
+                            await self.changed.wait()
+                    except TimeoutError:
+                        pass
+        except TimeoutError:
+            raise TimeoutError(
+                f"conversation: {condition} not reached in {timeout_secs}s "
+                f"(busy with: {', '.join(self.busy_with()) or 'nothing'})"
+            ) from None
+
+
+class _Driver:
+    """Runs the script steps against a started worker."""
+
+    def __init__(self, worker: PipelineWorker, recorder: _Recorder, clock: FrameProcessor):
+        self._worker = worker
+        self._recorder = recorder
+        self._clock = clock
+
+    def _now_secs(self) -> float:
+        return self._clock.get_clock().get_time() / 1e9
+
+    async def run(self, step: Step) -> None:
+        if isinstance(step, UserSays):
+            if step.at_secs is not None:
+                await asyncio.sleep(max(0.0, step.at_secs - self._now_secs()))
+            await self._speak(step.text, step.speech_secs)
+        elif isinstance(step, BargeIn):
+            recorder = self._recorder
+            await recorder.wait_for(
+                "bot speaking", lambda: recorder.bot_speaking, step.timeout_secs
+            )
+            await asyncio.sleep(step.after_secs)
+            await self._speak(step.text, step.speech_secs)
+        elif isinstance(step, Wait):
+            await asyncio.sleep(step.secs)
+        elif isinstance(step, WaitUntilIdle):
+            await self._wait_until_idle(step)
+        else:
+            await self._worker.queue_frames(step.frames)
+
+    async def _speak(self, text: str | None, speech_secs: float) -> None:
+        await self._worker.queue_frames(user_starts_speaking())
+        await asyncio.sleep(speech_secs)
+        await self._worker.queue_frames(user_stops_speaking(text))
+
+    async def _wait_until_idle(self, step: WaitUntilIdle) -> None:
+        recorder = self._recorder
+
+        def idle() -> bool:
+            quiet = time.monotonic() - recorder.last_push >= step.quiet_secs
+            return quiet and not recorder.busy_with()
+
+        await recorder.wait_for("idle", idle, step.timeout_secs)
+
+
+async def run_conversation(
+    script: Sequence[Step],
+    *,
+    llm: LLMService,
+    tts: TTSService | None = None,
+    transport: FakeTransport | None = None,
+    context: LLMContext | None = None,
+    after_user_aggregator: Sequence[FrameProcessor] = (),
+    before_assistant_aggregator: Sequence[FrameProcessor] = (),
+    user_params: LLMUserAggregatorParams | None = None,
+    observers: Sequence[BaseObserver] = (),
+    params: PipelineParams | None = None,
+    app_resources: Any = None,
+    settle: WaitUntilIdle | None = WaitUntilIdle(),
+    timeout_secs: float = 30.0,
+) -> ConversationResult:
+    """Run ``script`` against a voice pipeline built around ``llm`` and return what happened.
+
+    Args:
+        script: The steps, run in order.
+        llm: The LLM service (e.g. `ScriptedLLM`, with its tool handlers registered).
+        tts: The TTS service; a new `FakeTTS` if omitted.
+        transport: The transport; a new `FakeTransport` if omitted.
+        context: The LLM context; a new empty one if omitted. It holds the final messages.
+        after_user_aggregator: Processors placed between the user aggregator and the LLM.
+        before_assistant_aggregator: Processors placed between the output transport and
+            the assistant aggregator.
+        user_params: User aggregator parameters; `offline_user_params` if omitted.
+        observers: Extra observers for the pipeline worker.
+        params: Pipeline parameters; 16 kHz in and out if omitted.
+        app_resources: Passed to the worker (handlers see it as ``params.app_resources``).
+        settle: The wait after the last step, before the ``EndFrame``; ``None`` ends at once.
+        timeout_secs: Bound on the whole run; the pipeline is cancelled if it is exceeded.
+
+    Returns:
+        What was heard, the final context messages and every frame pushed.
+
+    Raises:
+        TimeoutError: A step or the whole run took too long.
+    """
+    tts = tts if tts is not None else FakeTTS()
+    transport = transport if transport is not None else FakeTransport()
+    context = context if context is not None else LLMContext()
+    pair = LLMContextAggregatorPair(context, user_params=user_params or offline_user_params())
+    output = transport.output()
+    pipeline = Pipeline(
+        [
+            transport.input(),
+            pair.user(),
+            *after_user_aggregator,
+            llm,
+            tts,
+            output,
+            *before_assistant_aggregator,
+            pair.assistant(),
+        ]
+    )
+    recorder = _Recorder(pair.assistant())
+    worker = PipelineWorker(
+        pipeline,
+        params=params
+        or PipelineParams(audio_in_sample_rate=SAMPLE_RATE, audio_out_sample_rate=SAMPLE_RATE),
+        app_resources=app_resources,
+        cancel_on_idle_timeout=False,
+        idle_timeout_secs=None,
+        enable_rtvi=False,
+        observers=[recorder, *observers],
+    )
+    started = asyncio.Event()
+
+    async def _on_pipeline_started(worker: PipelineWorker, frame: StartFrame) -> None:
+        started.set()
+
+    worker.add_event_handler("on_pipeline_started", _on_pipeline_started)
+
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    run_task = asyncio.create_task(runner.run())
+    driver = _Driver(worker, recorder, output)
+    try:
+        async with asyncio.timeout(timeout_secs):
+            await started.wait()
+            for step in script:
+                await driver.run(step)
+            if settle is not None:
+                await driver.run(settle)
+            await worker.queue_frame(EndFrame())
+            await asyncio.shield(run_task)
+    finally:
+        if not run_task.done():
+            await worker.cancel(reason="run_conversation failed")
+            await run_task
+
+    return ConversationResult(
+        heard=list(output.heard),
+        context_messages=list(context.get_messages()),
+        frames=list(recorder.frames),
+        spoken=list(tts.spoken) if isinstance(tts, FakeTTS) else [],
+    )

@@ -1,0 +1,292 @@
+"""`FakeTransport`: an offline transport that plays audio to nobody and remembers what was heard.
+
+Its output side is a real `BaseOutputTransport`, so Pipecat itself chunks the TTS audio, sends
+``BotStartedSpeakingFrame`` / ``BotSpeakingFrame`` / ``BotStoppedSpeakingFrame``, holds every
+non-system frame (``TTSTextFrame``, function-call results, ...) until the audio queued before
+it has played, and drops unplayed audio on an interruption. `FakeOutputTransport` only writes
+the audio nowhere, sleeping for its duration as a sound card would, and records each utterance
+the user heard (`HeardUtterance`): finished, or cut by a barge-in after part of it played.
+
+The input side carries no audio. A user turn is fed as the frames a voice pipeline produces
+for it (`user_says`): VAD start, the final transcript, VAD stop. Queued into the pipeline
+before the user aggregator (``worker.queue_frames(user_says("hi"))``), they drive Pipecat's
+real user-turn strategies: the VAD start opens the user turn, which broadcasts
+``UserStartedSpeakingFrame`` and, if the bot was speaking, the ``InterruptionFrame`` that
+makes it a barge-in; the VAD stop and the transcript end the turn and run the LLM. In a live
+1.14 pipeline the user aggregator's VAD controller makes the same VAD frames from the
+microphone audio and feeds them through its own ``process_frame``; here they arrive from
+upstream, which takes the same path. The aggregator needs a stop strategy that works without
+audio (see ``conversation.offline_user_params``): the default Smart Turn analyzer judges the
+audio itself and, given none, never ends the turn.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FakeInputTransport",
+    "FakeOutputTransport",
+    "FakeTransport",
+    "HeardUtterance",
+    "default_transport_params",
+    "user_says",
+    "user_starts_speaking",
+    "user_stops_speaking",
+]
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pipecat.audio.vad.vad_analyzer import VAD_START_SECS, VAD_STOP_SECS
+from pipecat.frames.frames import (
+    AggregatedTextFrame,
+    CancelFrame,
+    Frame,
+    InterruptionFrame,
+    OutputAudioRawFrame,
+    StartFrame,
+    TranscriptionFrame,
+    TTSTextFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.transports.base_input import BaseInputTransport
+from pipecat.transports.base_output import BaseOutputTransport
+from pipecat.transports.base_transport import BaseTransport, TransportParams
+from pipecat.utils.time import time_now_iso8601
+
+_BYTES_PER_SAMPLE = 2  # 16-bit PCM
+
+
+@dataclass(frozen=True)
+class HeardUtterance:
+    """One utterance as the user heard it.
+
+    Attributes:
+        text: The text the TTS spoke (one aggregated sentence).
+        interrupted: True if an interruption cut it before all of its audio played.
+        started_at_secs: Pipeline-clock time its first audio chunk was played.
+        ended_at_secs: Pipeline-clock time its last chunk finished, or it was cut.
+        played_secs: Seconds of its audio that were played.
+    """
+
+    text: str
+    interrupted: bool
+    started_at_secs: float
+    ended_at_secs: float
+    played_secs: float
+
+
+def default_transport_params() -> TransportParams:
+    """Audio out on, no trailing silence at the end (it would be played in real time)."""
+    return TransportParams(audio_out_enabled=True, audio_out_end_silence_secs=0)
+
+
+def user_starts_speaking() -> list[Frame]:
+    """The frame VAD emits when the user starts speaking: a barge-in if the bot is speaking."""
+    return [VADUserStartedSpeakingFrame(start_secs=VAD_START_SECS)]
+
+
+def user_stops_speaking(text: str | None = None, *, user_id: str = "user") -> list[Frame]:
+    """The final transcript of what the user said (if anything), then VAD's stop.
+
+    Args:
+        text: What the user said; ``None`` for speech without words (a cough, noise).
+        user_id: The speaker, as an STT service would report it.
+    """
+    frames: list[Frame] = []
+    if text:
+        frames.append(
+            TranscriptionFrame(
+                text=text, user_id=user_id, timestamp=time_now_iso8601(), finalized=True
+            )
+        )
+    frames.append(VADUserStoppedSpeakingFrame(stop_secs=VAD_STOP_SECS))
+    return frames
+
+
+def user_says(text: str, *, user_id: str = "user") -> list[Frame]:
+    """A whole user turn, without a pause: `user_starts_speaking` + `user_stops_speaking`."""
+    return [*user_starts_speaking(), *user_stops_speaking(text, user_id=user_id)]
+
+
+@dataclass
+class _Playing:
+    """The audio played since the last utterance ended, and the sentence announced for it."""
+
+    text: str | None = None
+    interruptible: bool = True
+    started_at_secs: float | None = None
+    played_secs: float = 0.0
+    tail_of: int | None = None
+    """Index in ``heard`` of the sentence that just ended, whose last chunk may still come."""
+
+
+class FakeOutputTransport(BaseOutputTransport):
+    """A `BaseOutputTransport` that plays audio in real time to nobody and records it.
+
+    Args:
+        params: Transport parameters; `default_transport_params` if omitted.
+        **kwargs: Passed to `BaseOutputTransport` (``name``, ...).
+    """
+
+    def __init__(self, params: TransportParams | None = None, **kwargs: Any) -> None:
+        super().__init__(params or default_transport_params(), **kwargs)
+        self.heard: list[HeardUtterance] = []
+        """What the user heard, in order; utterances an interruption cut are marked."""
+        self.audio_secs_played = 0.0
+        """Seconds of audio played in total."""
+        self._playing = _Playing()
+        self._next_write_time = 0.0
+
+    @property
+    def heard_texts(self) -> list[str]:
+        """The text of each heard utterance, with ``" [interrupted]"`` after the cut ones."""
+        return [u.text + (" [interrupted]" if u.interrupted else "") for u in self.heard]
+
+    async def start(self, frame: StartFrame) -> None:
+        """Start the media senders, as a real transport does once connected."""
+        await super().start(frame)
+        await self.set_transport_ready(frame)
+
+    async def cancel(self, frame: CancelFrame) -> None:
+        """Stop at once; an utterance being played counts as cut."""
+        await super().cancel(frame)
+        self._cut_playing()
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        """Let the base class handle the frame, then close an utterance an interruption cut."""
+        await super().process_frame(frame, direction)
+        if isinstance(frame, InterruptionFrame):
+            # The base class has dropped the interruptible audio still queued; audio of an
+            # uninterruptible utterance keeps playing, so that utterance stays open.
+            if self._playing.interruptible:
+                self._cut_playing()
+            self._next_write_time = 0.0
+
+    async def write_audio_frame(self, frame: OutputAudioRawFrame) -> bool:
+        """Play a chunk: wait for its duration, as an audio device would block."""
+        secs = len(frame.audio) / (frame.sample_rate * frame.num_channels * _BYTES_PER_SAMPLE)
+        # Taken before the wait: if an interruption cuts the utterance meanwhile, this chunk
+        # still belongs to it, not to whatever plays next.
+        playing = self._playing
+        await self._sleep_until_played(secs)
+        self.audio_secs_played += secs
+        if playing.text is None and playing.tail_of is not None:
+            # The transport holds a sentence's last partial chunk until the TTSStoppedFrame,
+            # so it plays after the sentence's TTSTextFrame.
+            ended = self.heard[playing.tail_of]
+            self.heard[playing.tail_of] = replace(
+                ended, played_secs=ended.played_secs + secs, ended_at_secs=self._now_secs()
+            )
+            return True
+        if playing.started_at_secs is None:
+            playing.started_at_secs = self._now_secs() - secs
+        playing.played_secs += secs
+        return True
+
+    async def write_transport_frame(self, frame: Frame) -> None:
+        """Track utterances from the text frames the base class releases in audio order.
+
+        With sentence aggregation (Pipecat's default), a TTS service without word
+        timestamps announces each sentence with an ``AggregatedTextFrame``
+        (``will_be_spoken``) just before its audio and queues the sentence's
+        ``TTSTextFrame`` just after it, so the ``TTSTextFrame`` comes out of the audio queue
+        once the whole sentence has played: that is when it counts as heard.
+        """
+        if isinstance(frame, TTSTextFrame):
+            self._finish_playing(frame.text)
+        elif isinstance(frame, AggregatedTextFrame) and frame.will_be_spoken:
+            # Audio played since the last sentence ended without an announcement of its own
+            # is the tail of that sentence (the transport flushes it at TTSStoppedFrame).
+            self._playing = _Playing(text=frame.text, interruptible=frame.interruptible)
+
+    def _now_secs(self) -> float:
+        return self.get_clock().get_time() / 1e9
+
+    async def _sleep_until_played(self, secs: float) -> None:
+        # A running deadline, so time spent outside the sleep does not slow playback down.
+        now = time.monotonic()
+        if self._next_write_time <= now:
+            self._next_write_time = now
+        self._next_write_time += secs
+        await asyncio.sleep(self._next_write_time - now)
+
+    def _finish_playing(self, text: str) -> None:
+        playing, self._playing = self._playing, _Playing(tail_of=len(self.heard))
+        now = self._now_secs()
+        started_at = playing.started_at_secs
+        self.heard.append(
+            HeardUtterance(
+                text=text.strip(),
+                interrupted=False,
+                started_at_secs=now if started_at is None else started_at,
+                ended_at_secs=now,
+                played_secs=playing.played_secs,
+            )
+        )
+
+    def _cut_playing(self) -> None:
+        playing, self._playing = self._playing, _Playing()
+        if playing.text is None or playing.started_at_secs is None:
+            return  # nothing announced was heard
+        self.heard.append(
+            HeardUtterance(
+                text=playing.text.strip(),
+                interrupted=True,
+                started_at_secs=playing.started_at_secs,
+                ended_at_secs=self._now_secs(),
+                played_secs=playing.played_secs,
+            )
+        )
+
+
+class FakeInputTransport(BaseInputTransport):
+    """A `BaseInputTransport` with no device: it passes on the frames queued into it.
+
+    Args:
+        params: Transport parameters; `default_transport_params` if omitted.
+        **kwargs: Passed to `BaseInputTransport` (``name``, ...).
+    """
+
+    def __init__(self, params: TransportParams | None = None, **kwargs: Any) -> None:
+        super().__init__(params or default_transport_params(), **kwargs)
+
+    async def start(self, frame: StartFrame) -> None:
+        """Start, as a real transport does once connected."""
+        await super().start(frame)
+        await self.set_transport_ready(frame)
+
+
+class FakeTransport(BaseTransport):
+    """An offline transport: `FakeInputTransport` in, `FakeOutputTransport` out.
+
+    Args:
+        params: Parameters of both sides; `default_transport_params` if omitted.
+        **kwargs: Passed to `BaseTransport` (``name``, ``input_name``, ``output_name``).
+    """
+
+    def __init__(self, params: TransportParams | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._params = params or default_transport_params()
+        self._input: FakeInputTransport | None = None
+        self._output: FakeOutputTransport | None = None
+
+    def input(self) -> FakeInputTransport:
+        """The input processor (created on first use)."""
+        if self._input is None:
+            self._input = FakeInputTransport(self._params, name=self._input_name)
+        return self._input
+
+    def output(self) -> FakeOutputTransport:
+        """The output processor (created on first use)."""
+        if self._output is None:
+            self._output = FakeOutputTransport(self._params, name=self._output_name)
+        return self._output
+
+    @property
+    def heard(self) -> list[HeardUtterance]:
+        """What the user heard (see `FakeOutputTransport.heard`)."""
+        return self.output().heard
