@@ -30,7 +30,14 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.tests.utils import SleepFrame, run_test
 
-from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
+from pipecat_actions import (
+    ActionContext,
+    ActionRuntime,
+    AllowAll,
+    Reconciliation,
+    SessionState,
+    action,
+)
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.status import ActionStatus
@@ -347,3 +354,55 @@ async def test_a_background_action_is_announced_when_it_starts_without_claiming_
     result_at = next(i for i, f in enumerate(tap.frames) if isinstance(f, FunctionCallResultFrame))
     assert said_at < result_at
     assert sor.side_effects["book"] == 1
+
+
+async def test_a_result_past_pipecats_timeout_is_bounded_by_the_watchdog_and_told_truthfully(
+    tmp_path: Path,
+) -> None:
+    sor = FakeSystemOfRecord()
+    sor.add_restaurant("r1", tables=3)
+    sor.faults.set_latency(5.0)  # the provider never answers in time
+
+    async def find(ctx: ActionContext) -> Reconciliation:
+        found = sor.find_by_idempotency_key(ctx.idempotency_key)
+        return Reconciliation.committed({"found": True}) if found else Reconciliation.not_found()
+
+    @action(reconcile=find)
+    async def book_table(
+        ctx: ActionContext, restaurant_id: str, date: str, time: str, party_size: int
+    ) -> dict[str, Any]:
+        """Book a table."""
+        booking = await sor.book(
+            restaurant_id, date, time, party_size, "Ada", idempotency_key=ctx.idempotency_key
+        )
+        return {"booking_id": booking.booking_id}
+
+    runtime = await ActionRuntime.create(
+        load_policy_text(
+            "version: 1\ntools:\n  book_table:\n    kind: mutation\n"
+            "    timeout_secs: 0.2\n    deadline_secs: 0.6\n"
+        ),
+        authorizer=AllowAll(),
+        actions=[book_table],
+        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
+    )
+    try:
+        agent = Agent(runtime, sor, [])
+        agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
+        agent.llm.push_step(Say("Still working on it."))
+        agent.llm.push_step(Say("Sorry, it did not go through."))
+        await agent.run([LLMRunFrame(), SleepFrame(sleep=1.5)])
+        (op,) = await runtime.ledger.list()
+    finally:
+        await runtime.close(grace_secs=0)
+
+    assert "CANCELLED" not in agent.text()
+    (tool,) = _tool_messages(agent)
+    assert json.loads(tool)["status"] == "running"  # Pipecat's timeout only ended the wait
+    assert op.status is ActionStatus.FAILED_FINAL  # the watchdog, then the system of record
+    assert op.finished_at is not None
+    assert op.finished_at - op.created_at < 1.2
+    late = [m["content"] for m in agent.messages() if m.get("role") == "developer"]
+    assert len(late) == 1
+    assert "failed_final" in late[0]
+    assert sor.side_effects["book"] == 0
