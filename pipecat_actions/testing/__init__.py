@@ -3,6 +3,17 @@
 Shipped so applications can test their own agents without keys or network.
 """
 
+from pipecat_actions.testing.conversation import (
+    BargeIn,
+    ConversationResult,
+    ObservedFrame,
+    Push,
+    Step,
+    UserSays,
+    Wait,
+    WaitUntilIdle,
+    run_conversation,
+)
 from pipecat_actions.testing.llm import Say, ScriptedLLM, ToolCalls
 from pipecat_actions.testing.system_of_record import (
     Booking,
@@ -16,19 +27,50 @@ from pipecat_actions.testing.system_of_record import (
     ProviderUnavailable,
     Refund,
 )
+from pipecat_actions.testing.transport import (
+    FakeInputTransport,
+    FakeOutputTransport,
+    FakeTransport,
+    HeardUtterance,
+    default_transport_params,
+    offline_user_params,
+    user_says,
+    user_starts_speaking,
+    user_stops_speaking,
+)
+from pipecat_actions.testing.tts import FakeTTS
 
 __all__ = [
+    "BargeIn",
     "Booking",
+    "ConversationResult",
+    "FakeInputTransport",
+    "FakeOutputTransport",
     "FakeSystemOfRecord",
+    "FakeTTS",
+    "FakeTransport",
     "Faults",
+    "HeardUtterance",
+    "ObservedFrame",
     "Payment",
     "ProviderCancelled",
     "ProviderError",
     "ProviderRejected",
     "ProviderTimeout",
     "ProviderUnavailable",
+    "Push",
     "Refund",
     "Say",
     "ScriptedLLM",
+    "Step",
     "ToolCalls",
+    "UserSays",
+    "Wait",
+    "WaitUntilIdle",
+    "default_transport_params",
+    "offline_user_params",
+    "run_conversation",
+    "user_says",
+    "user_starts_speaking",
+    "user_stops_speaking",
 ]

@@ -8,8 +8,9 @@ device::
 
 `FakeTTS` (unless another TTS is given) turns the answers into silent audio,
 `FakeOutputTransport` plays it in real time, and the user's turns are fed as the VAD and
-transcript frames a voice pipeline makes (`UserSays`, `BargeIn`), so every turn, interruption
-and tool call goes through Pipecat's own aggregators, turn strategies and output transport::
+transcript frames a voice pipeline makes (`UserSays`, `BargeIn`; see `offline_user_params`),
+so every turn, interruption and tool call goes through Pipecat's own aggregators, turn
+strategies and output transport::
 
     llm = ScriptedLLM([ToolCalls([("book_table", {...})]), Say("Booked.")])
     llm.register_function("book_table", book_table)
@@ -38,7 +39,6 @@ __all__ = [
     "UserSays",
     "Wait",
     "WaitUntilIdle",
-    "offline_user_params",
     "run_conversation",
 ]
 
@@ -74,14 +74,12 @@ from pipecat.processors.aggregators.llm_response_universal import (
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.llm_service import LLMService
 from pipecat.services.tts_service import TTSService
-from pipecat.turns.user_start import TranscriptionUserTurnStartStrategy, VADUserTurnStartStrategy
-from pipecat.turns.user_stop import SpeechTimeoutUserTurnStopStrategy
-from pipecat.turns.user_turn_strategies import UserTurnStrategies
 from pipecat.workers.runner import WorkerRunner
 
 from pipecat_actions.testing.transport import (
     FakeTransport,
     HeardUtterance,
+    offline_user_params,
     user_starts_speaking,
     user_stops_speaking,
 )
@@ -89,7 +87,7 @@ from pipecat_actions.testing.tts import FakeTTS
 
 _FrameT = TypeVar("_FrameT", bound=Frame)
 
-SAMPLE_RATE = 16_000
+_SAMPLE_RATE = 16_000
 
 
 @dataclass(frozen=True)
@@ -217,27 +215,20 @@ class ConversationResult:
         ]
 
 
-def offline_user_params(
-    *, user_speech_timeout_secs: float = 0.3, user_turn_stop_timeout_secs: float = 5.0
-) -> LLMUserAggregatorParams:
-    """User aggregator parameters for turns fed as VAD and transcript frames, without audio.
-
-    The start strategies are Pipecat's defaults (VAD, then transcription). The stop strategy
-    is `SpeechTimeoutUserTurnStopStrategy`: the default Smart Turn analyzer decides from the
-    user's audio, and with none it never finds the turn complete.
-
-    Args:
-        user_speech_timeout_secs: How long after VAD's stop (with a transcript) the turn ends.
-        user_turn_stop_timeout_secs: How long a turn with no transcript stays open before
-            Pipecat ends it anyway (Pipecat's default is 5 s).
-    """
-    strategies = UserTurnStrategies(
-        start=[VADUserTurnStartStrategy(), TranscriptionUserTurnStartStrategy()],
-        stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=user_speech_timeout_secs)],
-    )
-    return LLMUserAggregatorParams(
-        user_turn_strategies=strategies, user_turn_stop_timeout=user_turn_stop_timeout_secs
-    )
+# What each frame type opens (True) or closes (False). An interruption drops the response
+# and its audio contexts without their end frames.
+_BUSY_SWITCHES: tuple[tuple[type[Frame], str, bool], ...] = (
+    (UserStartedSpeakingFrame, "user turn", True),
+    (UserStoppedSpeakingFrame, "user turn", False),
+    (LLMFullResponseStartFrame, "LLM response", True),
+    (LLMFullResponseEndFrame, "LLM response", False),
+    (TTSStartedFrame, "TTS context", True),
+    (TTSStoppedFrame, "TTS context", False),
+    (BotStartedSpeakingFrame, "bot speaking", True),
+    (BotStoppedSpeakingFrame, "bot speaking", False),
+    (InterruptionFrame, "LLM response", False),
+    (InterruptionFrame, "TTS context", False),
+)
 
 
 class _Recorder(BaseObserver):
@@ -246,13 +237,14 @@ class _Recorder(BaseObserver):
     def __init__(self, assistant: LLMAssistantAggregator) -> None:
         super().__init__(observe_every_push=False)
         self._assistant = assistant
+        self._busy = dict.fromkeys((name for _, name, _ in _BUSY_SWITCHES), False)
         self.frames: list[ObservedFrame] = []
-        self.user_turn = False
-        self.llm_responding = False
-        self.tts_active = False
-        self.bot_speaking = False
         self.last_push = time.monotonic()
         self.changed = asyncio.Event()
+
+    @property
+    def bot_speaking(self) -> bool:
+        return self._busy["bot speaking"]
 
     async def on_push_frame(self, data: FramePushed) -> None:
         frame = data.frame
@@ -260,38 +252,17 @@ class _Recorder(BaseObserver):
             ObservedFrame(data.timestamp / 1e9, data.source.name, data.direction, frame)
         )
         self.last_push = time.monotonic()
-        if isinstance(frame, UserStartedSpeakingFrame):
-            self.user_turn = True
-        elif isinstance(frame, UserStoppedSpeakingFrame):
-            self.user_turn = False
-        elif isinstance(frame, LLMFullResponseStartFrame):
-            self.llm_responding = True
-        elif isinstance(frame, LLMFullResponseEndFrame):
-            self.llm_responding = False
-        elif isinstance(frame, TTSStartedFrame):
-            self.tts_active = True
-        elif isinstance(frame, TTSStoppedFrame):
-            self.tts_active = False
-        elif isinstance(frame, BotStartedSpeakingFrame):
-            self.bot_speaking = True
-        elif isinstance(frame, BotStoppedSpeakingFrame):
-            self.bot_speaking = False
-        elif isinstance(frame, InterruptionFrame):
-            # An interruption drops the response and its audio contexts without end frames.
-            self.llm_responding = False
-            self.tts_active = False
+        for frame_type, name, on in _BUSY_SWITCHES:
+            if isinstance(frame, frame_type):
+                self._busy[name] = on
         self.changed.set()
 
     def busy_with(self) -> list[str]:
         """What keeps the conversation from being idle."""
-        busy = {
-            "user turn": self.user_turn,
-            "LLM response": self.llm_responding,
-            "TTS context": self.tts_active,
-            "bot speaking": self.bot_speaking,
-            "function call": self._assistant.has_function_calls_in_progress,
-        }
-        return [name for name, on in busy.items() if on]
+        busy = [name for name, on in self._busy.items() if on]
+        if self._assistant.has_function_calls_in_progress:
+            busy.append("function call")
+        return busy
 
     async def wait_for(
         self, condition: str, check: Callable[[], bool], timeout_secs: float
@@ -420,7 +391,7 @@ async def run_conversation(
     worker = PipelineWorker(
         pipeline,
         params=params
-        or PipelineParams(audio_in_sample_rate=SAMPLE_RATE, audio_out_sample_rate=SAMPLE_RATE),
+        or PipelineParams(audio_in_sample_rate=_SAMPLE_RATE, audio_out_sample_rate=_SAMPLE_RATE),
         app_resources=app_resources,
         cancel_on_idle_timeout=False,
         idle_timeout_secs=None,

@@ -16,8 +16,9 @@ makes it a barge-in; the VAD stop and the transcript end the turn and run the LL
 1.14 pipeline the user aggregator's VAD controller makes the same VAD frames from the
 microphone audio and feeds them through its own ``process_frame``; here they arrive from
 upstream, which takes the same path. The aggregator needs a stop strategy that works without
-audio (see ``conversation.offline_user_params``): the default Smart Turn analyzer judges the
-audio itself and, given none, never ends the turn.
+audio (`offline_user_params`): the default Smart Turn analyzer judges the audio itself and,
+given none, never finds the turn complete, so every turn would last the 5 s
+``user_turn_stop_timeout``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "FakeTransport",
     "HeardUtterance",
     "default_transport_params",
+    "offline_user_params",
     "user_says",
     "user_starts_speaking",
     "user_stops_speaking",
@@ -51,10 +53,14 @@ from pipecat.frames.frames import (
     VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
+from pipecat.processors.aggregators.llm_response_universal import LLMUserAggregatorParams
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.transports.base_input import BaseInputTransport
 from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import BaseTransport, TransportParams
+from pipecat.turns.user_start import TranscriptionUserTurnStartStrategy, VADUserTurnStartStrategy
+from pipecat.turns.user_stop import SpeechTimeoutUserTurnStopStrategy
+from pipecat.turns.user_turn_strategies import UserTurnStrategies
 from pipecat.utils.time import time_now_iso8601
 
 _BYTES_PER_SAMPLE = 2  # 16-bit PCM
@@ -112,6 +118,30 @@ def user_says(text: str, *, user_id: str = "user") -> list[Frame]:
     return [*user_starts_speaking(), *user_stops_speaking(text, user_id=user_id)]
 
 
+def offline_user_params(
+    *, user_speech_timeout_secs: float = 0.3, user_turn_stop_timeout_secs: float = 5.0
+) -> LLMUserAggregatorParams:
+    """User aggregator parameters for turns fed as VAD and transcript frames, without audio.
+
+    The start strategies are Pipecat's defaults (VAD, then transcription). The stop strategy
+    is `SpeechTimeoutUserTurnStopStrategy`: the default Smart Turn analyzer decides from the
+    user's audio, and with none it never finds the turn complete (the turn then ends only at
+    ``user_turn_stop_timeout``).
+
+    Args:
+        user_speech_timeout_secs: How long after VAD's stop (with a transcript) the turn ends.
+        user_turn_stop_timeout_secs: How long a turn with no transcript stays open before
+            Pipecat ends it anyway (Pipecat's default is 5 s).
+    """
+    strategies = UserTurnStrategies(
+        start=[VADUserTurnStartStrategy(), TranscriptionUserTurnStartStrategy()],
+        stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=user_speech_timeout_secs)],
+    )
+    return LLMUserAggregatorParams(
+        user_turn_strategies=strategies, user_turn_stop_timeout=user_turn_stop_timeout_secs
+    )
+
+
 @dataclass
 class _Playing:
     """The audio played since the last utterance ended, and the sentence announced for it."""
@@ -126,6 +156,11 @@ class _Playing:
 
 class FakeOutputTransport(BaseOutputTransport):
     """A `BaseOutputTransport` that plays audio in real time to nobody and records it.
+
+    Utterances are recognised from the sentence-level text frames a TTS without word
+    timestamps sends in Pipecat's default sentence aggregation (as `FakeTTS` does). Word
+    timestamps send ``TTSTextFrame``s with a presentation time, which the base class pushes
+    from its clock queue without showing them to the transport, so they are not recorded.
 
     Args:
         params: Transport parameters; `default_transport_params` if omitted.
