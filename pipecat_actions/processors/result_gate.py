@@ -114,6 +114,7 @@ class ActionResultGate(FrameProcessor):
         self._listening = False
         self._group_of_call: dict[str, str] = {}
         self._delivering: set[str] = set()
+        self._finished_calls: set[str] = set()
         self._group_of_operation: dict[str, str] = {}
 
     # --- frames ----------------------------------------------------------------------------
@@ -172,6 +173,7 @@ class ActionResultGate(FrameProcessor):
             await self.push_frame(frame)
             return
         self._closed_by_gate.add(frame.tool_call_id)
+        self._finished_calls.add(frame.tool_call_id)
         self.create_task(self._close_truthfully(frame, operation_id))
 
     async def _close_truthfully(self, cancel: FunctionCallCancelFrame, operation_id: str) -> None:
@@ -198,6 +200,21 @@ class ActionResultGate(FrameProcessor):
         if frame.tool_call_id in self._closed_by_gate:
             logger.debug("{}: dropping a result for a call it already closed", self)
             return
+        final = frame.properties is None or frame.properties.is_final
+        if final and frame.tool_call_id in self._finished_calls:
+            logger.debug("{}: dropping a duplicate final result of {}", self, frame.tool_call_id)
+            return
+        if not final:
+            # Intermediate results go into the context silently unless the policy says else.
+            frame.properties = FunctionCallResultProperties(
+                run_llm=self._intermediate_runs_llm(frame.function_name),
+                is_final=False,
+                on_context_updated=frame.properties.on_context_updated
+                if frame.properties
+                else None,
+            )
+        else:
+            self._finished_calls.add(frame.tool_call_id)
         await self.push_frame(frame)
         result = frame.result if isinstance(frame.result, dict) else {}
         operation_id = result.get("operation_id")
@@ -207,6 +224,11 @@ class ActionResultGate(FrameProcessor):
             self._await_outcome(operation_id, frame.tool_call_id)
         else:
             self.create_task(self._mark_delivered_id(operation_id))
+
+    def _intermediate_runs_llm(self, tool: str) -> bool:
+        binding = self.runtime.bindings.get(tool)
+        mode = binding.policy.delivery.intermediate if binding else DeliveryMode.SILENT
+        return mode not in (DeliveryMode.SILENT, DeliveryMode.SUPPRESS)
 
     # --- late outcomes ---------------------------------------------------------------------
 

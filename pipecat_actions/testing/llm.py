@@ -41,9 +41,15 @@ class Say:
 
 @dataclass(frozen=True)
 class ToolCalls:
-    """A script step: the model calls tools, each ``(name, arguments)``, in one response."""
+    """A script step: the model calls tools, each ``(name, arguments)``, in one response.
+
+    Attributes:
+        calls: The tool calls.
+        say: Text the model says in the same response, before the calls (real models do).
+    """
 
     calls: Sequence[tuple[str, Mapping[str, Any]]]
+    say: str | None = None
 
 
 class ScriptedLLM(LLMService):
@@ -94,6 +100,8 @@ class ScriptedLLM(LLMService):
         step = self._script.pop(0) if self._script else Say(self._fallback)
         await self.push_frame(LLMFullResponseStartFrame())
         if isinstance(step, ToolCalls):
+            if step.say:
+                await self.push_frame(LLMTextFrame(step.say))
             calls = [
                 FunctionCallFromLLM(
                     function_name=name,
