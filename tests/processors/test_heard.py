@@ -132,3 +132,27 @@ async def test_barge_in_before_the_booking_is_sent_cancels_it_and_the_model_is_t
     tool_messages = [m for m in result.context_messages if m.get("role") == "tool"]
     assert [json.loads(m["content"])["status"] for m in tool_messages] == ["cancelled"]
     assert "Okay, I have not booked anything." in result.heard_texts
+
+
+async def test_barge_in_after_the_booking_committed_the_model_reads_committed(
+    booking_runtime: Any,
+) -> None:
+    runtime, sor = await booking_runtime("    kind: mutation\n", latency_secs=0.05)
+    result = await _converse(
+        runtime,
+        [
+            ToolCalls([("book_table", BOOK)], say="Booking a table for two at nine tonight."),
+            Say("Sorry, go on."),
+            Say("Anything else?"),
+        ],
+        [UserSays("Book a table at nine"), BargeIn("Also", after_secs=0.5), Wait(0.8)],
+    )
+    (op,) = await runtime.ledger.list()
+    assert op.status is ActionStatus.COMMITTED
+    assert op.committed_at is not None
+    tool_messages = [m for m in result.context_messages if m.get("role") == "tool"]
+    assert [json.loads(m["content"])["status"] for m in tool_messages] == ["committed"]
+    assert "cancel" not in json.dumps(result.context_messages).lower()
+    assert "cancel" not in " ".join(result.heard_texts).lower()
+    assert result.heard_texts[0].endswith("[interrupted]")
+    assert sor.side_effects["book"] == 1
