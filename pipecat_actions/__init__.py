@@ -60,7 +60,9 @@ from pipecat_actions.ledger import (
     default_ledger_url,
     hash_arguments,
 )
+from pipecat_actions.pipeline import build_pipeline, check_placement
 from pipecat_actions.policy import PolicySet, ToolPolicy, load_policy, load_policy_text
+from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus, is_terminal
@@ -72,6 +74,11 @@ __all__ = [
     "ActionRuntime",
     "ReconcileSchedule",
     "SessionState",
+    # processors and the pipeline template
+    "ActionResultGate",
+    "ActionTurnTracker",
+    "build_pipeline",
+    "check_placement",
     # actions
     "ActionContext",
     "ActionDefinition",
