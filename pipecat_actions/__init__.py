@@ -60,9 +60,7 @@ from pipecat_actions.ledger import (
     default_ledger_url,
     hash_arguments,
 )
-from pipecat_actions.pipeline import build_pipeline, check_placement
 from pipecat_actions.policy import PolicySet, ToolPolicy, load_policy, load_policy_text
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus, is_terminal
@@ -141,3 +139,20 @@ __all__ = [
     "TransitionRefused",
     "UnexpectedStatus",
 ]
+
+# Names that need Pipecat are imported when first used, so that the ledger, the policies and
+# the `pipecat-actions` command start without importing Pipecat (which logs a banner).
+_LAZY = {
+    "ActionResultGate": "pipecat_actions.processors",
+    "ActionTurnTracker": "pipecat_actions.processors",
+    "build_pipeline": "pipecat_actions.pipeline",
+    "check_placement": "pipecat_actions.pipeline",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'pipecat_actions' has no attribute {name!r}")
