@@ -49,7 +49,13 @@ from pipecat_actions.errors import (
     TransitionRefused,
     UnexpectedStatus,
 )
-from pipecat_actions.execution.executor import Binding, Executor, ReconcileSchedule, Tracked
+from pipecat_actions.execution.executor import (
+    Binding,
+    Executor,
+    ReconcileSchedule,
+    Tracked,
+    retry_delay,
+)
 from pipecat_actions.execution.outcomes import Outcome, classify
 from pipecat_actions.execution.results import refusal_result, render, render_operation
 from pipecat_actions.execution.watchdog import Watchdog
@@ -441,12 +447,20 @@ class ActionRuntime:
                     break
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
-                    if classify(exc, mutation=False) is Outcome.FINAL:
-                        break
-                    if attempt >= policy.retry.max_attempts:
-                        break
-                    delay = policy.retry.delay_for(attempt, rand=self.executor.rand())
-                    if self.clock.now() + delay >= deadline_at:
+                    failure = classify(exc, mutation=False)
+                    delay = (
+                        None
+                        if failure is Outcome.FINAL
+                        else retry_delay(
+                            policy,
+                            attempt=attempt,
+                            outcome=failure,
+                            now=self.clock.now(),
+                            deadline_at=deadline_at,
+                            rand=self.executor.rand(),
+                        )
+                    )
+                    if delay is None:
                         break
                     await self.clock.sleep(delay)
         finally:

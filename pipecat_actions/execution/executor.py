@@ -12,7 +12,7 @@ is still UNKNOWN (it never overwrites a terminal status).
 
 from __future__ import annotations
 
-__all__ = ["Binding", "Executor", "Tracked"]
+__all__ = ["Binding", "Executor", "ReconcileSchedule", "Tracked", "retry_delay"]
 
 import asyncio
 import random
@@ -139,20 +139,14 @@ class Executor:
             op = await self.ledger.get(op.operation_id)
 
     def _retry_delay(self, op: Operation, policy: ToolPolicy, outcome: Outcome) -> float | None:
-        retry = policy.retry
-        if op.attempt >= retry.max_attempts:
-            return None
-        safe = (
-            policy.kind is ToolKind.READ
-            or policy.idempotency.provider_dedupes
-            or outcome is Outcome.NOT_SENT
+        return retry_delay(
+            policy,
+            attempt=op.attempt,
+            outcome=outcome,
+            now=self.clock.now(),
+            deadline_at=op.deadline_at,
+            rand=self.rand(),
         )
-        if not safe:
-            return None
-        delay = retry.delay_for(op.attempt, rand=self.rand())
-        if op.deadline_at is not None and self.clock.now() + delay >= op.deadline_at:
-            return None
-        return delay
 
     async def _call_effect(self, op: Operation, tracked: Tracked) -> Any:
         binding = tracked.binding
@@ -336,6 +330,36 @@ class Executor:
             actor=self.actor,
             detail={"late_outcome": to.value, "error": error, "reason": reason},
         )
+
+
+def retry_delay(
+    policy: ToolPolicy,
+    *,
+    attempt: int,
+    outcome: Outcome,
+    now: float,
+    deadline_at: float | None,
+    rand: float,
+) -> float | None:
+    """Return how long to wait before the next attempt, or None when there must be none.
+
+    A retry needs an attempt left, safety (a read, a provider that dedupes on our key, or a
+    request known not to have been sent) and time before the deadline.
+    """
+    retry = policy.retry
+    if attempt >= retry.max_attempts:
+        return None
+    safe = (
+        policy.kind is ToolKind.READ
+        or policy.idempotency.provider_dedupes
+        or outcome is Outcome.NOT_SENT
+    )
+    if not safe:
+        return None
+    delay = retry.delay_for(attempt, rand=rand)
+    if deadline_at is not None and now + delay >= deadline_at:
+        return None
+    return delay
 
 
 _TAKEN_OVER: Any = object()
