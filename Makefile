@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest bench clean
+.PHONY: install test lint typecheck pytest bench demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ pytest: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+demo: $(STAMP)
+	$(BIN)/python -m bots.demo
+
+.PHONY: bot
+bot: $(STAMP)
+	$(BIN)/python bots/daily_bot.py -t daily
 
 bench: $(STAMP)
 	$(BIN)/python bench/ledger.py

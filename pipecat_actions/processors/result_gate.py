@@ -223,6 +223,8 @@ class ActionResultGate(FrameProcessor):
         if result.get("status") in _STILL_OPEN:
             self._await_outcome(operation_id, frame.tool_call_id)
         else:
+            # Told in place (e.g. by confirm_action): no late message for it any more.
+            self._forget(operation_id)
             self.create_task(self._mark_delivered_id(operation_id))
 
     def _intermediate_runs_llm(self, tool: str) -> bool:
@@ -309,6 +311,8 @@ class ActionResultGate(FrameProcessor):
 
     async def _push_late(self, late: _Late) -> None:
         op = late.operation
+        if op.operation_id not in self._awaiting_outcome:
+            return  # told meanwhile, in place
         content = render_operation(op)
         if late.superseded_by is not None:
             content["superseded_by"] = late.superseded_by

@@ -12,10 +12,10 @@ aggregators, timeouts, interruption handling and parallel-call grouping all run:
 
 from __future__ import annotations
 
-__all__ = ["Say", "ScriptedLLM", "ToolCalls"]
+__all__ = ["Say", "ScriptStep", "ScriptedLLM", "ToolCalls"]
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,10 @@ class ToolCalls:
     say: str | None = None
 
 
+ScriptStep = Say | ToolCalls | Callable[[list[Any]], Say | ToolCalls]
+"""A script step, or a function of the context messages that returns one."""
+
+
 class ScriptedLLM(LLMService):
     """An LLM service whose answers come from a script (see the module docstring).
 
@@ -63,7 +67,7 @@ class ScriptedLLM(LLMService):
     """
 
     def __init__(
-        self, script: Iterable[Say | ToolCalls], *, fallback: str = "(done)", **kwargs: Any
+        self, script: Iterable[ScriptStep], *, fallback: str = "(done)", **kwargs: Any
     ) -> None:
         settings = LLMSettings(
             model="scripted",
@@ -85,7 +89,7 @@ class ScriptedLLM(LLMService):
         self.inferences = 0
         """How many times the model was asked to answer."""
 
-    def push_step(self, step: Say | ToolCalls) -> None:
+    def push_step(self, step: ScriptStep) -> None:
         """Append a step to the script."""
         self._script.append(step)
 
@@ -98,6 +102,10 @@ class ScriptedLLM(LLMService):
             return
         self.inferences += 1
         step = self._script.pop(0) if self._script else Say(self._fallback)
+        if callable(step):
+            # A step decided at inference time from the conversation so far, as a model does
+            # (an operation id or a confirmation token from an earlier tool result).
+            step = step(list(frame.context.get_messages()))
         await self.push_frame(LLMFullResponseStartFrame())
         if isinstance(step, ToolCalls):
             if step.say:

@@ -1,0 +1,1 @@
+"""Example bots: the offline restaurant demo and the Daily voice bot."""

@@ -1,0 +1,554 @@
+"""The offline demo: a restaurant booking conversation that shows what pipecat_actions is for.
+
+    make demo                       # or: .venv/bin/python -m bots.demo
+    POLICY=configs/restaurant_verbal_refunds.yaml make demo
+
+No keys, no network: a scripted model (`ScriptedLLM`), a fake voice (`FakeTTS`) played in real
+time by an offline transport, the real Pipecat aggregators, the runtime, the tracker and the
+gate, the SQLite ledger under ``.pipecat_actions/``, and a fake restaurant system of record.
+The story:
+
+1. Alice books a table for nine; the booking is slow. She barges in: "make it half past nine".
+   A second booking while the first runs is refused (one at a time), and she is told so.
+2. The nine o'clock booking commits late. The gate tells the model the truth (booked, not
+   cancelled); the model books half past nine and the application cancels the nine o'clock
+   one as a compensation: exactly one booking is left.
+3. She asks for her deposit back: the refund waits for a manager's approval (or for her spoken
+   yes, with the verbal-refunds policy) while the conversation goes on, then runs and she is
+   told.
+4. A second process is killed (SIGKILL) with a booking in flight whose answer was lost; a
+   fresh runtime recovers it, asks the system of record, and reports it committed.
+
+It prints a timestamped transcript (user, bot, tool events), the ledger, and metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bots.restaurant import RESTAURANT, build_actions, new_system_of_record  # noqa: E402
+from pipecat_actions import (  # noqa: E402
+    ActionContext,
+    ActionRuntime,
+    AllowAll,
+    Reconciliation,
+    SessionState,
+    action,
+)
+from pipecat_actions.ledger import Operation, OperationFilter  # noqa: E402
+from pipecat_actions.policy import ConfirmationMode, load_policy  # noqa: E402
+from pipecat_actions.status import ActionStatus  # noqa: E402
+
+S = ActionStatus
+DATE = "2030-05-01"
+DEFAULT_POLICY = ROOT / "configs" / "restaurant.yaml"
+
+
+def _progress(text: str) -> None:
+    print(f"... {text}", file=sys.stderr, flush=True)
+
+
+# --- the scripted model --------------------------------------------------------------------
+
+
+def _last_tool_result(messages: list[Any], key: str) -> dict[str, Any]:
+    for message in reversed(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, str) or key not in content:
+            continue
+        found = re.search(r"\{.*\}", content)
+        if found:
+            try:
+                data = json.loads(found.group(0))
+            except ValueError:
+                continue
+            if key in json.dumps(data):
+                return dict(data)
+    return {}
+
+
+def _booking_at(messages: list[Any], time_of_day: str) -> str | None:
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            pattern = r'"booking_id": "(bk_\d+)", "date": "[^"]+", "time": "([^"]+)"'
+            for match in re.finditer(pattern, content.replace('\\"', '"')):
+                if match.group(2) == time_of_day:
+                    return match.group(1)
+    return None
+
+
+def script(refund_mode: ConfirmationMode) -> list[Any]:
+    """The model's side of the story; steps that need ids read them from the context."""
+    from pipecat_actions.testing import Say, ToolCalls
+
+    def book(time_of_day: str) -> dict[str, Any]:
+        return {
+            "restaurant_id": RESTAURANT,
+            "date": DATE,
+            "time": time_of_day,
+            "party_size": 2,
+            "guest_name": "Alice",
+            "phone": "+44 20 7946 0000",
+        }
+
+    def refund(messages: list[Any]) -> Any:
+        booking_id = _booking_at(messages, "21:00") or "bk_0001"
+        return ToolCalls(
+            [
+                (
+                    "refund_deposit",
+                    {
+                        "booking_id": booking_id,
+                        "amount": 2000,
+                        "card": {"number": "4242424242424242", "expiry": "12/30"},
+                    },
+                )
+            ],
+            say="Of course.",
+        )
+
+    def confirm_refund(messages: list[Any]) -> Any:
+        pending = _last_tool_result(messages, "confirmation_token")
+        return ToolCalls(
+            [
+                (
+                    "confirm_action",
+                    {
+                        "operation_id": pending.get("operation_id", ""),
+                        "confirmation_token": pending.get("confirmation_token", ""),
+                    },
+                )
+            ]
+        )
+
+    steps: list[Any] = [
+        ToolCalls([("book_table", book("21:00"))], say="Sure, a table for two at nine tonight."),
+        ToolCalls([("book_table", book("21:30"))]),
+        Say("Your nine o'clock booking is still going through; I will change it when it is done."),
+        ToolCalls(
+            [("book_table", book("21:30"))],
+            say="Your table at nine is booked. Moving it to half past nine now.",
+        ),
+        Say("Done: a table for two at half past nine. I am cancelling the nine o'clock one."),
+        refund,
+    ]
+    if refund_mode is ConfirmationMode.VERBAL:
+        steps += [
+            Say("Shall I refund the twenty euro deposit to your card?"),
+            confirm_refund,
+            Say("Your refund of twenty euros has been sent."),
+            Say("Yes, there is a car park right next door."),
+        ]
+    else:
+        steps += [
+            Say("A manager needs to approve the refund; I will tell you as soon as I hear."),
+            Say("Yes, there is a car park right next door."),
+            Say("Good news: your refund of twenty euros has been approved and sent."),
+        ]
+    return steps
+
+
+# --- the application around the conversation ------------------------------------------------
+
+
+class Director:
+    """What the application does meanwhile: slow provider, the move, the manager's approval."""
+
+    def __init__(self, runtime: ActionRuntime, sor: Any, session: SessionState) -> None:
+        self.runtime, self.sor, self.session = runtime, sor, session
+        self.events: list[tuple[float, str]] = []
+        self.compensation: Operation | None = None
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    def note(self, text: str) -> None:
+        self.events.append((time.time(), text))
+
+    def on_outcome(self, op: Operation) -> None:
+        if op.tool != "book_table" or op.status is not S.COMMITTED:
+            return
+        if op.args["time"] == "21:00":
+            self.sor.faults.set_latency(0.3, kind="book")  # the provider recovers
+        else:
+            self.tasks.append(asyncio.ensure_future(self.move_done(op)))
+
+    async def move_done(self, new_booking: Operation) -> None:
+        earlier = [
+            o
+            for o in await self.runtime.ledger.list(
+                OperationFilter(
+                    session_id=self.session.session_id, tool="book_table", status=[S.COMMITTED]
+                )
+            )
+            if o.operation_id != new_booking.operation_id
+        ]
+        for old in earlier:
+            self.note(f"application: compensating {old.operation_id} (moved to 21:30)")
+            self.compensation = await self.runtime.compensate(
+                old.operation_id, actor="app:move", reason="the guest moved it to 21:30"
+            )
+
+    async def manager(self) -> None:
+        """Approve the refund like `pipecat-actions approvals approve` would, after a pause."""
+        while True:
+            waiting = await self.runtime.pending_approvals()
+            # The manager answers a little after Alice's next question, to show the bot
+            # talking on while the refund waits.
+            if waiting and self.session.user_turn >= 4 and not self.session.bot_speaking:
+                await asyncio.sleep(1.0)
+                op = waiting[0]
+                self.note(f"manager rosa approves {op.operation_id} (args {op.args_hash[:12]})")
+                await self.runtime.approve(
+                    op.operation_id,
+                    approver="manager:rosa",
+                    reason="deposit policy",
+                    args_hash=op.args_hash,
+                )
+                return
+            await asyncio.sleep(0.2)
+
+
+async def converse(ledger_url: str, policy_path: Path) -> dict[str, Any]:
+    from pipecat.processors.aggregators.llm_context import LLMContext
+
+    from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+    from pipecat_actions.testing import (
+        BargeIn,
+        FakeTTS,
+        ScriptedLLM,
+        UserSays,
+        WaitUntilIdle,
+        run_conversation,
+    )
+
+    policy = load_policy(policy_path)
+    refund_mode = policy["refund_deposit"].confirmation.mode
+    sor = new_system_of_record()
+    sor.faults.set_latency(2.5, kind="book")  # the first booking is slow
+    runtime = await ActionRuntime.create(
+        policy,
+        authorizer=AllowAll(),  # demo only: a real deployment checks the principal's rights
+        actions=build_actions(sor),
+        ledger_url=ledger_url,
+    )
+    session = SessionState(session_id="call-alice", principal="alice", active_agent="host")
+    director = Director(runtime, sor, session)
+    runtime.listen(session.session_id, director.on_outcome)
+    llm = ScriptedLLM(script(refund_mode))
+    runtime.attach(llm, session)
+    context = LLMContext(
+        messages=[{"role": "system", "content": "You take restaurant bookings."}],
+        tools=runtime.tools_schema(),
+    )
+    steps: list[Any] = [
+        UserSays("A table for two at nine tonight, please."),
+        BargeIn("Actually, make it half past nine.", after_secs=1.6),
+        WaitUntilIdle(quiet_secs=1.0, timeout_secs=30.0),
+        UserSays("And please refund the deposit for the nine o'clock booking."),
+        WaitUntilIdle(quiet_secs=0.6, timeout_secs=20.0),
+    ]
+    if refund_mode is ConfirmationMode.VERBAL:
+        steps += [UserSays("Yes, please."), WaitUntilIdle(quiet_secs=0.6, timeout_secs=20.0)]
+    else:
+        director.tasks.append(asyncio.ensure_future(director.manager()))
+    steps += [
+        UserSays("Thanks. Is there parking nearby?"),
+        WaitUntilIdle(quiet_secs=2.0, timeout_secs=30.0),
+    ]
+    started = time.time()
+    result = await run_conversation(
+        steps,
+        llm=llm,
+        tts=FakeTTS(secs_per_char=0.03),
+        context=context,
+        after_user_aggregator=[ActionTurnTracker(session)],
+        before_assistant_aggregator=[ActionResultGate(runtime, session)],
+        timeout_secs=120.0,
+    )
+    await asyncio.gather(*director.tasks, return_exceptions=True)
+    await runtime.flush()
+    ops = await runtime.ledger.list()
+    trails = {op.operation_id: await runtime.ledger.events(op.operation_id) for op in ops}
+    await runtime.close()
+    return {
+        "started": started,
+        "result": result,
+        "director": director,
+        "sor": sor,
+        "ops": ops,
+        "trails": trails,
+    }
+
+
+# --- the crash ------------------------------------------------------------------------------
+
+
+class FileBookings:
+    """A system of record that outlives the process: one JSON line per committed booking."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def commit(self, key: str, booking_id: str) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"key": key, "booking_id": booking_id}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def find(self, key: str) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        for line in self.path.read_text().splitlines():
+            row = json.loads(line)
+            if row["key"] == key:
+                return dict(row)
+        return None
+
+
+def _crash_actions(bookings: FileBookings) -> list[Any]:
+    async def find(ctx: ActionContext) -> Reconciliation:
+        row = bookings.find(ctx.idempotency_key)
+        return (
+            Reconciliation.committed({"booking_id": row["booking_id"]})
+            if row
+            else (Reconciliation.not_found())
+        )
+
+    @action(reconcile=find)
+    async def book_table(
+        ctx: ActionContext,
+        restaurant_id: str,
+        date: str,
+        time: str,
+        party_size: int,
+        guest_name: str = "guest",
+        phone: str = "",
+    ) -> dict[str, Any]:
+        """Book a table."""
+        bookings.commit(ctx.idempotency_key, "bk_9001")
+        await asyncio.sleep(60)  # the answer never comes back: the process dies first
+        return {"booking_id": "bk_9001"}
+
+    return [book_table]
+
+
+async def crash_child(ledger_url: str, bookings_path: Path, policy_path: Path) -> None:
+    runtime = await ActionRuntime.create(
+        load_policy(policy_path),
+        authorizer=AllowAll(),
+        actions=_crash_actions(FileBookings(bookings_path)),
+        ledger_url=ledger_url,
+        lease_secs=1.0,
+        owner="demo-child",
+    )
+    session = SessionState(session_id="call-bob", principal="bob")
+    session.settle_generation(0)  # bob's request was confirmed by a finished turn
+    print("ready", flush=True)
+    await runtime.propose(
+        "book_table",
+        {
+            "restaurant_id": RESTAURANT,
+            "date": DATE,
+            "time": "20:00",
+            "party_size": 4,
+            "guest_name": "Bob",
+        },
+        session,
+    )
+
+
+async def crash_and_recover(ledger_url: str, policy_path: Path, workdir: Path) -> dict[str, Any]:
+    bookings_path = (workdir / "crash-bookings.jsonl").resolve()
+    bookings_path.unlink(missing_ok=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bots.demo",
+            "--crash-child",
+            ledger_url,
+            str(bookings_path),
+            str(policy_path),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        child.stdout.readline()
+        deadline = time.time() + 20
+        bookings = FileBookings(bookings_path)
+        while time.time() < deadline and not bookings_path.exists():
+            await asyncio.sleep(0.05)
+        killed_at = time.time()
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    await asyncio.sleep(1.2)  # the dead owner's lease (1 s) runs out
+    runtime = await ActionRuntime.create(
+        load_policy(policy_path),
+        authorizer=AllowAll(),
+        actions=_crash_actions(bookings),
+        ledger_url=ledger_url,
+        owner="demo-restart",
+    )
+    recovered = [op for op in await runtime.ledger.list(OperationFilter(session_id="call-bob"))]
+    final = [await runtime.wait(op.operation_id) for op in recovered]
+    trails = {op.operation_id: await runtime.ledger.events(op.operation_id) for op in final}
+    await runtime.close()
+    return {"killed_at": killed_at, "ops": final, "trails": trails}
+
+
+# --- the report -----------------------------------------------------------------------------
+
+
+def _short(value: Any, width: int) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def report(conversation: dict[str, Any], crash: dict[str, Any], out: Any = sys.stdout) -> None:
+    started = conversation["started"]
+    result = conversation["result"]
+    lines: list[tuple[float, str]] = []
+    from pipecat.frames.frames import TranscriptionFrame
+
+    for observed in result.frames:
+        if isinstance(observed.frame, TranscriptionFrame):
+            lines.append((started + observed.at_secs, f"user   {observed.frame.text}"))
+    for heard in result.heard:
+        cut = " [interrupted]" if heard.interrupted else ""
+        lines.append((started + heard.started_at_secs, f"bot    {heard.text}{cut}"))
+    for op_id, trail in conversation["trails"].items():
+        for event in trail:
+            if event.kind.value in ("created", "transition") or "delivered" in (
+                event.detail_json or ""
+            ):
+                op = next(o for o in conversation["ops"] if o.operation_id == op_id)
+                what = (
+                    f"{event.from_status} -> {event.to_status}"
+                    if event.kind.value != "annotation"
+                    else "delivered to the conversation"
+                )
+                lines.append((event.at, f"tool   {op.tool:<16} {op_id[-8:]} {what}"))
+    lines += [(at, f"app    {text}") for at, text in conversation["director"].events]
+    seen: set[tuple[float, str]] = set()
+    print("TRANSCRIPT (seconds since the call started)", file=out)
+    for at, text in sorted(lines, key=lambda line: round(line[0], 2)):
+        if (at, text) in seen:
+            continue
+        seen.add((at, text))
+        print(f"  {at - started:6.2f}  {text}", file=out)
+    print("\nCRASH AND RECOVERY", file=out)
+    killed = crash["killed_at"]
+    for op_id, trail in crash["trails"].items():
+        for event in trail:
+            print(
+                f"  {event.at - killed:+6.2f}s  {op_id[-8:]} {event.kind.value:<13} "
+                f"{event.from_status} -> {event.to_status}  by {event.actor}",
+                file=out,
+            )
+    ops: Sequence[Operation] = [*conversation["ops"], *crash["ops"]]
+    print("\nLEDGER", file=out)
+    print(f"  {'operation':<10} {'tool':<24} {'status':<12} {'arguments':<38} result", file=out)
+    for op in ops:
+        args = {k: v for k, v in op.args.items() if k in ("time", "booking_id", "amount")}
+        print(
+            f"  {op.operation_id[-8:]:<10} {op.tool:<24} {op.status.value:<12} "
+            f"{_short(args, 38):<38} {_short(op.result or op.error or '', 40)}",
+            file=out,
+        )
+    sor = conversation["sor"]
+    confirmed = sor.bookings(RESTAURANT, status="confirmed")
+    by_status: dict[str, int] = {}
+    for op in ops:
+        by_status[op.status.value] = by_status.get(op.status.value, 0) + 1
+    committed = [o for o in ops if o.committed_at and o.kind == "mutation"]
+    print("\nMETRICS", file=out)
+    print(f"  operations by status: {json.dumps(by_status, sort_keys=True)}", file=out)
+    print(
+        f"  bookings left at the restaurant: {[(b.booking_id, b.time) for b in confirmed]}",
+        file=out,
+    )
+    print(f"  provider side effects: {dict(sor.side_effects)}", file=out)
+    if committed:
+        spans = sorted((o.committed_at or 0) - o.created_at for o in committed)
+        print(
+            f"  admission to commit: median {spans[len(spans) // 2]:.2f} s, "
+            f"max {spans[-1]:.2f} s over {len(spans)} mutations",
+            file=out,
+        )
+    delivered = [o for o in ops if o.delivered_at]
+    print(
+        f"  delivered to the conversation: {len(delivered)}; acknowledged: "
+        f"{sum(1 for o in ops if o.acknowledged_at)}",
+        file=out,
+    )
+    raw_cancelled = sum(1 for m in result.context_messages if m.get("content") == "CANCELLED")
+    print(f"  Pipecat 'CANCELLED' tool results left in the context: {raw_cancelled}", file=out)
+
+
+async def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="pipecat_actions offline demo")
+    parser.add_argument("--crash-child", nargs=3, metavar=("LEDGER", "BOOKINGS", "POLICY"))
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON too")
+    args = parser.parse_args(argv)
+    logger.remove()
+    if args.crash_child:
+        await crash_child(args.crash_child[0], Path(args.crash_child[1]), Path(args.crash_child[2]))
+        return 0
+    policy_path = Path(os.environ.get("POLICY") or DEFAULT_POLICY)
+    workdir = Path(".pipecat_actions")
+    workdir.mkdir(exist_ok=True)
+    database = (workdir / "demo.db").resolve()
+    for stale in workdir.glob("demo.db*"):
+        stale.unlink()
+    ledger_url = f"sqlite:///{database}"
+    _progress(f"policy {policy_path}, ledger {database}")
+    _progress("running the conversation (about 20 seconds of real time)")
+    conversation = await converse(ledger_url, policy_path)
+    _progress("killing a process with a booking in flight, then restarting")
+    crash = await crash_and_recover(ledger_url, policy_path, workdir)
+    report(conversation, crash)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "ledger": ledger_url,
+                    "operations": [
+                        {
+                            "operation_id": o.operation_id,
+                            "tool": o.tool,
+                            "status": o.status.value,
+                            "args": o.args,
+                            "compensates": o.compensates,
+                        }
+                        for o in [*conversation["ops"], *crash["ops"]]
+                    ],
+                }
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))

@@ -1,0 +1,73 @@
+"""`make demo` end to end: the story's outcomes are checked in the ledger, not the exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _run_demo(tmp_path: Path, policy: str | None = None) -> tuple[dict[str, Any], str]:
+    env = {k: v for k, v in os.environ.items() if k != "PIPECAT_ACTIONS_LEDGER_URL"}
+    if policy:
+        env["POLICY"] = str(ROOT / policy)
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "bots.demo", "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    return outcome, done.stdout
+
+
+def _check_story(ops: list[dict[str, Any]]) -> None:
+    bookings = [o for o in ops if o["tool"] == "book_table"]
+    at_2130 = [o for o in bookings if o["args"]["time"] == "21:30" and o["status"] == "COMMITTED"]
+    at_2100 = [o for o in bookings if o["args"]["time"] == "21:00"]
+    assert len(at_2130) == 1, bookings
+    assert [o["status"] for o in at_2100] == ["COMPENSATED"]
+    compensations = [o for o in ops if o["tool"] == "book_table.compensate"]
+    assert [(o["status"], o["compensates"]) for o in compensations] == [
+        ("COMMITTED", at_2100[0]["operation_id"])
+    ]
+    refunds = [o for o in ops if o["tool"] == "refund_deposit"]
+    assert [o["status"] for o in refunds] == ["COMMITTED"]
+    crashed = [o for o in bookings if o["args"]["time"] == "20:00"]
+    assert [o["status"] for o in crashed] == ["COMMITTED"]  # reconciled after the SIGKILL
+
+
+def test_the_demo_tells_the_whole_story_with_a_manager_approving_the_refund(
+    tmp_path: Path,
+) -> None:
+    outcome, printed = _run_demo(tmp_path)
+    _check_story(outcome["operations"])
+    assert "TRANSCRIPT" in printed
+    assert "LEDGER" in printed
+    assert "METRICS" in printed
+    assert "manager rosa approves" in printed
+    assert "bookings left at the restaurant: [('bk_0002', '21:30')]" in printed
+    assert "Pipecat 'CANCELLED' tool results left in the context: 0" in printed
+    assert (tmp_path / ".pipecat_actions" / "demo.db").exists()
+
+
+def test_the_demo_follows_another_policy_file(tmp_path: Path) -> None:
+    outcome, printed = _run_demo(tmp_path, "configs/restaurant_verbal_refunds.yaml")
+    _check_story(outcome["operations"])
+    assert "AWAITING_CONFIRMATION" in printed
+    assert "AWAITING_APPROVAL" not in printed
