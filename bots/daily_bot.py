@@ -1,0 +1,422 @@
+"""The restaurant booking agent as a voice bot in a Daily room, started by Pipecat's runner.
+
+::
+
+    make bot                                   # = .venv/bin/python bots/daily_bot.py -t daily
+    .venv/bin/python bots/daily_bot.py -t webrtc   # a local page, http://localhost:7860/client
+
+Pipecat's development runner serves http://localhost:7860; for ``-t daily`` open
+http://localhost:7860/daily (or POST ``/start``): the runner creates a Daily room and a token,
+starts `bot` for that session, and sends the browser to the room. The runner needs Pipecat's
+``runner`` extra (and ``webrtc`` for ``-t webrtc``); the bot names the missing one.
+
+Pipeline (`pipecat_actions.pipeline.build_pipeline`)::
+
+    transport.input → OpenAI STT → user aggregator (Silero VAD) → ActionTurnTracker
+        → OpenAI LLM → OpenAI TTS → transport.output → ActionResultGate → assistant aggregator
+
+Environment (a ``.env`` file in the working directory is read too, as Pipecat's runner does):
+
+* ``OPENAI_API_KEY``, required: the LLM, speech-to-text and text-to-speech.
+* ``DAILY_API_KEY``, required for ``-t daily``: Pipecat's runner creates the room and the
+  bot's meeting token with it (https://dashboard.daily.co/developers).
+* ``DAILY_ROOM_URL``, optional: join this room instead of creating one (the runner still
+  needs ``DAILY_API_KEY`` to mint the token).
+* ``POLICY``, optional: the tool policies (default ``configs/restaurant.yaml``).
+* ``PIPECAT_ACTIONS_LEDGER_URL``, optional: the action ledger (default: SQLite at
+  ``./.pipecat_actions/ledger.db``; ``postgresql://...`` to share it between processes).
+
+A missing key is reported in one line and the bot exits with status 2 before anything starts.
+
+The operator works on the same ledger while the bot runs (``pipecat-actions`` is in
+``.venv/bin``). A refund waits for a manager::
+
+    pipecat-actions approvals list --ledger URL
+    pipecat-actions approvals show OPERATION_ID --ledger URL
+    pipecat-actions approvals approve OPERATION_ID --approver ann --reason ok --ledger URL
+
+``URL`` is printed at start-up; with the defaults it is the ``sqlite:///`` path of
+``.pipecat_actions/ledger.db`` under the directory the bot was started from. While the call
+lasts, its runtime picks an approval up within a third of its lease (10 s) and runs it; after
+the call, the next session's runtime recovers it once the lease has expired.
+
+Who the caller is: this demo has no sign-in, so every session acts for `DEMO_PRINCIPAL`, and
+`SessionPrincipalAuthorizer` allows exactly that principal. A real deployment authenticates
+the caller, sets ``SessionState.principal`` from that, and supplies its own `Authorizer`
+(e.g. "is booking bk_0001 this caller's?"); it never takes identity from tool arguments.
+
+The restaurant is `bots.restaurant` on a `FakeSystemOfRecord`, one per process, so bookings
+outlive a call the way a real booking system's do (and vanish when the process stops, unlike
+the ledger). Each session has its own `ActionRuntime` on the shared ledger; when the caller
+leaves, running operations get five seconds to finish and are otherwise left to recovery.
+
+`build_bot` builds the whole object graph for a transport without touching the network, so a
+test can check it; `bot` is what Pipecat's runner calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import importlib.util
+import os
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipecat_actions import ActionRuntime, AuthorizationRequest, Decision, SessionState
+
+# Pipecat is imported inside the functions that need it: importing it logs a banner, and a
+# missing key must be reported in one line before anything else is printed.
+if TYPE_CHECKING:
+    from pipecat.audio.vad.silero import SileroVADAnalyzer
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineWorker
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.runner.types import RunnerArguments
+    from pipecat.services.openai.llm import OpenAILLMService
+    from pipecat.transports.base_transport import BaseTransport
+
+    from pipecat_actions.processors import ActionResultGate
+    from pipecat_actions.testing import FakeSystemOfRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_POLICY = ROOT / "configs" / "restaurant.yaml"
+DEMO_PRINCIPAL = "demo-caller"
+"""The principal every session of this demo acts for (there is no sign-in)."""
+
+INSTRUCTIONS = """\
+You are the phone voice of {restaurant}, an Italian restaurant. Everything you write is spoken \
+aloud: answer in one or two short sentences, without lists, markdown or emoji.
+
+Today is {today}. Dates are YYYY-MM-DD; tables are booked on the hour or half hour from 12:00 \
+to 22:30 (HH:MM); the restaurant id for every tool is "{restaurant}".
+
+Use the tools to look up free tables, book, move or cancel a booking, and refund a deposit. \
+Say only what a tool result says happened: never claim a booking, move, cancellation or \
+refund that no result confirmed. If a result says the outcome is unknown, pending, waiting \
+for approval or refused, say exactly that, in plain words. When a result asks for the \
+caller's confirmation, read the question to them and call confirm_action with its \
+operation_id and confirmation_token only after they say yes.
+
+Start by greeting the caller and asking how you can help."""
+
+
+class SessionPrincipalAuthorizer:
+    """Allows the calls made for one principal and refuses every other. For this demo only.
+
+    The runtime asks it before admission, before every retry and before recovery runs an
+    operation again. A real deployment supplies its own `Authorizer`, which checks what the
+    signed-in caller may do with the ids in the arguments (their booking, their deposit).
+
+    Args:
+        principal: The principal this bot's sessions act for.
+    """
+
+    def __init__(self, principal: str) -> None:
+        self.principal = principal
+
+    async def authorize(self, request: AuthorizationRequest) -> Decision:
+        """Allow `principal`; refuse anyone else."""
+        if request.principal == self.principal:
+            return Decision.allow()
+        return Decision.deny("this line only acts for the caller it was started for")
+
+
+@dataclass
+class RestaurantBot:
+    """The object graph of one bot session, built by `build_bot`.
+
+    Attributes:
+        transport: The transport the pipeline starts and ends with.
+        worker: Runs the pipeline (``WorkerRunner.add_workers(worker)``).
+        pipeline: The pipeline, in order (see the module docstring).
+        runtime: The session's action runtime; `close` stops it.
+        session: The session state (its principal is who the actions are for).
+        gate: The result gate, for handoffs.
+        llm: The OpenAI LLM service, with a handler per action.
+        context: The conversation context, with the actions' tool schemas.
+        vad_analyzer: The voice activity detector of the user aggregator.
+        system_of_record: The restaurant's booking and payment system (a fake).
+    """
+
+    transport: BaseTransport
+    worker: PipelineWorker
+    pipeline: Pipeline
+    runtime: ActionRuntime
+    session: SessionState
+    gate: ActionResultGate
+    llm: OpenAILLMService
+    context: LLMContext
+    vad_analyzer: SileroVADAnalyzer
+    system_of_record: FakeSystemOfRecord
+
+    async def close(self) -> None:
+        """Stop the runtime: running operations get a grace period, then recovery."""
+        await self.runtime.close()
+
+
+def policy_path(env: Mapping[str, str] = os.environ) -> Path:
+    """Return the policy file: ``$POLICY``, else ``configs/restaurant.yaml``."""
+    return Path(env["POLICY"]) if env.get("POLICY") else DEFAULT_POLICY
+
+
+@cache
+def shared_system_of_record() -> FakeSystemOfRecord:
+    """Return this process's restaurant system, created on first use."""
+    from bots.restaurant import new_system_of_record
+
+    return new_system_of_record()
+
+
+async def build_bot(
+    transport: BaseTransport,
+    *,
+    openai_api_key: str,
+    session_id: str | None = None,
+    principal: str = DEMO_PRINCIPAL,
+    policy: str | os.PathLike[str] | None = None,
+    ledger_url: str | None = None,
+    system_of_record: FakeSystemOfRecord | None = None,
+    today: datetime.date | None = None,
+    idle_timeout_secs: float | None = 300.0,
+) -> RestaurantBot:
+    """Build one session's bot on ``transport``; nothing touches the network until it runs.
+
+    Opens the ledger (a SQLite file by default; a PostgreSQL ledger is a connection) and
+    recovers operations whose owner died.
+
+    Args:
+        transport: The Pipecat transport (Daily, SmallWebRTC, ...).
+        openai_api_key: The OpenAI key for the LLM, STT and TTS.
+        session_id: The conversation's id (default: a new one).
+        principal: Who the actions are for; see `SessionPrincipalAuthorizer`.
+        policy: The policy file (default: `policy_path`).
+        ledger_url: The ledger (default: ``$PIPECAT_ACTIONS_LEDGER_URL``, else SQLite).
+        system_of_record: The restaurant system (default: `shared_system_of_record`).
+        today: The date the model is told it is (default: today).
+        idle_timeout_secs: End the session after this long without speech (None: never).
+
+    Returns:
+        The session's graph; the caller runs ``worker`` and then calls ``close``.
+    """
+    from pipecat.audio.vad.silero import SileroVADAnalyzer
+    from pipecat.frames.frames import LLMRunFrame
+    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.processors.aggregators.llm_response_universal import LLMUserAggregatorParams
+    from pipecat.services.openai.llm import OpenAILLMService
+    from pipecat.services.openai.stt import OpenAISTTService
+    from pipecat.services.openai.tts import OpenAITTSService
+
+    from bots.restaurant import RESTAURANT, build_actions
+    from pipecat_actions.pipeline import build_pipeline
+
+    sor = system_of_record if system_of_record is not None else shared_system_of_record()
+    runtime = await ActionRuntime.create(
+        policy if policy is not None else policy_path(),
+        authorizer=SessionPrincipalAuthorizer(principal),
+        actions=build_actions(sor),
+        ledger_url=ledger_url,
+    )
+    try:
+        session = SessionState(session_id=session_id or str(uuid.uuid4()), principal=principal)
+        instructions = INSTRUCTIONS.format(
+            restaurant=RESTAURANT, today=(today or datetime.date.today()).isoformat()
+        )
+        llm = OpenAILLMService(
+            api_key=openai_api_key,
+            settings=OpenAILLMService.Settings(system_instruction=instructions),
+        )
+        stt = OpenAISTTService(api_key=openai_api_key)
+        tts = OpenAITTSService(api_key=openai_api_key)
+        context = LLMContext(messages=[], tools=runtime.tools_schema())
+        vad = SileroVADAnalyzer()
+        pipeline, gate = build_pipeline(
+            runtime=runtime,
+            session=session,
+            llm=llm,
+            context=context,
+            stt=stt,
+            tts=tts,
+            transport=transport,
+            user_params=LLMUserAggregatorParams(vad_analyzer=vad),
+        )
+        worker = PipelineWorker(
+            pipeline,
+            params=PipelineParams(enable_metrics=True, enable_usage_metrics=True),
+            conversation_id=session.session_id,
+            idle_timeout_secs=idle_timeout_secs,
+        )
+    except BaseException:
+        await runtime.close()
+        raise
+
+    @transport.event_handler("on_client_connected")
+    async def on_client_connected(transport: BaseTransport, client: Any) -> None:
+        await worker.queue_frames([LLMRunFrame()])
+
+    @transport.event_handler("on_client_disconnected")
+    async def on_client_disconnected(transport: BaseTransport, client: Any) -> None:
+        await worker.cancel()
+
+    return RestaurantBot(
+        transport=transport,
+        worker=worker,
+        pipeline=pipeline,
+        runtime=runtime,
+        session=session,
+        gate=gate,
+        llm=llm,
+        context=context,
+        vad_analyzer=vad,
+        system_of_record=sor,
+    )
+
+
+async def make_transport(runner_args: RunnerArguments) -> BaseTransport:
+    """Return the transport the runner opened the session on (Daily or WebRTC), audio only."""
+    from pipecat.runner.utils import create_transport
+    from pipecat.transports.base_transport import TransportParams
+    from pipecat.transports.daily.transport import DailyParams
+
+    return await create_transport(
+        runner_args,
+        {
+            "daily": lambda: DailyParams(audio_in_enabled=True, audio_out_enabled=True),
+            "webrtc": lambda: TransportParams(audio_in_enabled=True, audio_out_enabled=True),
+        },
+    )
+
+
+async def bot(runner_args: RunnerArguments) -> None:
+    """Run one session; Pipecat's runner calls it for every room or connection it opens."""
+    from pipecat.workers.runner import WorkerRunner
+
+    built = await build_bot(
+        await make_transport(runner_args),
+        openai_api_key=os.environ["OPENAI_API_KEY"],
+        session_id=runner_args.session_id,
+        idle_timeout_secs=runner_args.pipeline_idle_timeout_secs,
+    )
+    try:
+        runner = WorkerRunner(
+            handle_sigint=runner_args.handle_sigint, handle_sigterm=runner_args.handle_sigterm
+        )
+        await runner.add_workers(built.worker)
+        await runner.run()
+    finally:
+        await built.close()
+
+
+# --- start-up ------------------------------------------------------------------------------
+
+
+def missing_settings(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Return the one line saying which keys to set for these runner arguments, or None."""
+    transport = _transport(argv)
+    wanted = {"OPENAI_API_KEY": "the LLM, speech-to-text and text-to-speech"}
+    if transport == "daily":
+        wanted["DAILY_API_KEY"] = (
+            "Pipecat's runner creates the Daily room and the bot's token with it; "
+            "https://dashboard.daily.co/developers"
+        )
+    missing = [f"{name} ({why})" for name, why in wanted.items() if not env.get(name)]
+    if not missing:
+        return None
+    return f"daily_bot: set {' and '.join(missing)}, in the environment or in ./.env"
+
+
+def missing_packages(argv: Sequence[str]) -> str | None:
+    """Return the one line saying which Pipecat extras to install, or None."""
+    transport = _transport(argv)
+    extras = {"runner": ("fastapi", "uvicorn", "pipecat_ai_prebuilt")}
+    if transport == "webrtc":
+        extras["webrtc"] = ("aiortc",)
+    absent = [
+        extra
+        for extra, modules in extras.items()
+        if any(importlib.util.find_spec(m) is None for m in modules)
+    ]
+    if not absent:
+        return None
+    names = " and ".join(absent) + (" extras are" if len(absent) > 1 else " extra is")
+    return (
+        f"daily_bot: Pipecat's {names} not installed: run "
+        f"{sys.executable} -m pip install 'pipecat-ai[{','.join(absent)}]==1.14.0'"
+    )
+
+
+def _transport(argv: Sequence[str]) -> str | None:
+    # Only the runner's -t/--transport and -d/--direct matter here; it parses the rest.
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("-t", "--transport")
+    parser.add_argument("-d", "--direct", action="store_true")
+    known, _ = parser.parse_known_args(argv)
+    return "daily" if known.direct else known.transport
+
+
+async def _check_setup(policy: Path) -> None:
+    # Open a runtime once, recovering nothing: the policy, the actions it must cover and the
+    # ledger all fail here, in one line, rather than when the first caller arrives.
+    from bots.restaurant import build_actions, new_system_of_record
+
+    runtime = await ActionRuntime.create(
+        policy,
+        authorizer=SessionPrincipalAuthorizer(DEMO_PRINCIPAL),
+        actions=build_actions(new_system_of_record()),
+        recover=False,
+    )
+    await runtime.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Check the keys, the policy and the ledger, then hand over to Pipecat's runner."""
+    from dotenv import find_dotenv, load_dotenv
+
+    from pipecat_actions.errors import PipecatActionsError
+    from pipecat_actions.ledger import default_ledger_url
+    from pipecat_actions.ledger.engine import redact_url
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not {"-h", "--help"} & set(args):
+        load_dotenv(find_dotenv(usecwd=True))
+        problem = missing_settings(args, os.environ) or missing_packages(args)
+        if problem:
+            print(problem, file=sys.stderr)
+            sys.exit(2)
+        try:
+            asyncio.run(_check_setup(policy_path()))
+        except PipecatActionsError as exc:
+            print(f"daily_bot: {exc}", file=sys.stderr)
+            sys.exit(2)
+        ledger = redact_url(default_ledger_url()).replace("sqlite+aiosqlite:", "sqlite:", 1)
+        print(
+            f"daily_bot: policy {policy_path()}\n"
+            f"daily_bot: operator: pipecat-actions approvals list --ledger {ledger}",
+            file=sys.stderr,
+        )
+
+    try:
+        from pipecat.runner.run import main as run_main
+    except ImportError as exc:
+        print(
+            f"daily_bot: Pipecat's runner cannot start ({exc}): run "
+            f"{sys.executable} -m pip install 'pipecat-ai[runner]==1.14.0'",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+    sys.argv = [sys.argv[0], *args]
+    run_main()
+
+
+if __name__ == "__main__":
+    # `python bots/daily_bot.py` puts bots/ on the path, not the root holding the `bots` package.
+    sys.path.insert(0, str(ROOT))
+    main()
