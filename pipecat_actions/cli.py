@@ -7,6 +7,9 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions db upgrade [URL]          create or upgrade the ledger schema
     pipecat-actions db status [URL]           show the schema revision of a ledger database
     pipecat-actions approvals list|show|approve|reject   operations waiting for a person
+    pipecat-actions ledger list [filters] | ledger show OP  operations and their audit timeline
+    pipecat-actions undelivered               committed operations nobody was told about
+    pipecat-actions stats [--since SECS] [--tool T]       per-tool statistics from the ledger
 
 ``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``) names the ledger; ``--json`` prints
 machine-readable output.
@@ -14,7 +17,7 @@ machine-readable output.
 
 from __future__ import annotations
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 import argparse
 import asyncio
@@ -76,7 +79,24 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the args hash shown by `approvals show`: refuse if the arguments differ",
     )
-    for sub in (listing, show, *decide):
+    ledger = commands.add_parser("ledger", help="read the action ledger")
+    ledger_commands = ledger.add_subparsers(dest="ledger_command", required=True)
+    ledger_list = ledger_commands.add_parser("list", help="list operations")
+    ledger_list.add_argument("--status", action="append", choices=[s.value for s in ActionStatus])
+    ledger_list.add_argument("--session", default=None)
+    ledger_list.add_argument("--tool", default=None)
+    ledger_list.add_argument("--principal", default=None)
+    ledger_list.add_argument(
+        "--since", type=float, default=None, metavar="SECS", help="only the last SECS seconds"
+    )
+    ledger_list.add_argument("--limit", type=int, default=200)
+    ledger_show = ledger_commands.add_parser("show", help="an operation and its audit timeline")
+    ledger_show.add_argument("operation_id")
+    undelivered = commands.add_parser("undelivered", help="committed, never told to anyone")
+    stats = commands.add_parser("stats", help="per-tool statistics from the ledger")
+    stats.add_argument("--since", type=float, default=None, metavar="SECS")
+    stats.add_argument("--tool", default=None)
+    for sub in (listing, show, *decide, ledger_list, ledger_show, undelivered, stats):
         sub.add_argument("--ledger", default=None, metavar="URL", help="the ledger database")
         sub.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
@@ -94,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_db(args, sys.stdout))
         if args.command == "approvals":
             return asyncio.run(_approvals(args, sys.stdout))
+        if args.command in ("ledger", "undelivered", "stats"):
+            return asyncio.run(_read_ledger(args, sys.stdout))
     except PipecatActionsError as exc:
         print(f"pipecat-actions: {exc}", file=sys.stderr)
         return 1
@@ -199,5 +221,56 @@ async def _approvals(args: argparse.Namespace, out: TextIO) -> int:
         await ledger.close()
 
 
-if __name__ == "__main__":  # pragma: no cover
+async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
+    import time
+
+    from pipecat_actions import operator
+    from pipecat_actions.ledger import SqlLedger
+
+    since = None if getattr(args, "since", None) is None else time.time() - args.since
+    ledger = await SqlLedger.create(args.ledger, create_schema=False)
+    try:
+        if args.command == "stats":
+            data: object = await operator.statistics(
+                ledger, OperationFilter(tool=args.tool, created_from=since, limit=100_000)
+            )
+            text = json.dumps(data, indent=2)
+        elif args.command == "undelivered":
+            rows = await operator.list_operations(
+                ledger, OperationFilter(status=[ActionStatus.COMMITTED], undelivered=True)
+            )
+            data, text = rows, operator.render_rows(rows)
+        elif args.ledger_command == "show":
+            data = await operator.timeline(ledger, args.operation_id)
+            text = json.dumps(data, indent=2)
+        else:
+            rows = await operator.list_operations(
+                ledger,
+                OperationFilter(
+                    status=[ActionStatus(s) for s in args.status] if args.status else None,
+                    session_id=args.session,
+                    tool=args.tool,
+                    principal=args.principal,
+                    created_from=since,
+                    limit=args.limit,
+                ),
+            )
+            data, text = rows, operator.render_rows(rows)
+    finally:
+        await ledger.close()
+    print(json.dumps(data, indent=2) if args.json else text, file=out)
+    return 0
+
+
+def run() -> None:
+    """The console script: warnings and errors only on stderr, then `main`."""
+    from loguru import logger
+
+    # A command's output is what it prints, and a failure is one line: no debug logging.
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING", format="pipecat-actions: {message}")
     raise SystemExit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()
