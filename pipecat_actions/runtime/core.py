@@ -46,6 +46,7 @@ from pipecat_actions.execution.executor import (
 from pipecat_actions.execution.results import render_operation
 from pipecat_actions.ledger import (
     Ledger,
+    Operation,
     SqlLedger,
 )
 from pipecat_actions.policy import AdmitWhen, OnInterruption, PolicySet, ToolKind, load_policy
@@ -269,8 +270,11 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
         if isinstance(admitted, Joined):
             op = admitted.operation
             note = "This request was already made; this is its outcome."
-            if wait and op.status in _IN_FLIGHT and op.operation_id in self._tracked:
-                op = await asyncio.shield(self._tracked[op.operation_id].done)
+            if wait and op.status in _IN_FLIGHT:
+                if op.operation_id in self._tracked:
+                    op = await asyncio.shield(self._tracked[op.operation_id].done)
+                else:
+                    op = await self._await_elsewhere(op)
             return render_operation(op, note=note)
         tracked = admitted
         if on_started is not None:
@@ -283,6 +287,22 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
             self._spawn(self._interrupted(tracked.operation_id))
             raise
         return render_operation(final)
+
+    async def _await_elsewhere(self, op: Operation) -> Operation:
+        """Wait for an operation another process runs, by reading the ledger.
+
+        Polls with a growing pause (50 ms to 1 s) until the operation leaves the in-flight
+        statuses or its deadline has passed by a second; the ledger is the only place two
+        processes share.
+        """
+        pause = 0.05
+        while op.status in _IN_FLIGHT:
+            if op.deadline_at is not None and self.clock.now() > op.deadline_at + 1.0:
+                break
+            await self.clock.sleep(pause)
+            pause = min(pause * 2, 1.0)
+            op = await self.ledger.get(op.operation_id)
+        return op
 
     async def _admit_and_start(
         self,
