@@ -116,6 +116,11 @@ class RuntimeBase:
                     return
             final = await self.executor.run(op, tracked, stage=stage)
         except Exception as exc:
+            if self._closed:
+                # Stopped mid-flight: the ledger keeps the last status written; the next owner
+                # of the lease recovers the operation.
+                logger.info("operation {} left to recovery: {}", op.operation_id, exc)
+                return
             logger.exception("operation {}: execution failed: {}", op.operation_id, exc)
             final = await self.ledger.get(op.operation_id)
         finally:

@@ -1,0 +1,231 @@
+"""A model-based test: random interleavings of proposals, faults, time, barge-ins and restarts.
+
+Hypothesis drives the real runtime (SQLite ledger, fake system of record, manual clock) and
+checks it against a small reference model after every step:
+
+* every audit trail follows the status table, numbered without gaps;
+* no idempotency key ever causes more than one real booking (the provider does not dedupe);
+* COMMITTED only when the system of record has the booking; CANCELLED, REJECTED and EXPIRED
+  only when it does not;
+* once time has run past every deadline and recovery had its turn, nothing is left in flight
+  except UNKNOWN operations that were escalated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from pipecat_actions import (
+    ActionContext,
+    ActionRuntime,
+    AllowAll,
+    Reconciliation,
+    SessionState,
+    action,
+)
+from pipecat_actions.clock import ManualClock
+from pipecat_actions.policy import load_policy_text
+from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus
+from pipecat_actions.testing import FakeSystemOfRecord, ProviderRejected
+
+S = ActionStatus
+POLICY = """
+version: 1
+tools:
+  book_table:
+    kind: mutation
+    idempotency: {key_fields: [time]}
+    on_interruption: cancel_if_not_started
+    admit_when: %s
+    deadline_secs: 5
+"""
+TIMES = ["19:00", "19:30", "20:00", "20:30"]
+_runs = itertools.count()
+
+
+class RuntimeModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.tmp = tempfile.TemporaryDirectory()
+        self.url = f"sqlite:///{Path(self.tmp.name) / f'ledger-{next(_runs)}.db'}"
+        self.clock = ManualClock()
+        self.sor = FakeSystemOfRecord(clock=self.clock, honours_idempotency_keys=False)
+        self.sor.add_restaurant("r1", tables=10)
+        self.sor.faults.set_latency(1.0, kind="book")
+        self.admit_when = "immediately"
+        self.session = SessionState(session_id="call-1", principal="alice")
+        self.runtime: ActionRuntime | None = None
+        self.restarts = 0
+        self.run(self._open())
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def run(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+    def settle(self) -> None:
+        # Ledger writes finish in the writer thread: give them real time, not just loop turns.
+        for _ in range(4):
+            self.loop.run_until_complete(asyncio.sleep(0.02))
+
+    def actions(self) -> list[Any]:
+        sor = self.sor
+
+        async def find(ctx: ActionContext) -> Reconciliation:
+            found = sor.find_by_idempotency_key(ctx.idempotency_key)
+            return (
+                Reconciliation.committed({"found": True}) if found else (Reconciliation.not_found())
+            )
+
+        @action(reconcile=find)
+        async def book_table(ctx: ActionContext, time: str) -> dict[str, Any]:
+            """Book a table."""
+            try:
+                booking = await sor.book(
+                    "r1", "2030-05-01", time, 2, "Ada", idempotency_key=ctx.idempotency_key
+                )
+            except ProviderRejected:
+                raise
+            return {"booking_id": booking.booking_id}
+
+        return [book_table]
+
+    async def _open(self) -> None:
+        self.runtime = await ActionRuntime.create(
+            load_policy_text(POLICY % self.admit_when),
+            authorizer=AllowAll(),
+            actions=self.actions(),
+            ledger_url=self.url,
+            clock=self.clock,
+            lease_secs=3,
+            owner=f"owner-{self.restarts}",
+        )
+
+    # --- rules -----------------------------------------------------------------------------
+
+    @rule(
+        time=st.sampled_from(TIMES),
+        fault=st.sampled_from(
+            ["none", "none", "error_before_send", "lose_response_after_commit", "fail_after_send"]
+        ),
+    )
+    def propose(self, time: str, fault: str) -> None:
+        assert self.runtime is not None
+        if fault != "none":
+            getattr(self.sor.faults, fault)("book")
+        self.session.start_generation()
+        task = self.loop.create_task(
+            self.runtime.propose("book_table", {"time": time}, self.session)
+        )
+        self._pending.append(task)
+        self.settle()
+
+    @rule(secs=st.sampled_from([0.2, 1.0, 3.0, 6.0]))
+    def advance(self, secs: float) -> None:
+        self.clock.advance(secs)
+        self.settle()
+
+    @rule()
+    def barge_in(self) -> None:
+        self.session.interrupt()
+        for task in self._pending:
+            if not task.done():
+                task.cancel()  # Pipecat cancels the blocking handler
+        self.settle()
+
+    @rule()
+    def restart(self) -> None:
+        assert self.runtime is not None
+        self.run(self.runtime.close(grace_secs=0))
+        self.restarts += 1
+        self.clock.advance(4)  # the old owner's lease runs out
+        self.run(self._open())
+        self.settle()
+
+    # --- invariants ------------------------------------------------------------------------
+
+    @property
+    def _pending(self) -> list[asyncio.Task[Any]]:
+        if not hasattr(self, "_tasks"):
+            self._tasks: list[asyncio.Task[Any]] = []
+        return self._tasks
+
+    def operations(self) -> list[Any]:
+        assert self.runtime is not None
+        return list(self.run(self.runtime.ledger.list()))
+
+    @invariant()
+    def trails_follow_the_table(self) -> None:
+        assert self.runtime is not None
+        for op in self.operations():
+            trail = self.run(self.runtime.ledger.events(op.operation_id))
+            # Background work may add events between the two reads: numbered from 1, no gap.
+            assert [e.seq for e in trail] == list(range(1, len(trail) + 1))
+            assert len(trail) >= op.event_seq
+            for event in trail:
+                if event.from_status != event.to_status:
+                    assert event.to_status in TRANSITIONS[event.from_status], event
+
+    @invariant()
+    def at_most_one_booking_per_key_and_statuses_agree_with_the_provider(self) -> None:
+        for op in self.operations():
+            effects = self.sor.effects_for_key(op.idempotency_key)
+            assert effects <= 1, op
+            if op.status is S.COMMITTED:
+                assert effects == 1, op
+            if op.status in (S.CANCELLED, S.REJECTED, S.EXPIRED):
+                assert effects == 0, op
+
+    def settled(self) -> bool:
+        return all(
+            op.status in TERMINAL_STATUSES or op.escalated_at is not None
+            for op in self.operations()
+        )
+
+    def run_out_the_clock(self) -> None:
+        # Bounded in steps (each gives the writer thread real time), not in wall-clock terms,
+        # so a slow machine takes longer instead of failing.
+        for _ in range(60):
+            self.clock.advance(10)
+            self.settle()
+            if self.settled():
+                return
+
+    def teardown(self) -> None:
+        """At the end: run time out and restart once; then nothing may be left in flight."""
+        try:
+            self.run_out_the_clock()
+            self.restart()
+            self.run_out_the_clock()
+            for op in self.operations():
+                assert op.status in TERMINAL_STATUSES or (
+                    op.status is S.UNKNOWN and op.escalated_at is not None
+                ), op
+                if op.status is S.FAILED_FINAL and op.escalated_at is None:
+                    assert self.sor.effects_for_key(op.idempotency_key) == 0, op
+        finally:
+            for task in self._pending:
+                task.cancel()
+            if self.runtime is not None:
+                self.run(self.runtime.close(grace_secs=0))
+            self.settle()
+            self.loop.close()
+            self.tmp.cleanup()
+
+
+RuntimeModel.TestCase.settings = settings(
+    max_examples=15,
+    stateful_step_count=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_runtime_against_the_reference_model = RuntimeModel.TestCase
