@@ -53,6 +53,8 @@ class Tracked:
     takeover: asyncio.Event = field(default_factory=asyncio.Event)
     effect_task: asyncio.Task[Any] | None = None
     on_finish: list[Callable[[], None]] = field(default_factory=list)
+    reported: ActionStatus | None = None
+    """The last outcome listeners were told (UNKNOWN first, then what reconciliation found)."""
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,8 @@ class ActionResultGate(FrameProcessor):
         self._group_of_call: dict[str, str] = {}
         self._delivering: set[str] = set()
         self._finished_calls: set[str] = set()
+        self._told: dict[str, ActionStatus] = {}
+        self._recheck: set[str] = set()
         self._group_of_operation: dict[str, str] = {}
 
     # --- frames ----------------------------------------------------------------------------
@@ -256,16 +258,36 @@ class ActionResultGate(FrameProcessor):
 
     def _on_outcome(self, op: Operation) -> None:
         # The operation stays in _awaiting_outcome until it is told (see _push_late), so that
-        # siblings told meanwhile know it is still to come.
-        if op.operation_id not in self._awaiting_outcome or op.operation_id in self._delivering:
+        # siblings told meanwhile know it is still to come. An UNKNOWN told stays awaited:
+        # what reconciliation finds is told too.
+        if op.operation_id not in self._awaiting_outcome:
+            return
+        if op.operation_id in self._delivering:
+            self._recheck.add(op.operation_id)  # look again once the delivery under way ends
+            return
+        if self._told.get(op.operation_id) is op.status:
             return
         self._delivering.add(op.operation_id)
         self.create_task(self._deliver_late(op))
 
     async def _deliver_late(self, op: Operation) -> None:
+        try:
+            await self._deliver_late_once(op)
+        finally:
+            self._delivering.discard(op.operation_id)
+            if op.operation_id in self._recheck:
+                self._recheck.discard(op.operation_id)
+                if op.operation_id in self._awaiting_outcome:
+                    self._delivering.add(op.operation_id)
+                    self.create_task(self._deliver_late(op))
+
+    async def _deliver_late_once(self, op: Operation) -> None:
         current = await self.runtime.ledger.get(op.operation_id)
-        if current.delivered_at is not None:
-            self._forget(op.operation_id)
+        told = self._told.get(current.operation_id)
+        if told is current.status or (told is None and current.delivered_at is not None):
+            self._delivering.discard(current.operation_id)
+            if current.status in TERMINAL_STATUSES:
+                self._forget(current.operation_id)
             return
         binding = self.runtime.bindings.get(current.tool)
         delivery = binding.policy.delivery if binding else None
@@ -332,6 +354,9 @@ class ActionResultGate(FrameProcessor):
             op.operation_id
         )
         self._forget(op.operation_id)
+        self._told[op.operation_id] = op.status
+        if op.status not in TERMINAL_STATUSES:
+            self._awaiting_outcome.add(op.operation_id)  # UNKNOWN now; its settling comes later
         await self.push_frame(LLMMessagesAppendFrame(messages=[message], run_llm=run_llm))
         await self._mark_delivered(op)
 

@@ -147,7 +147,11 @@ class RuntimeBase:
             callback()
         tracked.on_finish.clear()
         if not tracked.done.done():
+            # Waiters get the first truthful outcome: UNKNOWN ends a wait at the deadline.
             tracked.done.set_result(final)
+        if final.status is not tracked.reported:
+            # Listeners (the gate) also hear what reconciliation finds afterwards.
+            tracked.reported = final.status
             for listener in list(self._listeners.get(final.session_id, ())):
                 listener(final)
 

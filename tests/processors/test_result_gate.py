@@ -403,6 +403,9 @@ async def test_a_result_past_pipecats_timeout_is_bounded_by_the_watchdog_and_tol
     assert op.finished_at is not None
     assert op.finished_at - op.created_at < 1.2
     late = [m["content"] for m in agent.messages() if m.get("role") == "developer"]
-    assert len(late) == 1
-    assert "failed_final" in late[0]
+    # Possibly "unknown, being checked" first (told at the deadline), then what the system of
+    # record said; never anything else.
+    assert 1 <= len(late) <= 2
+    assert "failed_final" in late[-1]
+    assert all("committed" not in m and "cancelled" not in m for m in late)
     assert sor.side_effects["book"] == 0
