@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.runtime import ActionRuntime
@@ -18,121 +19,92 @@ TOOLS = """
 """
 
 
+class Stranded:
+    """An admitted booking that was never sent, left behind by a stopped owner."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.clock = ManualClock()
+        self.restaurant = Restaurant(self.clock)
+        self.authorizer = OwnBookingsOnly({})
+        self.url = sqlite_url(tmp_path)
+        self.policies = policy(TOOLS)
+        self.operation_id = ""
+
+    async def runtime(self, owner: str, **options: Any) -> ActionRuntime:
+        return await ActionRuntime.create(
+            self.policies,
+            authorizer=self.authorizer,
+            actions=self.restaurant.actions(self.policies.names()),
+            ledger_url=self.url,
+            clock=self.clock,
+            lease_secs=30,
+            owner=owner,
+            **options,
+        )
+
+    async def leave_behind(self) -> None:
+        first = await self.runtime("first")
+        session = SessionState(session_id="call-1", principal="alice")
+        session.start_generation()
+        told = await first.propose("book_table", booking_args(), session, wait=False)
+        assert told["status"] == "admitted"
+        self.operation_id = str(told["operation_id"])
+        # The process stops before the reply settles: the operation stays ADMITTED, unsent.
+        await first.close(grace_secs=0)
+
+    def let_the_lease_expire(self) -> None:
+        self.clock.advance(31)
+
+    async def recover(self, unsent: Literal["run", "fail"] = "run") -> tuple[ActionRuntime, Any]:
+        second = await self.runtime("second", recover_unsent=unsent)
+        return second, await second.wait(self.operation_id)
+
+
 async def test_recovery_after_a_revocation_runs_nothing_and_fails_the_operation(
     tmp_path: Path,
 ) -> None:
-    clock = ManualClock()
-    restaurant = Restaurant(clock)
-    authorizer = OwnBookingsOnly({})
-    url = sqlite_url(tmp_path)
-    policies = policy(TOOLS)
-    first = await ActionRuntime.create(
-        policies,
-        authorizer=authorizer,
-        actions=restaurant.actions(policies.names()),
-        ledger_url=url,
-        clock=clock,
-        lease_secs=30,
-        owner="first",
-    )
-    session = SessionState(session_id="call-1", principal="alice")
-    session.start_generation()
-    told = await first.propose("book_table", booking_args(), session, wait=False)
-    operation_id = told["operation_id"]
-    assert told["status"] == "admitted"
-    # The process stops before the reply settles: the operation stays ADMITTED, never sent.
-    await first.close(grace_secs=0)
-    authorizer.revoked.add("alice")
-    clock.advance(31)  # the first owner's lease has expired
-
-    second = await ActionRuntime.create(
-        policies,
-        authorizer=authorizer,
-        actions=restaurant.actions(policies.names()),
-        ledger_url=url,
-        clock=clock,
-        lease_secs=30,
-        owner="second",
-    )
+    stranded = Stranded(tmp_path)
+    await stranded.leave_behind()
+    stranded.authorizer.revoked.add("alice")
+    stranded.let_the_lease_expire()
+    second, final = await stranded.recover()
     try:
-        final = await second.wait(operation_id)
         assert final.status is S.FAILED_FINAL
         assert final.error is not None
         assert "not authorized any more" in final.error
         assert final.lease_owner == "second"
-        assert restaurant.sor.side_effects["book"] == 0
-        recovery_checks = [r for r in authorizer.requests if r.stage == "recovery"]
+        assert stranded.restaurant.sor.side_effects["book"] == 0
+        recovery_checks = [r for r in stranded.authorizer.requests if r.stage == "recovery"]
         assert len(recovery_checks) == 1
         assert recovery_checks[0].principal == "alice"
     finally:
         await second.close(grace_secs=0)
 
 
-async def _stranded_unsent(tmp_path: Path, clock: ManualClock, restaurant: Restaurant) -> str:
-    """Leave an admitted, never-sent operation behind a stopped owner; return its id."""
-    policies = policy(TOOLS)
-    first = await ActionRuntime.create(
-        policies,
-        authorizer=OwnBookingsOnly({}),
-        actions=restaurant.actions(policies.names()),
-        ledger_url=sqlite_url(tmp_path),
-        clock=clock,
-        lease_secs=30,
-        owner="first",
-    )
-    session = SessionState(session_id="call-1", principal="alice")
-    session.start_generation()
-    told = await first.propose("book_table", booking_args(), session, wait=False)
-    await first.close(grace_secs=0)
-    clock.advance(31)
-    return str(told["operation_id"])
-
-
 async def test_recover_unsent_fail_fails_an_unsent_operation_instead_of_running_it(
     tmp_path: Path,
 ) -> None:
-    clock = ManualClock()
-    restaurant = Restaurant(clock)
-    operation_id = await _stranded_unsent(tmp_path, clock, restaurant)
-    policies = policy(TOOLS)
-    second = await ActionRuntime.create(
-        policies,
-        authorizer=OwnBookingsOnly({}),
-        actions=restaurant.actions(policies.names()),
-        ledger_url=sqlite_url(tmp_path),
-        clock=clock,
-        lease_secs=30,
-        owner="second",
-        recover_unsent="fail",
-    )
+    stranded = Stranded(tmp_path)
+    await stranded.leave_behind()
+    stranded.let_the_lease_expire()
+    second, final = await stranded.recover(unsent="fail")
     try:
-        final = await second.wait(operation_id)
         assert final.status is S.FAILED_FINAL
         assert final.error == "its owner stopped before sending it; not retried by policy"
-        assert restaurant.sor.side_effects["book"] == 0
+        assert stranded.restaurant.sor.side_effects["book"] == 0
     finally:
         await second.close(grace_secs=0)
 
 
 async def test_recover_unsent_run_books_once_and_lists_it_as_undelivered(tmp_path: Path) -> None:
-    clock = ManualClock()
-    restaurant = Restaurant(clock)
-    operation_id = await _stranded_unsent(tmp_path, clock, restaurant)
-    policies = policy(TOOLS)
-    second = await ActionRuntime.create(
-        policies,
-        authorizer=OwnBookingsOnly({}),
-        actions=restaurant.actions(policies.names()),
-        ledger_url=sqlite_url(tmp_path),
-        clock=clock,
-        lease_secs=30,
-        owner="second",
-    )
+    stranded = Stranded(tmp_path)
+    await stranded.leave_behind()
+    stranded.let_the_lease_expire()
+    second, final = await stranded.recover()
     try:
-        final = await second.wait(operation_id)
         assert final.status is S.COMMITTED
-        assert restaurant.sor.side_effects["book"] == 1
+        assert stranded.restaurant.sor.side_effects["book"] == 1
         # Nobody heard about it: the conversation that asked is gone.
-        assert [op.operation_id for op in await second.undelivered()] == [operation_id]
+        assert [op.operation_id for op in await second.undelivered()] == [stranded.operation_id]
     finally:
         await second.close(grace_secs=0)
