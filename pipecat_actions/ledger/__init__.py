@@ -32,7 +32,3 @@ __all__ = [
     "new_operation_id",
 ]
 
-
-async def open_ledger(url: str | None = None, **kwargs: object) -> SqlLedger:
-    """Open the ledger at ``url`` (default: a SQLite file under ``./.pipecat_actions/``)."""
-    return await SqlLedger.create(url, **kwargs)  # type: ignore[arg-type]
