@@ -31,4 +31,3 @@ __all__ = [
     "hash_arguments",
     "new_operation_id",
 ]
-
