@@ -240,8 +240,19 @@ class RuntimeBase:
         return await self._move(op, tracked, S.CANCELLED, reason, finish=True)
 
     async def _move(
-        self, op: Operation, tracked: Tracked, to: ActionStatus, reason: str, finish: bool = False
+        self,
+        op: Operation,
+        tracked: Tracked,
+        to: ActionStatus,
+        reason: str,
+        finish: bool = False,
+        *,
+        error: str | None = None,
     ) -> Operation:
+        """Move ``op`` under its owner's fence; if it moved meanwhile, return it as it is now.
+
+        A terminal status records ``error`` (default: ``reason``) as the operation's error.
+        """
         try:
             moved = await self.ledger.transition(
                 op.operation_id,
@@ -250,7 +261,7 @@ class RuntimeBase:
                 fence=tracked.fence,
                 actor=self.actor,
                 detail={"reason": reason},
-                changes={"error": reason} if to in TERMINAL_STATUSES else None,
+                changes={"error": error or reason} if to in TERMINAL_STATUSES else None,
             )
         except TransitionRefused:
             return await self.ledger.get(op.operation_id)

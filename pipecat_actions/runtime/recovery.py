@@ -58,25 +58,16 @@ class RecoveryMixin(CompensationMixin):
 
     async def _recover_one(self, op: Operation, tracked: Tracked) -> None:
         if op.status in (S.RUNNING, S.CANCEL_REQUESTED):
-            op = await self.ledger.transition(
-                op.operation_id,
-                expected=op.status,
-                to=S.UNKNOWN,
-                fence=tracked.fence,
-                actor=self.actor,
-                detail={"reason": "recovered after its owner stopped"},
-            )
+            op = await self._move(op, tracked, S.UNKNOWN, "recovered after its owner stopped")
         if op.status is S.UNKNOWN:
             final = await self.executor.reconcile(op, tracked)
         elif op.status in (S.ADMITTED, S.FAILED_RETRYABLE) and self.recover_unsent == "fail":
-            final = await self.ledger.transition(
-                op.operation_id,
-                expected=op.status,
-                to=S.FAILED_FINAL,
-                fence=tracked.fence,
-                actor=self.actor,
-                detail={"reason": "recovered unsent; recover_unsent is fail"},
-                changes={"error": "its owner stopped before sending it; not retried by policy"},
+            final = await self._move(
+                op,
+                tracked,
+                S.FAILED_FINAL,
+                "recovered unsent; recover_unsent is fail",
+                error="its owner stopped before sending it; not retried by policy",
             )
         elif op.status in (S.ADMITTED, S.FAILED_RETRYABLE):
             if op.deadline_at is not None:
