@@ -37,7 +37,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, TypeVar, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, create_model
 
@@ -168,6 +168,34 @@ class ActionDefinition:
 _F = TypeVar("_F", bound=Effect)
 
 
+@overload
+def action(
+    fn: Effect,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    reconcile: Hook | None = None,
+    compensate: Hook | None = None,
+    snapshot: Hook | None = None,
+    cancel: Hook | None = None,
+    preconditions: Hook | None = None,
+) -> ActionDefinition: ...
+
+
+@overload
+def action(
+    fn: None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    reconcile: Hook | None = None,
+    compensate: Hook | None = None,
+    snapshot: Hook | None = None,
+    cancel: Hook | None = None,
+    preconditions: Hook | None = None,
+) -> Callable[[Effect], ActionDefinition]: ...
+
+
 def action(
     fn: Effect | None = None,
     *,
@@ -178,7 +206,7 @@ def action(
     snapshot: Hook | None = None,
     cancel: Hook | None = None,
     preconditions: Hook | None = None,
-) -> Any:
+) -> ActionDefinition | Callable[[Effect], ActionDefinition]:
     """Turn an async effect into an `ActionDefinition` (usable bare or with options).
 
     Args:

@@ -5,6 +5,7 @@ Shipped so applications can test their own agents without keys or network.
 
 from pipecat_actions.testing.conversation import (
     BargeIn,
+    Call,
     ConversationResult,
     ObservedFrame,
     Push,
@@ -43,6 +44,7 @@ from pipecat_actions.testing.tts import FakeTTS
 __all__ = [
     "BargeIn",
     "Booking",
+    "Call",
     "ConversationResult",
     "FakeInputTransport",
     "FakeOutputTransport",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 __all__ = [
     "BargeIn",
+    "Call",
     "ConversationResult",
     "ObservedFrame",
     "Push",
@@ -44,7 +45,7 @@ __all__ = [
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
@@ -150,10 +151,13 @@ class WaitUntilIdle:
     Attributes:
         quiet_secs: How long nothing must happen.
         timeout_secs: How long to wait before failing with `TimeoutError`.
+        function_calls: Whether a function call still in progress keeps the conversation
+            busy (False: a background call may go on).
     """
 
     quiet_secs: float = 0.3
     timeout_secs: float = 10.0
+    function_calls: bool = True
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,18 @@ class Push:
     frames: Sequence[Frame]
 
 
-Step: TypeAlias = UserSays | BargeIn | Wait | WaitUntilIdle | Push
+@dataclass(frozen=True)
+class Call:
+    """A script step: await ``fn()``, what the application or the world does meanwhile.
+
+    Anything it raises ends the conversation at once (the pipeline is cancelled, as when a
+    process dies) and propagates out of `run_conversation`.
+    """
+
+    fn: Callable[[], Awaitable[None]]
+
+
+Step: TypeAlias = UserSays | BargeIn | Wait | WaitUntilIdle | Push | Call
 
 
 @dataclass(frozen=True)
@@ -257,10 +272,10 @@ class _Recorder(BaseObserver):
                 self._busy[name] = on
         self.changed.set()
 
-    def busy_with(self) -> list[str]:
+    def busy_with(self, *, function_calls: bool = True) -> list[str]:
         """What keeps the conversation from being idle."""
         busy = [name for name, on in self._busy.items() if on]
-        if self._assistant.has_function_calls_in_progress:
+        if function_calls and self._assistant.has_function_calls_in_progress:
             busy.append("function call")
         return busy
 
@@ -312,6 +327,8 @@ class _Driver:
             await asyncio.sleep(step.secs)
         elif isinstance(step, WaitUntilIdle):
             await self._wait_until_idle(step)
+        elif isinstance(step, Call):
+            await step.fn()
         else:
             await self._worker.queue_frames(step.frames)
 
@@ -325,7 +342,7 @@ class _Driver:
 
         def idle() -> bool:
             quiet = time.monotonic() - recorder.last_push >= step.quiet_secs
-            return quiet and not recorder.busy_with()
+            return quiet and not recorder.busy_with(function_calls=step.function_calls)
 
         await recorder.wait_for("idle", idle, step.timeout_secs)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 __all__ = ["Say", "ScriptStep", "ScriptedLLM", "ToolCalls"]
 
 import itertools
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,10 +47,17 @@ class ToolCalls:
     Attributes:
         calls: The tool calls.
         say: Text the model says in the same response, before the calls (real models do).
+        ids: The calls' ``tool_call_id``s (see below).
     """
 
     calls: Sequence[tuple[str, Mapping[str, Any]]]
     say: str | None = None
+    ids: Sequence[str] | None = None
+    """The calls' ``tool_call_id``s, one per call; ``call_1``, ``call_2``... if left out."""
+
+    def __post_init__(self) -> None:
+        if self.ids is not None and len(self.ids) != len(self.calls):
+            raise ValueError(f"{len(self.ids)} ids for {len(self.calls)} calls")
 
 
 ScriptStep = Say | ToolCalls | Callable[[list[Any]], Say | ToolCalls]
@@ -61,7 +69,8 @@ class ScriptedLLM(LLMService):
 
     Args:
         script: The steps, consumed one per inference; when it runs out the model says
-            ``fallback``.
+            ``fallback``. A `collections.deque` is used as it is, not copied, so several
+            models (one per pipeline, say across a reconnect) can share one script.
         fallback: What the model says once the script is exhausted.
         **kwargs: Passed to `LLMService` (``function_call_timeout_secs``, ...).
     """
@@ -83,7 +92,7 @@ class ScriptedLLM(LLMService):
             user_turn_completion_config=None,
         )
         super().__init__(settings=settings, **kwargs)
-        self._script = list(script)
+        self._script = script if isinstance(script, deque) else deque(script)
         self._fallback = fallback
         self._ids = itertools.count(1)
         self.inferences = 0
@@ -101,7 +110,7 @@ class ScriptedLLM(LLMService):
             await self.push_frame(frame, direction)
             return
         self.inferences += 1
-        step = self._script.pop(0) if self._script else Say(self._fallback)
+        step = self._script.popleft() if self._script else Say(self._fallback)
         if callable(step):
             # A step decided at inference time from the conversation so far, as a model does
             # (an operation id or a confirmation token from an earlier tool result).
@@ -113,11 +122,11 @@ class ScriptedLLM(LLMService):
             calls = [
                 FunctionCallFromLLM(
                     function_name=name,
-                    tool_call_id=f"call_{next(self._ids)}",
+                    tool_call_id=step.ids[index] if step.ids else f"call_{next(self._ids)}",
                     arguments=arguments,
                     context=frame.context,
                 )
-                for name, arguments in step.calls
+                for index, (name, arguments) in enumerate(step.calls)
             ]
             await self.run_function_calls(calls)
         else:

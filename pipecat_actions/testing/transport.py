@@ -76,6 +76,8 @@ class HeardUtterance:
         started_at_secs: Pipeline-clock time its first audio chunk was played.
         ended_at_secs: Pipeline-clock time its last chunk finished, or it was cut.
         played_secs: Seconds of its audio that were played.
+        started_monotonic: ``time.monotonic()`` when its first audio played, to order it
+            against other events of the process.
     """
 
     text: str
@@ -83,6 +85,7 @@ class HeardUtterance:
     started_at_secs: float
     ended_at_secs: float
     played_secs: float
+    started_monotonic: float = 0.0
 
 
 def default_transport_params() -> TransportParams:
@@ -149,6 +152,7 @@ class _Playing:
     text: str | None = None
     interruptible: bool = True
     started_at_secs: float | None = None
+    started_monotonic: float = 0.0
     played_secs: float = 0.0
     tail_of: int | None = None
     """Index in ``heard`` of the sentence that just ended, whose last chunk may still come."""
@@ -219,6 +223,7 @@ class FakeOutputTransport(BaseOutputTransport):
             return True
         if playing.started_at_secs is None:
             playing.started_at_secs = self._now_secs() - secs
+            playing.started_monotonic = time.monotonic() - secs
         playing.played_secs += secs
         return True
 
@@ -260,6 +265,7 @@ class FakeOutputTransport(BaseOutputTransport):
                 started_at_secs=now if started_at is None else started_at,
                 ended_at_secs=now,
                 played_secs=playing.played_secs,
+                started_monotonic=playing.started_monotonic or time.monotonic(),
             )
         )
 
@@ -274,6 +280,7 @@ class FakeOutputTransport(BaseOutputTransport):
                 started_at_secs=playing.started_at_secs,
                 ended_at_secs=self._now_secs(),
                 played_secs=playing.played_secs,
+                started_monotonic=playing.started_monotonic,
             )
         )
 
