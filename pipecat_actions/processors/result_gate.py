@@ -45,6 +45,7 @@ from pipecat.frames.frames import (
     LLMContextFrame,
     LLMFullResponseEndFrame,
     LLMMessagesAppendFrame,
+    StartFrame,
     UserStartedSpeakingFrame,
     UserStoppedSpeakingFrame,
 )
@@ -83,6 +84,16 @@ _STILL_OPEN = frozenset(
     }
 )
 
+_NEVER_RESUMED = frozenset({S.REQUESTED, S.REJECTED, S.AWAITING_CONFIRMATION})
+"""Told at the moment of the call or meaningless later: not told again on a new pipeline."""
+_RESUMED_AS_TOLD = frozenset({S.COMMITTED, S.FAILED_FINAL, S.COMPENSATED, S.CANCELLED, S.EXPIRED})
+"""Finished while nobody listened: told as soon as a new pipeline of the session starts."""
+
+_SUPERSEDED_NOTE = (
+    "The user changed this request afterwards; this earlier one still has the outcome above. "
+    "Tell the user the real state and offer to undo it if unwanted."
+)
+
 
 @dataclass
 class _Late:
@@ -118,6 +129,7 @@ class ActionResultGate(FrameProcessor):
         self._told: dict[str, ActionStatus] = {}
         self._recheck: set[str] = set()
         self._group_of_operation: dict[str, str] = {}
+        self._retell: set[str] = set()
 
     # --- frames ----------------------------------------------------------------------------
 
@@ -127,6 +139,8 @@ class ActionResultGate(FrameProcessor):
         if not self._listening:
             self.runtime.listen(self.session.session_id, self._on_outcome)
             self._listening = True
+            if isinstance(frame, StartFrame):
+                self.create_task(self._resume())
         if direction is FrameDirection.UPSTREAM:
             if isinstance(frame, LLMContextFrame):
                 self.session.start_generation()  # the assistant aggregator asks for inference
@@ -217,6 +231,7 @@ class ActionResultGate(FrameProcessor):
             )
         else:
             self._finished_calls.add(frame.tool_call_id)
+            await self._note_supersession(frame)
         await self.push_frame(frame)
         result = frame.result if isinstance(frame.result, dict) else {}
         operation_id = result.get("operation_id")
@@ -224,10 +239,44 @@ class ActionResultGate(FrameProcessor):
             return
         if result.get("status") in _STILL_OPEN:
             self._await_outcome(operation_id, frame.tool_call_id)
+            self.create_task(self._catch_up(operation_id, result.get("status")))
         else:
             # Told in place (e.g. by confirm_action): no late message for it any more.
             self._forget(operation_id)
             self.create_task(self._mark_delivered_id(operation_id))
+
+    async def _catch_up(self, operation_id: str, told: object) -> None:
+        """Tell an outcome that landed after the result was rendered but before it got here.
+
+        The runtime's listeners fire when the outcome is written; if that was before this
+        result reached the gate, the operation was not awaited yet and nobody would tell it.
+        """
+        try:
+            current = await self.runtime.ledger.get(operation_id)
+        except Exception as exc:  # the listener still covers later outcomes
+            logger.warning("{}: could not re-read {}: {}", self, operation_id, exc)
+            return
+        if current.status.value.lower() != told:
+            self._on_outcome(current)
+
+    async def _note_supersession(self, frame: FunctionCallResultFrame) -> None:
+        """Say so in a final result whose operation a newer call on its resource superseded.
+
+        A background call's final result is told in place, as Pipecat's async-tool message,
+        possibly long after the user changed the request: the model must know it is the
+        earlier request that still went through, not the current one.
+        """
+        result = frame.result
+        if not isinstance(result, dict) or not isinstance(result.get("operation_id"), str):
+            return
+        try:
+            op = await self.runtime.ledger.get(result["operation_id"])
+            newer = await self._superseded_by(op)
+        except Exception as exc:  # the result itself must still get through
+            logger.warning("{}: supersession of {} not checked: {}", self, frame.tool_call_id, exc)
+            return
+        if newer is not None:
+            frame.result = {**result, "superseded_by": newer, "note": _SUPERSEDED_NOTE}
 
     def _intermediate_runs_llm(self, tool: str) -> bool:
         binding = self.runtime.bindings.get(tool)
@@ -255,6 +304,37 @@ class ActionResultGate(FrameProcessor):
             for other in self._awaiting_outcome
             if other != operation_id
         )
+
+    async def _resume(self) -> None:
+        """Take over the session's operations that no conversation was told about yet.
+
+        A pipeline that starts on a session with history (the user reconnected, or the bot
+        process restarted) tells what finished while nobody was listening, and tells the rest
+        when it finishes. Compensations are the application's and are left to it.
+        """
+        try:
+            history = await self.runtime.ledger.list(
+                OperationFilter(session_id=self.session.session_id)
+            )
+        except Exception as exc:  # a ledger hiccup must not break the conversation
+            logger.warning("{}: could not look up untold operations: {}", self, exc)
+            return
+        # Told but not heard to the end counts as untold: the process may have died while
+        # the bot was saying it.
+        untold = [
+            op
+            for op in history
+            if op.acknowledged_at is None
+            and op.compensates is None
+            and op.status not in _NEVER_RESUMED
+            and op.kind != "read"
+        ]
+        for op in untold:
+            self._awaiting_outcome.add(op.operation_id)
+            self._retell.add(op.operation_id)
+        for op in untold:
+            if op.status in _RESUMED_AS_TOLD or op.escalated_at is not None:
+                self._on_outcome(op)
 
     def _on_outcome(self, op: Operation) -> None:
         # The operation stays in _awaiting_outcome until it is told (see _push_late), so that
@@ -284,7 +364,10 @@ class ActionResultGate(FrameProcessor):
     async def _deliver_late_once(self, op: Operation) -> None:
         current = await self.runtime.ledger.get(op.operation_id)
         told = self._told.get(current.operation_id)
-        if told is current.status or (told is None and current.delivered_at is not None):
+        told_elsewhere = (
+            current.delivered_at is not None and current.operation_id not in self._retell
+        )
+        if told is current.status or (told is None and told_elsewhere):
             self._delivering.discard(current.operation_id)
             if current.status in TERMINAL_STATUSES:
                 self._forget(current.operation_id)
@@ -323,11 +406,10 @@ class ActionResultGate(FrameProcessor):
             )
         )
         for other in newer:
-            if (
-                other.operation_id != op.operation_id
-                and other.status is not S.REJECTED
-                and other.tool == op.tool
-            ):
+            # Newer means created later; at the same instant (a manual clock, or one
+            # millisecond), the time-ordered operation id decides.
+            later = (other.created_at, other.operation_id) > (op.created_at, op.operation_id)
+            if later and other.status is not S.REJECTED and other.tool == op.tool:
                 return other.operation_id
         return None
 
@@ -338,10 +420,7 @@ class ActionResultGate(FrameProcessor):
         content = render_operation(op)
         if late.superseded_by is not None:
             content["superseded_by"] = late.superseded_by
-            content["note"] = (
-                "The user changed this request afterwards; this earlier one still has the "
-                "outcome above. Tell the user the real state and offer to undo it if unwanted."
-            )
+            content["note"] = _SUPERSEDED_NOTE
         message: Any = {
             "role": "developer",
             "content": f"Outcome of an earlier {op.tool} request: {json.dumps(content)}",
@@ -435,6 +514,8 @@ class ActionResultGate(FrameProcessor):
 
     async def _mark_delivered(self, op: Operation) -> None:
         if op.delivered_at is not None:
+            if op.acknowledged_at is None and op.operation_id not in self._unacknowledged:
+                self._unacknowledged.append(op.operation_id)  # told again: hear it this time
             return
         await self.runtime.ledger.annotate(
             op.operation_id,
