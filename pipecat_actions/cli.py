@@ -10,6 +10,7 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions ledger list [filters] | ledger show OP  operations and their audit timeline
     pipecat-actions undelivered               committed operations nobody was told about
     pipecat-actions stats [--since SECS] [--tool T]       per-tool statistics from the ledger
+    pipecat-actions scenario run FILE... [--verbose]      replay scenarios (exit 1 on a failure)
 
 ``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``) names the ledger; ``--json`` prints
 machine-readable output.
@@ -96,6 +97,20 @@ def _build_parser() -> argparse.ArgumentParser:
     stats = commands.add_parser("stats", help="per-tool statistics from the ledger")
     stats.add_argument("--since", type=float, default=None, metavar="SECS")
     stats.add_argument("--tool", default=None)
+    scenario = commands.add_parser("scenario", help="replay scenario files")
+    scenario_commands = scenario.add_subparsers(dest="scenario_command", required=True)
+    scenario_run = scenario_commands.add_parser("run", help="run scenarios and check them")
+    scenario_run.add_argument("files", nargs="+", metavar="FILE", help="YAML scenario files")
+    scenario_run.add_argument(
+        "--verbose", "-v", action="store_true", help="every check and the story of each run"
+    )
+    scenario_run.add_argument(
+        "--ledger-url",
+        default=None,
+        metavar="URL",
+        help="an empty database for the scenarios' ledgers (default: a temporary SQLite file)",
+    )
+    scenario_run.add_argument("--json", action="store_true", help="machine-readable output")
     for sub in (listing, show, *decide, ledger_list, ledger_show, undelivered, stats):
         sub.add_argument("--ledger", default=None, metavar="URL", help="the ledger database")
         sub.add_argument("--json", action="store_true", help="machine-readable output")
@@ -116,6 +131,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_approvals(args, sys.stdout))
         if args.command in ("ledger", "undelivered", "stats"):
             return asyncio.run(_read_ledger(args, sys.stdout))
+        if args.command == "scenario":
+            from pipecat_actions.scenarios.command import run_scenario_files
+
+            return asyncio.run(
+                run_scenario_files(
+                    args.files,
+                    out=sys.stdout,
+                    err=sys.stderr,
+                    as_json=args.json,
+                    verbose=args.verbose,
+                    ledger_url=args.ledger_url,
+                )
+            )
     except PipecatActionsError as exc:
         print(f"pipecat-actions: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,26 @@
+"""Scenario files: race, crash and concurrency stories replayed against a real pipeline.
+
+    pipecat-actions scenario run tests/scenarios/*.yaml [--json] [--verbose]
+
+See `pipecat_actions.scenarios.model` for the file format and the README for a guide.
+"""
+
+from pipecat_actions.scenarios.checks import Check
+from pipecat_actions.scenarios.loader import (
+    LoadedScenario,
+    ScenarioError,
+    load_scenario,
+    load_scenario_text,
+)
+from pipecat_actions.scenarios.report import ScenarioReport, render_reports, run_scenario
+
+__all__ = [
+    "Check",
+    "LoadedScenario",
+    "ScenarioError",
+    "ScenarioReport",
+    "load_scenario",
+    "load_scenario_text",
+    "render_reports",
+    "run_scenario",
+]

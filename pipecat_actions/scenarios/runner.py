@@ -1,0 +1,593 @@
+"""Running a scenario: a real Pipecat pipeline, the runtime, the processors and a fake provider.
+
+Each scenario gets its own ledger (a SQLite file in a temporary directory unless a URL is
+given), its own `FakeSystemOfRecord` and a `ManualClock` shared by the runtime and the
+provider. The conversation is played by `run_conversation` with `ScriptedLLM`, `FakeTTS`
+and the offline transport; ``crash`` and ``reconnect`` steps end one pipeline and start the
+next on the same session. What happened is gathered into a `Run` for the expectations
+(`pipecat_actions.scenarios.checks`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["Run", "TimelineEntry", "run_loaded"]
+
+import asyncio
+import importlib
+import tempfile
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipecat.processors.aggregators.llm_context import LLMContext
+
+from pipecat_actions.actions import ActionDefinition
+from pipecat_actions.admission.authorization import AllowAll
+from pipecat_actions.clock import ManualClock
+from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
+from pipecat_actions.ledger.records import hash_arguments
+from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.scenarios.loader import LoadedScenario
+from pipecat_actions.scenarios.model import (
+    AdvanceStep,
+    ApproveStep,
+    BargeInStep,
+    CompensateStep,
+    CrashStep,
+    FaultStep,
+    HandoffStep,
+    IdleStep,
+    LlmStep,
+    ReconnectStep,
+    RejectStep,
+    ReleaseHungStep,
+    Step,
+    UntilStep,
+    UserStep,
+    WaitStep,
+)
+from pipecat_actions.session import SessionState
+from pipecat_actions.status import ActionStatus
+from pipecat_actions.testing import (
+    BargeIn,
+    Call,
+    FakeSystemOfRecord,
+    FakeTransport,
+    FakeTTS,
+    HeardUtterance,
+    Say,
+    ScriptedLLM,
+    ToolCalls,
+    UserSays,
+    Wait,
+    WaitUntilIdle,
+    run_conversation,
+)
+from pipecat_actions.testing import Step as ConversationStep
+from pipecat_actions.testing.restaurant import build_actions
+
+S = ActionStatus
+_ADVANCE_SLICE_SECS = 0.25
+"""`advance` moves the clock in slices this long, letting work run between them."""
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One thing that happened, on the process's monotonic clock."""
+
+    at: float
+    what: str
+    operation_id: str | None = None
+    status: ActionStatus | None = None
+    delivered: bool = False
+
+
+@dataclass
+class Run:
+    """What a scenario run produced, for the expectations and the report.
+
+    Attributes:
+        operations: The session's operations at the end (and their compensations).
+        events: Each operation's audit trail.
+        labels: Call label -> operation id (for labelled calls that reached the runtime).
+        heard: What the user heard, over every pipeline, in order.
+        context: The LLM context messages at the end.
+        side_effects: Committed provider mutations by kind.
+        effects_by_key: Committed provider mutations by idempotency key.
+        script_left: llm steps no inference used.
+        timeline: Steps, ledger writes and utterances in the order they happened.
+        error: Why the run stopped early, if it did.
+    """
+
+    operations: list[Operation] = field(default_factory=list)
+    events: dict[str, list[OperationEvent]] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    heard: list[HeardUtterance] = field(default_factory=list)
+    context: list[Any] = field(default_factory=list)
+    side_effects: dict[str, int] = field(default_factory=dict)
+    effects_by_key: dict[str, int] = field(default_factory=dict)
+    script_left: int = 0
+    timeline: list[TimelineEntry] = field(default_factory=list)
+    error: str | None = None
+
+
+class _Crash(Exception):
+    """Raised by a crash step to cut the pipeline."""
+
+
+class _Reconnect(Exception):
+    """Raised by a reconnect step to cut the pipeline."""
+
+
+def _timeline_ledger(timeline: list[TimelineEntry]) -> type[SqlLedger]:
+    """A `SqlLedger` that notes each write on the timeline once it is committed."""
+
+    class TimelineLedger(SqlLedger):
+        async def admit(self, new: Any) -> Any:
+            result = await super().admit(new)
+            if result.created:
+                self._note(result.operation, f"admitted {result.operation.tool}")
+            return result
+
+        async def record_refusal(self, new: Any) -> Operation:
+            op = await super().record_refusal(new)
+            self._note(op, f"refused {op.tool}: {op.error}")
+            return op
+
+        async def record_completed(self, new: Any) -> Operation:
+            op = await super().record_completed(new)
+            self._note(op, f"recorded {op.tool}")
+            return op
+
+        async def transition(self, operation_id: str, **kwargs: Any) -> Operation:
+            op = await super().transition(operation_id, **kwargs)
+            self._note(op, f"{kwargs.get('expected')} -> {op.status} by {kwargs.get('actor')}")
+            return op
+
+        async def annotate(self, operation_id: str, **kwargs: Any) -> Operation:
+            # Stamped when asked: the gate records a delivery right after pushing it.
+            asked_at = time.monotonic()
+            op = await super().annotate(operation_id, **kwargs)
+            changes = kwargs.get("changes") or {}
+            if "delivered_at" in changes:
+                timeline.append(
+                    TimelineEntry(
+                        asked_at,
+                        f"{op.operation_id} ({op.tool}) told to the LLM as {op.status}",
+                        op.operation_id,
+                        delivered=True,
+                    )
+                )
+            return op
+
+        def _note(self, op: Operation, what: str) -> None:
+            timeline.append(
+                TimelineEntry(
+                    time.monotonic(), f"{op.operation_id} {what}", op.operation_id, op.status
+                )
+            )
+
+    return TimelineLedger
+
+
+def _load_app(app: str) -> Callable[[FakeSystemOfRecord], Sequence[ActionDefinition]]:
+    if app == "restaurant":
+        return build_actions
+    module_name, _, attribute = app.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"app {app!r}: write restaurant or module:factory")
+    factory = getattr(importlib.import_module(module_name), attribute)
+    if not callable(factory):
+        raise ValueError(f"app {app!r} is not callable")
+    return factory  # type: ignore[no-any-return]
+
+
+def _new_provider(loaded: LoadedScenario, clock: ManualClock) -> FakeSystemOfRecord:
+    setup = loaded.spec.provider
+    sor = FakeSystemOfRecord(clock=clock, honours_idempotency_keys=setup.honours_idempotency_keys)
+    for restaurant, tables in setup.restaurants.items():
+        sor.add_restaurant(restaurant, tables=tables)
+    for payment in setup.payments:
+        sor.add_payment(payment.payment_id, payment.amount_cents, payment.principal)
+    for kind, secs in setup.latency.items():
+        sor.faults.set_latency(secs, kind=kind)
+    return sor
+
+
+def _model_steps(loaded: LoadedScenario) -> deque[Any]:
+    """The llm steps as `ScriptedLLM` steps, with ids that name labelled calls."""
+    script: deque[Any] = deque()
+    count = 0
+    for step in loaded.steps:
+        if not isinstance(step, LlmStep):
+            continue
+        if not step.calls:
+            script.append(Say(step.say or ""))
+            continue
+        ids = []
+        for call in step.calls:
+            count += 1
+            ids.append(f"call_{call.as_}" if call.as_ else f"call_{count}")
+        if any(call.from_context for call in step.calls):
+            script.append(_reading_context(step, ids))
+        else:
+            calls = [(call.tool, dict(call.args)) for call in step.calls]
+            script.append(ToolCalls(calls, say=step.say, ids=ids))
+    return script
+
+
+def _reading_context(step: LlmStep, ids: list[str]) -> Callable[[list[Any]], ToolCalls]:
+    def decide(messages: list[Any]) -> ToolCalls:
+        calls = []
+        for call in step.calls:
+            args = dict(call.args)
+            for argument, wanted in call.from_context.items():
+                args[argument] = _latest_field(messages, wanted)
+            calls.append((call.tool, args))
+        return ToolCalls(calls, say=step.say, ids=ids)
+
+    return decide
+
+
+def _latest_field(messages: list[Any], name: str) -> Any:
+    """The value of ``name`` in the latest tool result (or developer note) that has it."""
+    import json
+
+    for message in reversed(messages):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, str) or name not in content:
+            continue
+        start = content.find("{")
+        try:
+            data = json.loads(content[start:]) if start >= 0 else None
+        except ValueError:
+            continue
+        if isinstance(data, Mapping) and name in data:
+            return data[name]
+    return None
+
+
+class _Scene:
+    """The world of one scenario run: clock, provider, ledger, runtime, session, pipeline."""
+
+    def __init__(self, loaded: LoadedScenario, ledger_url: str, run: Run) -> None:
+        self.loaded = loaded
+        self.spec = loaded.spec
+        self.ledger_url = ledger_url
+        self.run = run
+        self.clock = ManualClock(time.time())
+        self.sor = _new_provider(loaded, self.clock)
+        # The scenario's policy picks which of the app's tools exist in this story.
+        self.actions = [a for a in _load_app(self.spec.app)(self.sor) if a.name in loaded.policy]
+        self.script = _model_steps(loaded)
+        self.ledger_class = _timeline_ledger(run.timeline)
+        self.runtime: ActionRuntime | None = None
+        self.ledger: SqlLedger | None = None
+        self.run_id = uuid.uuid4().hex[:8]
+        self.session = self._new_session()
+        self.gate: ActionResultGate | None = None
+        self.context = self._new_context()
+        self.generation = 0
+
+    def _new_session(self) -> SessionState:
+        # Suffixed per run, so runs sharing a database neither see nor join each other's work.
+        setup = self.spec.session
+        return SessionState(
+            session_id=f"{setup.session_id}-{self.run_id}",
+            principal=setup.principal,
+            tenant=f"{setup.tenant}-{self.run_id}",
+            active_agent=setup.agent,
+        )
+
+    def _new_context(self) -> LLMContext:
+        return LLMContext(messages=[{"role": "system", "content": self.spec.system_prompt}])
+
+    async def open_runtime(self, *, recover: bool) -> None:
+        self.generation += 1
+        self.ledger = await self.ledger_class.create(self.ledger_url, clock=self.clock)
+        self.runtime = await ActionRuntime.create(
+            self.loaded.policy,
+            authorizer=AllowAll(),  # scenarios are about timing, not rights: one caller
+            actions=self.actions,
+            ledger=self.ledger,
+            clock=self.clock,
+            owner=f"scenario-process-{self.generation}",
+            lease_secs=self.spec.lease_secs,
+            recover=recover,
+        )
+
+    async def close_runtime(self, *, grace_secs: float) -> None:
+        if self.runtime is not None:
+            await self.runtime.close(grace_secs=grace_secs)
+        if self.ledger is not None:
+            await self.ledger.close()
+        self.runtime = self.ledger = None
+
+    # --- steps -----------------------------------------------------------------------------
+
+    def note(self, what: str) -> None:
+        self.run.timeline.append(TimelineEntry(time.monotonic(), what))
+
+    async def op_id(self, label: str, timeout_secs: float = 10.0) -> str:
+        """The operation of a labelled call, waiting for the call to reach the runtime."""
+        call_id = f"call_{label}"
+        deadline = time.monotonic() + timeout_secs
+        while True:
+            found = self.run.labels.get(label)
+            if found is None and self.runtime is not None:
+                found = self.runtime.operation_for_call(call_id)
+                if found is None:
+                    ops = await self.runtime.ledger.list(
+                        OperationFilter(session_id=self.session.session_id)
+                    )
+                    found = next(
+                        (o.operation_id for o in ops if o.provider_call_id == call_id), None
+                    )
+            if found is not None:
+                self.run.labels[label] = found
+                return found
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the call labelled {label!r} never reached the runtime")
+            await asyncio.sleep(0.02)
+
+    def translate(self, index: int, step: Step) -> list[ConversationStep]:
+        """The conversation steps that play one scenario step."""
+
+        def call(fn: Callable[[], Awaitable[None]]) -> list[ConversationStep]:
+            async def noted() -> None:
+                self.note(f"step {index + 1}: {_describe(step)}")
+                await fn()
+
+            return [Call(noted)]
+
+        if isinstance(step, UserStep):
+            return [*call(_nothing), UserSays(step.text, speech_secs=step.speech_secs)]
+        if isinstance(step, BargeInStep):
+            return [
+                *call(_nothing),
+                BargeIn(
+                    step.text,
+                    after_secs=step.after_secs,
+                    speech_secs=step.speech_secs,
+                    timeout_secs=step.timeout_secs,
+                ),
+            ]
+        if isinstance(step, WaitStep):
+            return [Wait(step.secs)]
+        if isinstance(step, IdleStep):
+            return [
+                WaitUntilIdle(
+                    quiet_secs=step.quiet_secs,
+                    timeout_secs=step.timeout_secs,
+                    function_calls=step.calls,
+                )
+            ]
+        if isinstance(step, AdvanceStep):
+            return call(lambda: self.advance(step.secs))
+        if isinstance(step, UntilStep):
+            return call(lambda: self.until(step))
+        if isinstance(step, FaultStep):
+            return call(lambda: self.fault(step))
+        if isinstance(step, ReleaseHungStep):
+            return call(self._release_hung)
+        if isinstance(step, ApproveStep):
+            return call(lambda: self.approve(step))
+        if isinstance(step, RejectStep):
+            return call(lambda: self.reject(step))
+        if isinstance(step, HandoffStep):
+            return call(lambda: self.handoff(step.agent))
+        if isinstance(step, CompensateStep):
+            return call(lambda: self.compensate(step))
+        if isinstance(step, CrashStep):
+            return call(self.crash)
+        if isinstance(step, ReconnectStep):
+            return call(self.reconnect)
+        return []  # llm steps are the model's script
+
+    async def advance(self, secs: float) -> None:
+        left = secs
+        while left > 0:
+            stride = min(_ADVANCE_SLICE_SECS, left)
+            self.clock.advance(stride)
+            left -= stride
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+
+    async def until(self, step: UntilStep) -> None:
+        deadline = time.monotonic() + step.timeout_secs
+        op_id = await self.op_id(step.op, step.timeout_secs)
+        assert self.runtime is not None
+        while True:
+            op = await self.runtime.ledger.get(op_id)
+            if op.status in step.status:
+                return
+            if time.monotonic() > deadline:
+                wanted = " or ".join(s.value for s in step.status)
+                raise TimeoutError(
+                    f"{step.op} ({op_id}) did not reach {wanted} in {step.timeout_secs}s: "
+                    f"it is {op.status.value}"
+                )
+            await asyncio.sleep(0.02)
+
+    async def fault(self, step: FaultStep) -> None:
+        faults = self.sor.faults
+        if step.fault == "latency":
+            assert step.secs is not None
+            faults.set_latency(step.secs, kind=step.kind)
+        elif step.fault == "slow_cancel":
+            assert step.secs is not None
+            self.sor.slow_cancel_secs = step.secs
+        elif step.fault == "hang":
+            faults.hang(step.kind, step.times, ignore_cancellation=step.ignore_cancellation)
+        else:
+            getattr(faults, step.fault)(step.kind, step.times)
+
+    async def _release_hung(self) -> None:
+        self.sor.release_hung()
+
+    async def approve(self, step: ApproveStep) -> None:
+        assert self.runtime is not None
+        op = await self.runtime.ledger.get(await self.op_id(step.op))
+        seen = op.args_hash if step.seen_args is None else hash_arguments(step.seen_args)
+        try:
+            await self.runtime.approve(
+                op.operation_id, approver=step.approver, reason=step.reason, args_hash=seen
+            )
+        except Exception as exc:  # a refused approval is part of the story
+            self.note(f"approval of {op.operation_id} refused: {exc}")
+
+    async def reject(self, step: RejectStep) -> None:
+        assert self.runtime is not None
+        op_id = await self.op_id(step.op)
+        try:
+            await self.runtime.reject(op_id, approver=step.approver, reason=step.reason)
+        except Exception as exc:
+            self.note(f"rejection of {op_id} refused: {exc}")
+
+    async def handoff(self, agent: str) -> None:
+        assert self.gate is not None
+        await self.gate.handoff(agent)
+
+    async def compensate(self, step: CompensateStep) -> None:
+        assert self.runtime is not None
+        op_id = await self.op_id(step.op)
+        try:
+            await self.runtime.compensate(op_id, actor="app:scenario", reason=step.reason)
+        except Exception as exc:
+            self.note(f"compensation of {op_id} refused: {exc}")
+
+    async def crash(self) -> None:
+        # Nothing more is written: the runtime stops at once, leaving statuses as they are.
+        await self.close_runtime(grace_secs=0)
+        raise _Crash
+
+    async def reconnect(self) -> None:
+        raise _Reconnect
+
+    # --- the run ---------------------------------------------------------------------------
+
+    def segments(self) -> list[tuple[list[ConversationStep], Step | None]]:
+        """The conversation steps of each pipeline, and the step that ends it."""
+        segments: list[tuple[list[ConversationStep], Step | None]] = []
+        current: list[ConversationStep] = []
+        for index, step in enumerate(self.loaded.steps):
+            current.extend(self.translate(index, step))
+            if isinstance(step, CrashStep | ReconnectStep):
+                segments.append((current, step))
+                current = []
+        segments.append((current, None))
+        return segments
+
+    async def play(self) -> None:
+        await self.open_runtime(recover=True)
+        for steps, ender in self.segments():
+            await self.converse(steps, settle=ender is None)
+            if isinstance(ender, CrashStep):
+                self.clock.advance(self.spec.lease_secs + 1)  # the dead owner's leases lapse
+                self.note("the bot process restarts")
+                self.session = self._new_session()
+                self.context = self._new_context()
+                await self.open_runtime(recover=ender.recover)
+            elif isinstance(ender, ReconnectStep):
+                self.note("the user reconnects")
+
+    async def converse(self, steps: list[ConversationStep], *, settle: bool) -> None:
+        assert self.runtime is not None
+        llm = ScriptedLLM(self.script, fallback="Okay.")
+        self.runtime.attach(llm, self.session)
+        self.context.set_tools(self.runtime.tools_schema())
+        self.gate = ActionResultGate(self.runtime, self.session)
+        transport = FakeTransport()
+        try:
+            await run_conversation(
+                steps,
+                llm=llm,
+                tts=FakeTTS(secs_per_char=0.01),
+                transport=transport,
+                context=self.context,
+                after_user_aggregator=[ActionTurnTracker(self.session)],
+                before_assistant_aggregator=[self.gate],
+                settle=WaitUntilIdle(quiet_secs=0.5, timeout_secs=20, function_calls=False)
+                if settle
+                else None,
+                timeout_secs=self.spec.timeout_secs,
+            )
+        except (_Crash, _Reconnect):
+            pass
+        finally:
+            self.run.heard.extend(transport.heard)
+
+    async def gather(self) -> None:
+        """Read the end state: the session's operations, their trails, the provider."""
+        if self.runtime is None:
+            await self.open_runtime(recover=False)
+        assert self.runtime is not None
+        await self.runtime.flush()
+        ledger = self.runtime.ledger
+        ops = await ledger.list(OperationFilter(session_id=self.session.session_id))
+        ids = {op.operation_id for op in ops}
+        linked = [op for op in await ledger.list() if op.compensates in ids]
+        self.run.operations = [*ops, *(op for op in linked if op.operation_id not in ids)]
+        for op in self.run.operations:
+            self.run.events[op.operation_id] = await ledger.events(op.operation_id)
+            if op.provider_call_id and op.provider_call_id.startswith("call_"):
+                label = op.provider_call_id.removeprefix("call_")
+                if label in self.loaded.labels:
+                    self.run.labels.setdefault(label, op.operation_id)
+        for label in self.loaded.labels:  # joined duplicates have no row of their own
+            found = self.runtime.operation_for_call(f"call_{label}")
+            if label not in self.run.labels and found is not None:
+                self.run.labels[label] = found
+        self.run.context = [dict(m) for m in self.context.get_messages()]  # type: ignore[arg-type]
+        self.run.side_effects = dict(self.sor.side_effects)
+        self.run.effects_by_key = {
+            op.idempotency_key: self.sor.effects_for_key(op.idempotency_key)
+            for op in self.run.operations
+        }
+        self.run.script_left = len(self.script)
+        for utterance in self.run.heard:
+            self.run.timeline.append(
+                TimelineEntry(
+                    utterance.started_monotonic,
+                    "heard: " + utterance.text + (" [cut]" if utterance.interrupted else ""),
+                )
+            )
+        self.run.timeline.sort(key=lambda entry: entry.at)
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _describe(step: Step) -> str:
+    kind = type(step).__name__.removesuffix("Step").lower()
+    fields = step.model_dump(mode="json", exclude_defaults=True, by_alias=True)
+    return f"{kind} {fields}" if fields else kind
+
+
+async def run_loaded(loaded: LoadedScenario, *, ledger_url: str | None = None) -> Run:
+    """Play a loaded scenario and return what happened (expectations are not checked here).
+
+    Args:
+        loaded: The scenario.
+        ledger_url: Where the ledger lives; a fresh SQLite file if omitted. A shared database
+            must be empty of this scenario's session (use a new database or schema per run).
+    """
+    run = Run()
+    with tempfile.TemporaryDirectory(prefix="pipecat-actions-scenario-") as workdir:
+        url = ledger_url or f"sqlite:///{Path(workdir) / 'ledger.db'}"
+        scene = _Scene(loaded, url, run)
+        try:
+            try:
+                await scene.play()
+            except Exception as exc:
+                run.error = f"{type(exc).__name__}: {exc}"
+            await scene.gather()
+        finally:
+            await scene.close_runtime(grace_secs=0)
+    return run

@@ -1,0 +1,185 @@
+"""Scenario files are checked before anything runs; each problem names its step and key."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipecat_actions.scenarios import ScenarioError, load_scenario, load_scenario_text
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = """
+policy:
+  version: 1
+  tools:
+    book_table:
+      kind: mutation
+      idempotency: {key_fields: [restaurant_id, date, time]}
+"""
+CALL = (
+    "  - llm: {calls: [{tool: book_table, as: booking, args: "
+    "{restaurant_id: trattoria, date: '2030-05-01', time: '21:00', party_size: 2}}]}\n"
+)
+
+
+def scenario(steps: str, expect: str = "", head: str = "name: broken\n" + POLICY) -> str:
+    return head + "steps:\n" + textwrap.dedent(steps) + expect
+
+
+def problems_of(text: str) -> list[str]:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario_text(text, source="s.yaml", base=ROOT)
+    return [str(p) for p in caught.value.problems]
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        ("  - dance: now\n", "s.yaml: steps[0]: unknown step 'dance'; steps are: user,"),
+        ("  - {user: hi, wait: 1}\n", "steps[0]: a step is a mapping with exactly one key"),
+        ("  - user\n", "steps[0]: a step is a mapping with exactly one key"),
+        ("  - barge_in: {text: hi, after: 1}\n", "steps[0].barge_in.after: unknown key"),
+        ("  - advance: -3\n", "steps[0].advance.secs: Input should be greater than 0"),
+        ("  - wait: soon\n", "steps[0].wait.secs: Input should be a valid number"),
+        ("  - until: {op: booking}\n", "steps[0].until.status: required key is missing"),
+        (
+            "  - until: {op: nobody, status: [RUNNING]}\n",
+            "steps[0].until.op: no call is labelled 'nobody'",
+        ),
+        (
+            "  - until: {op: booking, status: [DONE]}\n" + CALL,
+            "steps[0].until.status[0]: Input should be",
+        ),
+        ("  - fault: {fault: latency, kind: book}\n", "steps[0].fault: secs goes with the latency"),
+        ("  - fault: {fault: meteor}\n", "steps[0].fault.fault: Input should be"),
+        ("  - llm: {}\n", "steps[0].llm: an llm step says something, makes calls, or both"),
+        (
+            "  - llm: {calls: [{tool: launch_rocket}]}\n",
+            "steps[0].llm.calls[0].tool: 'launch_rocket' is not a tool of the policy",
+        ),
+        (CALL + CALL, "steps[1].llm.calls[0].as: label 'booking' is used twice"),
+        ("  - crash: soon\n", "steps[0].crash: takes a mapping, got 'soon'"),
+    ],
+)
+def test_a_malformed_step_is_refused_naming_the_step_and_key(steps: str, expected: str) -> None:
+    found = problems_of(scenario(steps))
+    assert any(expected in problem for problem in found), found
+
+
+def test_every_problem_of_a_file_is_reported_at_once() -> None:
+    found = problems_of(scenario("  - dance: now\n  - wait: soon\n  - advance: 0\n"))
+    where = [p.split(": ")[1] for p in found]
+    assert where == ["steps[0]", "steps[1].wait.secs", "steps[2].advance.secs"]
+
+
+def test_an_expectation_on_an_unknown_label_or_key_is_refused() -> None:
+    expect = "expect:\n  operations:\n    - {op: ghost, status: COMMITTED}\n"
+    ghost = problems_of(scenario(CALL, expect))
+    assert any("expect.operations[0].op: no call is labelled 'ghost'" in p for p in ghost), ghost
+    unknown = problems_of(scenario(CALL, "expect:\n  heard: {sounds: [x]}\n"))
+    assert any("expect.heard.sounds: unknown key" in p for p in unknown), unknown
+
+
+def test_a_broken_inline_policy_is_reported_with_its_key_path() -> None:
+    head = "name: x\npolicy:\n  version: 1\n  tools:\n    book_table: {kind: teleport}\n"
+    found = problems_of(scenario("  - wait: 1\n", head=head))
+    assert any("tools.book_table.kind" in p for p in found), found
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "file is empty"),
+        ("name: a\nname: b\n", "duplicate key"),
+        ("- just\n- a list\n", "the top level must be a mapping"),
+        ("a: &x [1]\nb: *x\n", "alias"),
+        ("name: x\n" + POLICY, "steps: required key is missing"),
+        ("name: x\npolicy: missing.yaml\nsteps: [{wait: 1}]\n", "no such file"),
+    ],
+)
+def test_a_file_that_is_not_a_scenario_is_refused_with_the_reason(text: str, expected: str) -> None:
+    found = problems_of(text)
+    assert any(expected in problem for problem in found), found
+
+
+def test_a_missing_or_binary_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="no such file"):
+        load_scenario(tmp_path / "nope.yaml")
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(ScenarioError, match="not UTF-8"):
+        load_scenario(binary)
+
+
+def test_the_suite_files_all_load() -> None:
+    for path in sorted((ROOT / "tests" / "scenarios").glob("*.yaml")):
+        loaded = load_scenario(path)
+        assert loaded.steps, path
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipecat_actions.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def test_the_command_refuses_a_malformed_file_in_one_line_per_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(scenario("  - dance: now\n"))
+    done = cli("scenario", "run", str(bad))
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        f"pipecat-actions: {bad}: steps[0]: unknown step 'dance'; steps are: "
+        "user, barge_in, llm, wait, idle, advance, until, fault, release_hung, approve, "
+        "reject, handoff, crash, reconnect, compensate"
+    ]
+    assert "Traceback" not in done.stderr
+
+
+def test_the_command_reports_a_failed_expectation_and_exits_1(tmp_path: Path) -> None:
+    failing = tmp_path / "fails.yaml"
+    failing.write_text(
+        scenario(
+            "  - user: Hello.\n  - llm: Hello, how can I help?\n  - idle: {quiet_secs: 0.3}\n",
+            "expect:\n  heard: {includes: [goodbye], excludes: [help]}\n",
+        )
+    )
+    done = cli("scenario", "run", str(failing))
+    assert done.returncode == 1, done.stderr
+    assert "FAIL broken" in done.stdout
+    assert "FAIL heard includes 'goodbye'" in done.stdout
+    assert "FAIL heard never has 'help'" in done.stdout
+    assert "0 of 1 scenario(s) passed" in done.stdout
+
+    as_json = cli("scenario", "run", "--json", str(failing))
+    assert as_json.returncode == 1
+    [report] = json.loads(as_json.stdout)
+    assert report["passed"] is False
+    assert [c["what"] for c in report["checks"] if not c["passed"]] == [
+        "heard includes 'goodbye'",
+        "heard never has 'help'",
+    ]
+    assert report["heard"] == [{"text": "Hello, how can I help?", "interrupted": False}]
+
+
+def test_the_command_passes_a_scenario_that_holds_and_exits_0(tmp_path: Path) -> None:
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(
+        scenario(
+            "  - user: Hello.\n  - llm: Hello, how can I help?\n  - idle: {quiet_secs: 0.3}\n",
+            "expect:\n  heard: {includes: [how can I help]}\n  side_effects: {book: 0}\n",
+        )
+    )
+    done = cli("scenario", "run", str(ok))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS broken" in done.stdout
