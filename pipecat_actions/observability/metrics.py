@@ -11,7 +11,7 @@ Prometheus HTTP server), so every access holds one uncontended lock.
 
 from __future__ import annotations
 
-__all__ = ["BUCKETS_SECS", "METRICS", "ActionMetrics", "MetricKind", "MetricSpec"]
+__all__ = ["BUCKETS_SECS", "METRICS", "ActionMetrics", "MetricKind", "MetricSpec", "Sample"]
 
 import bisect
 import statistics
