@@ -337,4 +337,7 @@ class AdmissionScope:
             span.set("operation_id", operation.operation_id)
             span.set("idempotency_key_hash", key_hash(operation.idempotency_key))
             if outcome == "admitted":
-                self._telemetry._remember_parent(operation.operation_id, self._parent)
+                # Its attempts and reconciliation go under the proposing turn; without
+                # Pipecat's turns, under this admission, so that one trace tells the story.
+                parent = self._parent if self._parent is not None else span.as_parent()
+                self._telemetry._remember_parent(operation.operation_id, parent)

@@ -84,6 +84,9 @@ class Span(Protocol):
     def fail(self, description: str) -> None:
         """Mark the span as an error, with a short description (never arguments)."""
 
+    def as_parent(self) -> Any:
+        """Return an OpenTelemetry context with this span as the parent (None: no span)."""
+
 
 class _NullSpan:
     """The span of every instrumentation point while tracing is off: does nothing."""
@@ -101,6 +104,10 @@ class _NullSpan:
 
     def fail(self, description: str) -> None:
         """Do nothing."""
+
+    def as_parent(self) -> None:
+        """No span, no parent."""
+        return None
 
 
 NULL_SPAN = _NullSpan()
@@ -120,6 +127,11 @@ class _OtelSpan:
         from opentelemetry.trace import Status, StatusCode
 
         self._span.set_status(Status(StatusCode.ERROR, description))
+
+    def as_parent(self) -> Any:
+        from opentelemetry.trace import set_span_in_context
+
+        return set_span_in_context(self._span)
 
 
 class OtelTracer:
