@@ -101,6 +101,8 @@ METRICS: tuple[MetricSpec, ...] = (
 """Every metric the registry keeps; exporters and the README's list come from this table."""
 
 SPECS: Mapping[str, MetricSpec] = {spec.name: spec for spec in METRICS}
+_HISTOGRAMS = frozenset(spec.name for spec in METRICS if spec.kind is MetricKind.HISTOGRAM)
+_VALUES = frozenset(SPECS) - _HISTOGRAMS
 
 BUCKETS_SECS: tuple[float, ...] = (
     0.001,
@@ -182,8 +184,8 @@ class ActionMetrics:
         Raises:
             KeyError: ``name`` is not a counter or gauge of `METRICS`.
         """
-        if SPECS[name].kind is MetricKind.HISTOGRAM:
-            raise KeyError(f"{name} is a histogram: use observe")
+        if name not in _VALUES:
+            raise KeyError(f"{name} is not a counter or gauge of METRICS")
         key = (name, tool, label)
         with self._lock:
             self._values[key] = self._values.get(key, 0.0) + amount
@@ -194,8 +196,8 @@ class ActionMetrics:
         Raises:
             KeyError: ``name`` is not a histogram of `METRICS`.
         """
-        if SPECS[name].kind is not MetricKind.HISTOGRAM:
-            raise KeyError(f"{name} is not a histogram")
+        if name not in _HISTOGRAMS:
+            raise KeyError(f"{name} is not a histogram of METRICS")
         key = (name, tool)
         with self._lock:
             distribution = self._distributions.get(key)
