@@ -9,7 +9,7 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions approvals list|show|approve|reject   operations waiting for a person
     pipecat-actions ledger list [filters] | ledger show OP  operations and their audit timeline
     pipecat-actions undelivered               committed operations nobody was told about
-    pipecat-actions stats [--since SECS] [--tool T]       per-tool statistics from the ledger
+    pipecat-actions stats [--since SECS] [--tool T]       per-tool metrics from the ledger
     pipecat-actions scenario run FILE... [--verbose]      replay scenarios (exit 1 on a failure)
 
 ``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``) names the ledger; ``--json`` prints
@@ -95,8 +95,10 @@ def _build_parser() -> argparse.ArgumentParser:
     ledger_show.add_argument("operation_id")
     undelivered = commands.add_parser("undelivered", help="committed, never told to anyone")
     stats = commands.add_parser("stats", help="per-tool statistics from the ledger")
-    stats.add_argument("--since", type=float, default=None, metavar="SECS")
-    stats.add_argument("--tool", default=None)
+    stats.add_argument(
+        "--since", type=float, default=None, metavar="SECS", help="only the last SECS seconds"
+    )
+    stats.add_argument("--tool", default=None, help="only this tool")
     scenario = commands.add_parser("scenario", help="replay scenario files")
     scenario_commands = scenario.add_subparsers(dest="scenario_command", required=True)
     scenario_run = scenario_commands.add_parser("run", help="run scenarios and check them")
@@ -259,10 +261,11 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
     ledger = await SqlLedger.create(args.ledger, create_schema=False)
     try:
         if args.command == "stats":
-            data: object = await operator.statistics(
+            stats = await operator.statistics(
                 ledger, OperationFilter(tool=args.tool, created_from=since, limit=100_000)
             )
-            text = json.dumps(data, indent=2)
+            data: object = stats
+            text = operator.render_statistics(stats)
         elif args.command == "undelivered":
             rows = await operator.list_operations(
                 ledger, OperationFilter(status=[ActionStatus.COMMITTED], undelivered=True)

@@ -6,8 +6,16 @@ returns plain data (for ``--json``) and has a text rendering.
 
 from __future__ import annotations
 
-__all__ = ["describe", "list_operations", "render_rows", "statistics", "timeline"]
+__all__ = [
+    "describe",
+    "list_operations",
+    "render_rows",
+    "render_statistics",
+    "statistics",
+    "timeline",
+]
 
+import asyncio
 import statistics as stats_
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -91,59 +99,157 @@ def _spread(values: list[float]) -> dict[str, float] | None:
     }
 
 
-async def statistics(ledger: Ledger, filters: OperationFilter) -> dict[str, Any]:
-    """Per-tool statistics of the operations matching ``filters``, from the ledger.
+_DUPLICATE_REFUSALS = frozenset({"duplicate", "idempotency_mismatch"})
+_RUN = frozenset({S.RUNNING, S.CANCEL_REQUESTED})
+"""Statuses an operation is in while its effect may be running."""
 
-    Counts by status; admission to commit and commit to acknowledgement times; retried,
-    unknown, escalated and compensated operations; cancellations requested against confirmed;
-    refusals by reason; operations committed but never delivered.
+
+def _ratio(part: int, whole: int) -> float | None:
+    return None if whole <= 0 else round(part / whole, 4)
+
+
+async def _trails(ledger: Ledger, ops: Sequence[Operation]) -> dict[str, Sequence[OperationEvent]]:
+    # A read that committed has nothing past its creation events; every other operation's
+    # trail is read, a few at a time.
+    wanted = [op for op in ops if op.kind != "read" or op.status is not S.COMMITTED]
+    trails: dict[str, Sequence[OperationEvent]] = {}
+    for start in range(0, len(wanted), 16):
+        chunk = wanted[start : start + 16]
+        found = await asyncio.gather(*(ledger.events(op.operation_id) for op in chunk))
+        trails.update(zip((op.operation_id for op in chunk), found, strict=True))
+    return trails
+
+
+def _tool_statistics(
+    tool_ops: Sequence[Operation], trails: dict[str, Sequence[OperationEvent]]
+) -> dict[str, Any]:
+    by_status = Counter(op.status.value for op in tool_ops)
+    refusals: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    for op in tool_ops:
+        trail = trails.get(op.operation_id, ())
+        details = [e.detail if isinstance(e.detail, dict) else {} for e in trail]
+        if op.status is S.REJECTED and trail:
+            reason = str(details[0].get("reason") or "unknown")  # the refusal's own event
+            refusals[reason] += 1
+            counts["duplicates_rejected"] += reason in _DUPLICATE_REFUSALS
+        counts["duplicates_joined"] += sum(1 for d in details if "duplicate_joined" in d)
+        statuses = [e.to_status for e in trail]
+        counts["timeouts"] += any(e.actor == "watchdog" for e in trail) or any(
+            d.get("timed_out") for d in details
+        )
+        counts["ever_unknown"] += S.UNKNOWN in statuses
+        if S.CANCEL_REQUESTED in statuses:
+            counts["cancellations_requested"] += 1
+            counts["cancellations_confirmed"] += op.status is S.CANCELLED
+        counts["cancelled_before_send"] += any(
+            e.to_status is S.CANCELLED and e.from_status in (S.ADMITTED, S.FAILED_RETRYABLE)
+            for e in trail
+        )
+        counts["late_results"] += any(d.get("delivered") and d.get("late") for d in details)
+        counts["handoffs_with_pending"] += any("handoff_to" in d for d in details)
+        counts["reconciliation_errors"] += sum(1 for d in details if "reconcile_error" in d)
+        counts["reconciled"] += any(d.get("reason") == "reconciled" for d in details)
+    executed = [op for op in tool_ops if op.attempt > 0]
+    retries = sum(op.attempt - 1 for op in executed)
+    committed = [op for op in tool_ops if op.committed_at is not None]
+    proposals = len(tool_ops) + counts["duplicates_joined"]
+    duplicates = counts["duplicates_joined"] + counts["duplicates_rejected"]
+    return {
+        "operations": len(tool_ops),
+        "proposals": proposals,
+        "by_status": dict(sorted(by_status.items())),
+        "admission_to_commit": _spread(
+            [op.committed_at - op.created_at for op in committed if op.committed_at]
+        ),
+        "execution_to_commit": _spread(
+            [
+                op.committed_at - op.sent_at
+                for op in committed
+                if op.committed_at and op.sent_at is not None
+            ]
+        ),
+        "commit_to_acknowledged": _spread(
+            [
+                op.acknowledged_at - op.committed_at
+                for op in committed
+                if op.acknowledged_at and op.committed_at
+            ]
+        ),
+        "executed": len(executed),
+        "retried": sum(1 for op in executed if op.attempt > 1),
+        "retries": retries,
+        "retry_rate": _ratio(retries, len(executed)),
+        "timeouts": counts["timeouts"],
+        "timeout_rate": _ratio(counts["timeouts"], len(executed)),
+        "duplicates_suppressed": duplicates,
+        "duplicates_joined": counts["duplicates_joined"],
+        "duplicate_rate": _ratio(duplicates, proposals),
+        "unknown_now": by_status.get(S.UNKNOWN.value, 0),
+        "ever_unknown": counts["ever_unknown"],
+        "reconciled": counts["reconciled"],
+        "reconciliation_errors": counts["reconciliation_errors"],
+        "escalated": sum(1 for op in tool_ops if op.escalated_at is not None),
+        "late_results": counts["late_results"],
+        "cancellations_requested": counts["cancellations_requested"],
+        "cancellations_confirmed": counts["cancellations_confirmed"],
+        "cancelled_before_send": counts["cancelled_before_send"],
+        "compensations": sum(1 for op in tool_ops if op.compensates is not None),
+        "compensated": by_status.get(S.COMPENSATED.value, 0),
+        "handoffs_with_pending": counts["handoffs_with_pending"],
+        "refused_by_reason": dict(sorted(refusals.items())),
+        "committed_undelivered": sum(
+            1 for op in tool_ops if op.status is S.COMMITTED and op.delivered_at is None
+        ),
+    }
+
+
+async def statistics(ledger: Ledger, filters: OperationFilter) -> dict[str, Any]:
+    """Per-tool statistics of the operations matching ``filters``, from the ledger alone.
+
+    What a process that did not run the bot can see: counts by status; admission to commit,
+    execution (the committing attempt's send) to commit and commit to acknowledgement
+    times; retries, timeouts (deadlines the watchdog enforced, reads past theirs) and their
+    rates per executed operation; duplicates joined or rejected per call proposed; UNKNOWN
+    now and ever, reconciliations and their errors, escalations; late results; cancellations
+    requested, confirmed and before sending; compensations; operations pending at a
+    handoff; refusals by reason; operations committed but never delivered. Admission
+    latency is not in the ledger: see ``runtime.metrics``.
     """
     ops = await ledger.list(filters)
-    per_tool: dict[str, dict[str, Any]] = {}
+    trails = await _trails(ledger, ops)
     grouped: dict[str, list[Operation]] = defaultdict(list)
     for op in ops:
         grouped[op.tool].append(op)
-    for tool, tool_ops in sorted(grouped.items()):
-        by_status = Counter(op.status.value for op in tool_ops)
-        refusals: Counter[str] = Counter()
-        cancel_requested = cancelled_after_request = 0
-        for op in tool_ops:
-            if op.status is S.REJECTED:
-                events = await ledger.events(op.operation_id)
-                detail = events[0].detail if events else None  # the refusal's own event
-                reason = detail.get("reason") if isinstance(detail, dict) else None
-                refusals[str(reason or "unknown")] += 1
-            if op.status in (S.CANCEL_REQUESTED, S.CANCELLED, S.COMMITTED, S.UNKNOWN):
-                trail = [e.to_status for e in await ledger.events(op.operation_id)]
-                if S.CANCEL_REQUESTED in trail:
-                    cancel_requested += 1
-                    cancelled_after_request += op.status is S.CANCELLED
-        committed = [op for op in tool_ops if op.committed_at is not None]
-        per_tool[tool] = {
-            "operations": len(tool_ops),
-            "by_status": dict(sorted(by_status.items())),
-            "admission_to_commit": _spread(
-                [op.committed_at - op.created_at for op in committed if op.committed_at]
-            ),
-            "commit_to_acknowledged": _spread(
-                [
-                    op.acknowledged_at - op.committed_at
-                    for op in committed
-                    if op.acknowledged_at and op.committed_at
-                ]
-            ),
-            "retried": sum(1 for op in tool_ops if op.attempt > 1),
-            "unknown_now": by_status.get(S.UNKNOWN.value, 0),
-            "escalated": sum(1 for op in tool_ops if op.escalated_at is not None),
-            "compensated": by_status.get(S.COMPENSATED.value, 0),
-            "cancellations_requested": cancel_requested,
-            "cancellations_confirmed": cancelled_after_request,
-            "refused_by_reason": dict(sorted(refusals.items())),
-            "committed_undelivered": sum(
-                1 for op in tool_ops if op.status is S.COMMITTED and op.delivered_at is None
-            ),
-        }
+    per_tool = {
+        tool: _tool_statistics(tool_ops, trails) for tool, tool_ops in sorted(grouped.items())
+    }
     return {"operations": len(ops), "tools": per_tool}
+
+
+def render_statistics(data: dict[str, Any]) -> str:
+    """Render `statistics` as text: one block per tool."""
+    if not data["tools"]:
+        return "no operation matches"
+    lines: list[str] = []
+    for tool, entry in data["tools"].items():
+        lines.append(f"{tool}: {entry['operations']} operations, {entry['proposals']} proposals")
+        for key, value in entry.items():
+            if key in ("operations", "proposals") or value in (None, {}, 0):
+                continue
+            if isinstance(value, dict) and "p50_secs" in value:
+                shown = (
+                    f"p50 {value['p50_secs']:.3f} s  p95 {value['p95_secs']:.3f} s  "
+                    f"max {value['max_secs']:.3f} s  (n={value['count']})"
+                )
+            elif isinstance(value, dict):
+                shown = ", ".join(f"{k} {v}" for k, v in value.items())
+            elif key.endswith("_rate"):
+                shown = f"{value:.1%}"
+            else:
+                shown = str(value)
+            lines.append(f"  {key.replace('_', ' '):<26} {shown}")
+    return "\n".join(lines)
 
 
 def render_rows(rows: list[dict[str, Any]]) -> str:

@@ -18,7 +18,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
@@ -30,6 +30,9 @@ from pipecat_actions.execution.outcomes import Outcome, classify
 from pipecat_actions.ledger import Ledger, Operation
 from pipecat_actions.policy import ToolKind, ToolPolicy
 from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus
+
+if TYPE_CHECKING:
+    from pipecat_actions.observability.telemetry import Telemetry
 
 S = ActionStatus
 
@@ -77,6 +80,7 @@ class Executor:
         actor: Recorded on every audit event this executor writes.
         schedule: Reconciliation probe schedule.
         rand: Source of jitter in [0, 1).
+        telemetry: Given the span of each attempt and reconciliation (none: no spans).
     """
 
     def __init__(
@@ -88,7 +92,13 @@ class Executor:
         actor: str,
         schedule: ReconcileSchedule | None = None,
         rand: Callable[[], float] = random.random,
+        telemetry: Telemetry | None = None,
     ) -> None:
+        if telemetry is None:
+            from pipecat_actions.observability.telemetry import Telemetry
+
+            telemetry = Telemetry()
+        self.telemetry = telemetry
         self.ledger = ledger
         self.clock = clock
         self.authorizer = authorizer
@@ -114,7 +124,10 @@ class Executor:
                 op = started
             if op.status is not S.RUNNING:
                 return op
-            answer = await self._call_effect(op, tracked)
+            with self.telemetry.attempt(op) as span:
+                answer = await self._call_effect(op, tracked)
+                if answer is not _TAKEN_OVER and answer[1] is not None:
+                    span.fail(type(answer[1]).__name__)
             if answer is _TAKEN_OVER:
                 return await self.ledger.get(op.operation_id)
             value, error = answer
@@ -199,6 +212,13 @@ class Executor:
 
     async def reconcile(self, op: Operation, tracked: Tracked) -> Operation:
         """Ask the system of record what became of an UNKNOWN operation; escalate if unsure."""
+        with self.telemetry.reconciliation(op) as span:
+            final = await self._reconcile(op, tracked)
+            span.set("status", final.status.value)
+            span.set("escalated", final.escalated_at is not None)
+            return final
+
+    async def _reconcile(self, op: Operation, tracked: Tracked) -> Operation:
         hook = tracked.binding.action.reconcile
         if hook is None:
             return await self.escalate(op, "no reconcile hook: the outcome cannot be checked")

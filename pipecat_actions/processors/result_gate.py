@@ -49,7 +49,11 @@ from pipecat.frames.frames import (
     UserStartedSpeakingFrame,
     UserStoppedSpeakingFrame,
 )
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.processors.frame_processor import (
+    FrameDirection,
+    FrameProcessor,
+    FrameProcessorSetup,
+)
 
 from pipecat_actions.execution.results import render_operation
 from pipecat_actions.ledger import Operation, OperationFilter
@@ -131,6 +135,12 @@ class ActionResultGate(FrameProcessor):
         self._group_of_operation: dict[str, str] = {}
         self._retell: set[str] = set()
 
+    async def setup(self, setup: FrameProcessorSetup) -> None:  # type: ignore[override]
+        """Set up; with Pipecat's tracing on, parent the runtime's spans to its turn spans."""
+        await super().setup(setup)
+        if setup.enable_tracing and setup.tracing_context is not None:
+            self.runtime.telemetry.follow_turns(self.session.session_id, setup.tracing_context)
+
     # --- frames ----------------------------------------------------------------------------
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -199,18 +209,19 @@ class ActionResultGate(FrameProcessor):
             note = "The user interrupted the wait; the action was not stopped."
             self._await_outcome(operation_id, cancel.tool_call_id)
         result = render_operation(op, note=note)
-        await self.push_frame(
-            FunctionCallResultFrame(
-                function_name=cancel.function_name,
-                tool_call_id=cancel.tool_call_id,
-                arguments={},
-                result=result,
-                run_llm=cancel.run_llm,
-                properties=FunctionCallResultProperties(run_llm=cancel.run_llm),
+        with self.runtime.telemetry.delivery(op, self.session, late=False):
+            await self.push_frame(
+                FunctionCallResultFrame(
+                    function_name=cancel.function_name,
+                    tool_call_id=cancel.tool_call_id,
+                    arguments={},
+                    result=result,
+                    run_llm=cancel.run_llm,
+                    properties=FunctionCallResultProperties(run_llm=cancel.run_llm),
+                )
             )
-        )
-        if op.status in TERMINAL_STATUSES:
-            await self._mark_delivered(op)
+            if op.status in TERMINAL_STATUSES:
+                await self._mark_delivered(op)
 
     async def _on_result(self, frame: FunctionCallResultFrame) -> None:
         if frame.tool_call_id in self._closed_by_gate:
@@ -385,6 +396,7 @@ class ActionResultGate(FrameProcessor):
             return
         if mode is DeliveryMode.SUPPRESS:
             self._forget(current.operation_id)
+            self.runtime.telemetry.suppressed(current)
             await self.runtime.ledger.annotate(
                 current.operation_id, actor=self._actor, detail={"delivery": "suppressed"}
             )
@@ -436,8 +448,11 @@ class ActionResultGate(FrameProcessor):
         self._told[op.operation_id] = op.status
         if op.status not in TERMINAL_STATUSES:
             self._awaiting_outcome.add(op.operation_id)  # UNKNOWN now; its settling comes later
-        await self.push_frame(LLMMessagesAppendFrame(messages=[message], run_llm=run_llm))
-        await self._mark_delivered(op)
+        with self.runtime.telemetry.delivery(
+            op, self.session, late=True, superseded_by=late.superseded_by
+        ):
+            await self.push_frame(LLMMessagesAppendFrame(messages=[message], run_llm=run_llm))
+            await self._mark_delivered(op, late=True)
 
     def _release_when_idle(self) -> None:
         if self.session.user_speaking or self.session.bot_speaking or not self._held:
@@ -476,6 +491,14 @@ class ActionResultGate(FrameProcessor):
             )
         )
         if pending:
+            self.runtime.telemetry.handoff(agent, pending)
+            for op in pending:
+                # Recorded so that an operator can check no result was lost in the handoff.
+                await self.runtime.ledger.annotate(
+                    op.operation_id,
+                    actor=self._actor,
+                    detail={"handoff_to": agent, "status": op.status.value},
+                )
             brief = [
                 {
                     "operation_id": op.operation_id,
@@ -508,11 +531,13 @@ class ActionResultGate(FrameProcessor):
 
     async def _mark_delivered_id(self, operation_id: str) -> None:
         try:
-            await self._mark_delivered(await self.runtime.ledger.get(operation_id))
+            op = await self.runtime.ledger.get(operation_id)
+            with self.runtime.telemetry.delivery(op, self.session, late=False):
+                await self._mark_delivered(op)
         except Exception as exc:  # a record of delivery must never break the conversation
             logger.warning("{}: delivery of {} not recorded: {}", self, operation_id, exc)
 
-    async def _mark_delivered(self, op: Operation) -> None:
+    async def _mark_delivered(self, op: Operation, *, late: bool = False) -> None:
         if op.delivered_at is not None:
             if op.acknowledged_at is None and op.operation_id not in self._unacknowledged:
                 self._unacknowledged.append(op.operation_id)  # told again: hear it this time
@@ -520,7 +545,11 @@ class ActionResultGate(FrameProcessor):
         await self.runtime.ledger.annotate(
             op.operation_id,
             actor=self._actor,
-            detail={"delivered": op.status.value, "agent": self.session.active_agent},
+            detail={
+                "delivered": op.status.value,
+                "agent": self.session.active_agent,
+                "late": late,
+            },
             changes={
                 "delivered_at": self.runtime.clock.now(),
                 "delivered_agent": self.session.active_agent,
@@ -553,4 +582,5 @@ class ActionResultGate(FrameProcessor):
     async def cleanup(self) -> None:
         """Stop listening to the runtime."""
         self.runtime.unlisten(self.session.session_id, self._on_outcome)
+        self.runtime.telemetry.forget_session(self.session.session_id)
         await super().cleanup()  # type: ignore[no-untyped-call]

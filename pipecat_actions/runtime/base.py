@@ -30,6 +30,9 @@ from pipecat_actions.ledger import (
     NewOperation,
     Operation,
 )
+from pipecat_actions.observability.ledger import ObservedLedger
+from pipecat_actions.observability.metrics import ActionMetrics
+from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import PolicySet
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
@@ -53,7 +56,9 @@ class RuntimeBase:
         schedule: ReconcileSchedule | None = None,
     ) -> None:
         self.policy = policy
-        self.ledger = ledger
+        self.telemetry = Telemetry()
+        # Every write of this process passes the telemetry on its way to the ledger.
+        self.ledger: Ledger = ObservedLedger(ledger, self.telemetry)
         self.clock = clock
         self.owner = owner
         self.actor = f"runtime:{owner}"
@@ -72,12 +77,24 @@ class RuntimeBase:
         self._read_flusher: asyncio.Task[Any] | None = None
         self._audits: set[asyncio.Task[Any]] = set()
         self.limiter = Limiter(clock.now)
-        self.executor = Executor(ledger, clock, authorizer, actor=self.actor, schedule=schedule)
+        self.executor = Executor(
+            self.ledger,
+            clock,
+            authorizer,
+            actor=self.actor,
+            schedule=schedule,
+            telemetry=self.telemetry,
+        )
         self.watchdog = Watchdog(clock, self._expire)
         self._authorizer = authorizer
         self._heartbeat: asyncio.Task[None] | None = None
         self._closed = False
         self.recover_unsent: Literal["run", "fail"] = "run"
+
+    @property
+    def metrics(self) -> ActionMetrics:
+        """This process's metrics per tool; ``runtime.metrics.snapshot()`` reads them."""
+        return self.telemetry.metrics
 
     @property
     def bindings(self) -> Mapping[str, Binding]:

@@ -244,7 +244,11 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
         if binding is not None and binding.policy.kind is ToolKind.READ:
             # A read writes nothing before its effect, so it is admitted and run in the
             # caller's own task: no hand-off to another task on the hot path.
-            read = await self.admitter.admit(tool, arguments, session, tool_call_id=tool_call_id)
+            with self.telemetry.admission(tool, session, tool_call_id) as scope:
+                read = await self.admitter.admit(
+                    tool, arguments, session, tool_call_id=tool_call_id
+                )
+                scope.decided(read)
             if isinstance(read, ReadAdmission):
                 return await self._read(tool, read, session, tool_call_id)
             if isinstance(read, Refusal):
@@ -311,9 +315,24 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
         session: SessionState,
         tool_call_id: str | None,
     ) -> dict[str, Any] | ReadAdmission | Shared | Joined | Tracked:
-        admitted = await self.admitter.admit(tool, arguments, session, tool_call_id=tool_call_id)
+        with self.telemetry.admission(tool, session, tool_call_id) as scope:
+            admitted = await self.admitter.admit(
+                tool, arguments, session, tool_call_id=tool_call_id
+            )
+            scope.decided(admitted)
         if isinstance(admitted, Refusal):
             return admitted.result
+        if isinstance(admitted, Joined):
+            # Recorded so that an operator can tell a repeated request from a retry of ours.
+            await self.ledger.annotate(
+                admitted.operation.operation_id,
+                actor=self.actor,
+                detail={
+                    "duplicate_joined": tool_call_id,
+                    "turn_id": str(session.user_turn),
+                    "session_id": session.session_id,
+                },
+            )
         if isinstance(admitted, Joined) and tool_call_id:
             self._calls[tool_call_id] = admitted.operation.operation_id
         if not isinstance(admitted, Admission):

@@ -21,6 +21,7 @@ from pipecat_actions.ledger import (
     NewOperation,
     new_operation_id,
 )
+from pipecat_actions.observability.tracing import SpanIds
 from pipecat_actions.policy import ToolKind
 from pipecat_actions.runtime.base import RuntimeBase
 from pipecat_actions.session import SessionState
@@ -82,6 +83,19 @@ class ReadsMixin(RuntimeBase):
         self._reads[operation_id] = task
         self.watchdog.arm(operation_id, deadline_at)
         status, value, error, attempt = S.FAILED_FINAL, None, None, 0
+        timed_out = False
+        ids = (
+            None  # built only for spans: this is the hot path of every read
+            if self.telemetry.tracer is None
+            else SpanIds(
+                session.session_id,
+                tool,
+                admission.turn_id,
+                tool_call_id,
+                operation_id,
+                admission.key,
+            )
+        )
         try:
             while True:
                 attempt += 1
@@ -97,7 +111,8 @@ class ReadsMixin(RuntimeBase):
                     deadline_at=deadline_at,
                 )
                 try:
-                    value = await admission.binding.action.run(ctx)
+                    with self.telemetry.read_attempt(ids, attempt):
+                        value = await admission.binding.action.run(ctx)
                     status, error = S.COMMITTED, None
                     break
                 except asyncio.CancelledError:
@@ -105,6 +120,7 @@ class ReadsMixin(RuntimeBase):
                         raise  # the caller was cancelled: a read may simply stop
                     task.uncancel()
                     error = "deadline passed"
+                    timed_out = True
                     break
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
@@ -153,7 +169,7 @@ class ReadsMixin(RuntimeBase):
                     error=error,
                     result=value,
                     actor=self.actor,
-                    detail={"attempts": attempt},
+                    detail={"attempts": attempt, "timed_out": timed_out},
                 )
             )
         return result

@@ -362,6 +362,7 @@ async def run_conversation(
     app_resources: Any = None,
     settle: WaitUntilIdle | None = WaitUntilIdle(),
     timeout_secs: float = 30.0,
+    enable_tracing: bool = False,
 ) -> ConversationResult:
     """Run ``script`` against a voice pipeline built around ``llm`` and return what happened.
 
@@ -380,6 +381,8 @@ async def run_conversation(
         app_resources: Passed to the worker (handlers see it as ``params.app_resources``).
         settle: The wait after the last step, before the ``EndFrame``; ``None`` ends at once.
         timeout_secs: Bound on the whole run; the pipeline is cancelled if it is exceeded.
+        enable_tracing: Run with Pipecat's OpenTelemetry tracing (conversation and turn
+            spans, on the global tracer provider).
 
     Returns:
         What was heard, the final context messages and every frame pushed.
@@ -413,6 +416,7 @@ async def run_conversation(
         cancel_on_idle_timeout=False,
         idle_timeout_secs=None,
         enable_rtvi=False,
+        enable_tracing=enable_tracing,
         observers=[recorder, *observers],
     )
     started = asyncio.Event()
