@@ -14,6 +14,7 @@ __all__ = ["Run", "TimelineEntry", "run_loaded"]
 
 import asyncio
 import importlib
+import re
 import tempfile
 import time
 import uuid
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipecat.frames.frames import FunctionCallResultFrame, LLMMessagesAppendFrame
+from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.aggregators.llm_context import LLMContext
 
 from pipecat_actions.actions import ActionDefinition
@@ -156,23 +159,52 @@ def _timeline_ledger(timeline: list[TimelineEntry]) -> type[SqlLedger]:
             changes = kwargs.get("changes") or {}
             if "delivered_at" in changes:
                 timeline.append(
-                    TimelineEntry(
-                        asked_at,
-                        f"{op.operation_id} ({op.tool}) told to the LLM as {op.status}",
-                        op.operation_id,
-                        delivered=True,
-                    )
+                    TimelineEntry(asked_at, f"{op.operation_id} ({op.tool}) recorded as told")
                 )
             return op
 
-        def _note(self, op: Operation, what: str) -> None:
+        def _note(self, op: Operation, what: str, *, at: float | None = None) -> None:
             timeline.append(
                 TimelineEntry(
-                    time.monotonic(), f"{op.operation_id} {what}", op.operation_id, op.status
+                    time.monotonic() if at is None else at,
+                    f"{op.operation_id} {what}",
+                    op.operation_id,
+                    op.status,
                 )
             )
 
     return TimelineLedger
+
+
+_OPERATION_ID = re.compile(r"op_[0-9a-f]{26}")
+
+
+class _DeliveryWatch(BaseObserver):
+    """Stamps each operation the gate tells the LLM at the moment the gate pushes it.
+
+    The ledger records a delivery just after the push, by which time the bot may already be
+    speaking about it; the push itself is what comes before what the user hears.
+    """
+
+    def __init__(self, timeline: list[TimelineEntry]) -> None:
+        super().__init__()
+        self._timeline = timeline
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        if not isinstance(data.source, ActionResultGate):
+            return
+        frame = data.frame
+        if isinstance(frame, FunctionCallResultFrame):
+            told = str(frame.result)
+        elif isinstance(frame, LLMMessagesAppendFrame):
+            told = str(frame.messages)
+        else:
+            return
+        at = time.monotonic()
+        for operation_id in dict.fromkeys(_OPERATION_ID.findall(told)):
+            self._timeline.append(
+                TimelineEntry(at, f"{operation_id} told to the LLM", operation_id, delivered=True)
+            )
 
 
 def _load_app(app: str) -> Callable[[FakeSystemOfRecord], Sequence[ActionDefinition]]:
@@ -360,13 +392,13 @@ class _Scene:
         if isinstance(step, WaitStep):
             return [Wait(step.secs)]
         if isinstance(step, IdleStep):
-            return [
-                WaitUntilIdle(
-                    quiet_secs=step.quiet_secs,
-                    timeout_secs=step.timeout_secs,
-                    function_calls=step.calls,
-                )
-            ]
+            # Quiet means the ledger too: an outcome written just now is about to be told.
+            idle = WaitUntilIdle(
+                quiet_secs=step.quiet_secs,
+                timeout_secs=step.timeout_secs,
+                function_calls=step.calls,
+            )
+            return [idle, Call(lambda: self.ledger_quiet(step)), idle]
         if isinstance(step, AdvanceStep):
             return call(lambda: self.advance(step.secs))
         if isinstance(step, UntilStep):
@@ -389,10 +421,24 @@ class _Scene:
             return call(self.reconnect)
         return []  # llm steps are the model's script
 
+    async def ledger_quiet(self, step: IdleStep) -> None:
+        deadline = time.monotonic() + step.timeout_secs
+        while True:
+            last = max((e.at for e in self.run.timeline if e.operation_id), default=0.0)
+            quiet_for = time.monotonic() - last
+            if quiet_for >= step.quiet_secs:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the ledger was not quiet for {step.quiet_secs}s")
+            await asyncio.sleep(step.quiet_secs - quiet_for)
+
     async def advance(self, secs: float) -> None:
+        # Small slices let chained timers (a deadline, then a probe) fire in turn; a long
+        # advance takes at most about 40 of them.
+        slice_secs = max(_ADVANCE_SLICE_SECS, secs / 40)
         left = secs
         while left > 0:
-            stride = min(_ADVANCE_SLICE_SECS, left)
+            stride = min(slice_secs, left)
             self.clock.advance(stride)
             left -= stride
             await asyncio.sleep(0.01)
@@ -433,7 +479,11 @@ class _Scene:
     async def approve(self, step: ApproveStep) -> None:
         assert self.runtime is not None
         op = await self.runtime.ledger.get(await self.op_id(step.op))
-        seen = op.args_hash if step.seen_args is None else hash_arguments(step.seen_args)
+        seen = op.args_hash
+        if step.seen_args is not None:
+            # Normalised as the runtime normalises a call's arguments (defaults filled in).
+            model = self.runtime.bindings[op.tool].action.args_model
+            seen = hash_arguments(model.model_validate(step.seen_args).model_dump(mode="json"))
         try:
             await self.runtime.approve(
                 op.operation_id, approver=step.approver, reason=step.reason, args_hash=seen
@@ -512,6 +562,7 @@ class _Scene:
                 context=self.context,
                 after_user_aggregator=[ActionTurnTracker(self.session)],
                 before_assistant_aggregator=[self.gate],
+                observers=[_DeliveryWatch(self.run.timeline)],
                 settle=WaitUntilIdle(quiet_secs=0.5, timeout_secs=20, function_calls=False)
                 if settle
                 else None,
@@ -585,6 +636,15 @@ async def run_loaded(loaded: LoadedScenario, *, ledger_url: str | None = None) -
         try:
             try:
                 await scene.play()
+            except TimeoutError as exc:
+                run.error = (
+                    f"TimeoutError: {exc}"
+                    if str(exc)
+                    else (
+                        f"TimeoutError: the scenario did not end within its timeout_secs "
+                        f"({loaded.spec.timeout_secs:g} s)"
+                    )
+                )
             except Exception as exc:
                 run.error = f"{type(exc).__name__}: {exc}"
             await scene.gather()

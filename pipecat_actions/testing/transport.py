@@ -208,6 +208,7 @@ class FakeOutputTransport(BaseOutputTransport):
     async def write_audio_frame(self, frame: OutputAudioRawFrame) -> bool:
         """Play a chunk: wait for its duration, as an audio device would block."""
         secs = len(frame.audio) / (frame.sample_rate * frame.num_channels * _BYTES_PER_SAMPLE)
+        handed_over = time.monotonic()  # the chunk starts playing now (or after the last)
         # Taken before the wait: if an interruption cuts the utterance meanwhile, this chunk
         # still belongs to it, not to whatever plays next.
         playing = self._playing
@@ -223,7 +224,7 @@ class FakeOutputTransport(BaseOutputTransport):
             return True
         if playing.started_at_secs is None:
             playing.started_at_secs = self._now_secs() - secs
-            playing.started_monotonic = time.monotonic() - secs
+            playing.started_monotonic = max(handed_over, time.monotonic() - secs)
         playing.played_secs += secs
         return True
 
