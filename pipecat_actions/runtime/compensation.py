@@ -35,8 +35,10 @@ class CompensationMixin(RuntimeBase):
         The compensation is admitted first, under the key ``compensate|<operation>``, so
         concurrent requests join one compensation; the original then goes COMMITTED →
         COMPENSATING → COMPENSATED, or back to COMMITTED when the compensation fails for good
-        (a later call may then try again under a new key). The hook's context carries the
-        original operation (``ctx.operation``: its result and before-state).
+        (a later call may then try again under a new key). When nobody can tell whether the
+        compensation happened (it stays UNKNOWN and is escalated, e.g. after a crash cut it
+        off), the original stays COMPENSATING and is escalated with it. The hook's context
+        carries the original operation (``ctx.operation``: its result and before-state).
 
         Returns:
             The compensation operation, once it has an outcome.
@@ -137,6 +139,11 @@ class CompensationMixin(RuntimeBase):
             steps = {S.COMMITTED: [S.COMPENSATING, S.COMPENSATED], S.COMPENSATING: [S.COMPENSATED]}
         elif compensation.status in (S.FAILED_FINAL, S.CANCELLED):
             steps = {S.COMPENSATING: [S.COMMITTED]}
+        elif compensation.escalated_at is not None:
+            # Nobody can tell whether it was reversed: no status of the original is true
+            # but COMPENSATING, so the original is handed to a person with its compensation.
+            await self._escalate_original(original, compensation)
+            return
         else:
             return  # still unknown: recovery or reconciliation settles it later
         current = original
@@ -149,3 +156,16 @@ class CompensationMixin(RuntimeBase):
                 actor=self.actor,
                 detail={"compensation": compensation.operation_id},
             )
+
+    async def _escalate_original(self, original: Operation, compensation: Operation) -> None:
+        if original.status is not S.COMPENSATING or original.escalated_at is not None:
+            return
+        await self.ledger.annotate(
+            original.operation_id,
+            actor=self.actor,
+            detail={
+                "escalated": f"its compensation {compensation.operation_id} has an unknown outcome",
+                "compensation": compensation.operation_id,
+            },
+            changes={"escalated_at": self.clock.now()},
+        )

@@ -75,8 +75,12 @@ class RecoveryMixin(CompensationMixin):
             final = await self.executor.run(op, tracked, stage="recovery")
         else:
             final = op
-        self._finish(tracked, final)
-        await self._settle_original(final)
+        try:
+            # The original is settled first, so whoever waits for the compensation then
+            # finds both in their final state.
+            await self._settle_original(final)
+        finally:
+            self._finish(tracked, final)
 
     async def _heartbeat_loop(self) -> None:
         while True:

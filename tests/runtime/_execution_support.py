@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import inspect
 import json
-import sqlite3
 import sys
 import textwrap
 import time
@@ -62,6 +61,7 @@ from pipecat_actions.testing import (
     ScriptedLLM,
     ToolCalls,
 )
+from tests._file_system_of_record import FileSystemOfRecord as FileSystemOfRecord
 
 S = ActionStatus
 T0 = ManualClock().now()
@@ -383,64 +383,6 @@ def tool_results(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 # --- a system of record that survives a SIGKILL -------------------------------------------
-
-
-class FileSystemOfRecord:
-    """A system of record kept in a SQLite file: one row per committed side effect.
-
-    Args:
-        path: The file; created when missing.
-        honours_idempotency_keys: Whether a repeated key returns the first row instead of
-            committing a new side effect.
-    """
-
-    def __init__(self, path: Path, *, honours_idempotency_keys: bool = False) -> None:
-        self.path = path
-        self.honours_idempotency_keys = honours_idempotency_keys
-        with self._connect() as db:
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS effects ("
-                " id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, kind TEXT NOT NULL,"
-                " payload TEXT NOT NULL)"
-            )
-
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        return db
-
-    def commit(self, key: str, kind: str, payload: Mapping[str, Any]) -> int:
-        """Commit one side effect (or replay the key's first one); return its row id."""
-        db = self._connect()
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            if self.honours_idempotency_keys:
-                row = db.execute("SELECT id FROM effects WHERE key = ?", (key,)).fetchone()
-                if row is not None:
-                    db.execute("COMMIT")
-                    return int(row[0])
-            cursor = db.execute(
-                "INSERT INTO effects (key, kind, payload) VALUES (?, ?, ?)",
-                (key, kind, json.dumps(dict(payload), sort_keys=True)),
-            )
-            db.execute("COMMIT")
-            assert cursor.lastrowid is not None
-            return cursor.lastrowid
-        finally:
-            db.close()
-
-    def find(self, key: str) -> int | None:
-        """Return the first row committed with ``key``, or None."""
-        with contextlib.closing(self._connect()) as db:
-            row = db.execute("SELECT min(id) FROM effects WHERE key = ?", (key,)).fetchone()
-        return None if row is None or row[0] is None else int(row[0])
-
-    def effects_by_key(self) -> dict[str, int]:
-        """Return how many side effects each key committed."""
-        with contextlib.closing(self._connect()) as db:
-            rows = db.execute("SELECT key, count(*) FROM effects GROUP BY key").fetchall()
-        return {key: count for key, count in rows}
 
 
 RECOVERY_POLICY = """

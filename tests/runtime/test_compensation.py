@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 
+from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.errors import UnexpectedStatus
 from pipecat_actions.runtime import ActionRuntime
@@ -21,6 +22,7 @@ from tests.runtime._execution_support import (
     eventually,
     gather_all,
     new_session,
+    policy,
     running,
     transitions,
 )
@@ -247,3 +249,47 @@ async def test_only_a_committed_operation_can_be_compensated(
 
     assert [op.compensates for op in remaining] == [None]
     assert bookings.seen["compensate"] == []
+
+
+async def test_a_compensation_cut_off_by_a_restart_escalates_the_operation_it_reverses(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    # Found by the crash-point matrix (tests/crash, during_compensation): the compensation
+    # could only be escalated (nothing can look it up), and the original stayed COMPENSATING
+    # for ever, marked nowhere as needing a person.
+    sor = fake(clock)
+    sor.faults.hang(kind="cancel")  # the provider never answers the cancel
+    bookings = Bookings(sor)
+    action = bookings.action(compensate=True)
+    first = await ActionRuntime.create(
+        policy(REVERSIBLE),
+        authorizer=AllowAll(),
+        actions=[action],
+        ledger_url=ledger_url,
+        clock=clock,
+        lease_secs=30.0,
+    )
+    op_id = await committed_booking(first, bookings)
+    compensating = asyncio.ensure_future(first.compensate(op_id, actor="app", reason="wrong day"))
+    await eventually(lambda: bookings.seen["compensate"], what="the compensate hook to start")
+    await first.close(grace_secs=0)  # the process stops with the cancel in flight
+    compensating.cancel()
+    clock.advance(31)  # its lease runs out
+
+    async with running(
+        REVERSIBLE, [action], ledger_url=ledger_url, clock=clock, lease_secs=30.0
+    ) as second:
+        [compensation] = [op for op in await second.ledger.list() if op.compensates == op_id]
+        settled = await second.wait(compensation.operation_id)
+        original = await second.ledger.get(op_id)
+        trail = await second.ledger.events(op_id)
+
+    assert settled.status is Status.UNKNOWN
+    assert settled.escalated_at is not None
+    assert original.status is Status.COMPENSATING
+    assert original.escalated_at is not None
+    assert trail[-1].detail == {
+        "escalated": f"its compensation {compensation.operation_id} has an unknown outcome",
+        "compensation": compensation.operation_id,
+    }
+    assert sor.side_effects["cancel"] == 0
