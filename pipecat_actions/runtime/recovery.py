@@ -13,6 +13,7 @@ from pipecat_actions.ledger import (
     Operation,
     OperationFilter,
 )
+from pipecat_actions.observability.correlation import operation_logger
 from pipecat_actions.runtime.compensation import CompensationMixin
 from pipecat_actions.status import ActionStatus
 
@@ -38,7 +39,9 @@ class RecoveryMixin(CompensationMixin):
         tool = op.tool.removesuffix(".compensate")
         binding = self._bindings.get(tool)
         if binding is None:
-            logger.warning("recovered operation {} of unknown tool {}", op.operation_id, op.tool)
+            operation_logger(op).warning(
+                "recovered operation {} of unknown tool {}", op.operation_id, op.tool
+            )
             return
         tracked = Tracked(
             op.operation_id, binding, op.fence, asyncio.get_running_loop().create_future()

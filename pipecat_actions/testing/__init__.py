@@ -3,6 +3,7 @@
 Shipped so applications can test their own agents without keys or network.
 """
 
+from pipecat_actions.observability.redaction import find_secrets
 from pipecat_actions.testing.conversation import (
     BargeIn,
     ConversationResult,
@@ -15,6 +16,7 @@ from pipecat_actions.testing.conversation import (
     run_conversation,
 )
 from pipecat_actions.testing.llm import Say, ScriptedLLM, ToolCalls
+from pipecat_actions.testing.logs import CAPTURE_FORMAT, capture_logs
 from pipecat_actions.testing.system_of_record import (
     Booking,
     FakeSystemOfRecord,
@@ -41,6 +43,7 @@ from pipecat_actions.testing.transport import (
 from pipecat_actions.testing.tts import FakeTTS
 
 __all__ = [
+    "CAPTURE_FORMAT",
     "BargeIn",
     "Booking",
     "ConversationResult",
@@ -67,7 +70,9 @@ __all__ = [
     "UserSays",
     "Wait",
     "WaitUntilIdle",
+    "capture_logs",
     "default_transport_params",
+    "find_secrets",
     "offline_user_params",
     "run_conversation",
     "user_says",

@@ -1,0 +1,1 @@
+"""Observability: correlation ids on log lines, and log redaction."""
