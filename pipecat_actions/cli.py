@@ -10,6 +10,7 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions ledger list [filters] | ledger show OP  operations and their audit timeline
     pipecat-actions undelivered               committed operations nobody was told about
     pipecat-actions stats [--since SECS] [--tool T]       per-tool metrics from the ledger
+    pipecat-actions reconcile [OP | --all] --app MODULE:ATTR   ask the hooks about UNKNOWN ones
     pipecat-actions scenario run FILE... [--verbose]      replay scenarios (exit 1 on a failure)
 
 ``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``) names the ledger; ``--json`` prints
@@ -23,17 +24,26 @@ __all__ = ["main", "run"]
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from pipecat_actions.errors import PipecatActionsError
 from pipecat_actions.ledger.records import OperationFilter
 from pipecat_actions.status import ActionStatus
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (and exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``message`` on one line and exit with status 2."""
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pipecat-actions",
         description="Operate pipecat_actions: policies and the action ledger.",
     )
@@ -43,6 +53,7 @@ def _build_parser() -> argparse.ArgumentParser:
     policy_commands = policy.add_subparsers(dest="policy_command", required=True)
     check = policy_commands.add_parser("check", help="validate policy files")
     check.add_argument("files", nargs="+", metavar="FILE", help="YAML policy files")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
 
     db = commands.add_parser("db", help="manage the ledger database")
     db_commands = db.add_subparsers(dest="db_command", required=True)
@@ -63,6 +74,7 @@ def _build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="accept a PostgreSQL server running with synchronous_commit=off or fsync=off",
         )
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
     approvals = commands.add_parser("approvals", help="operations waiting for a person")
     approval_commands = approvals.add_subparsers(dest="approvals_command", required=True)
     listing = approval_commands.add_parser("list", help="list operations awaiting approval")
@@ -113,7 +125,28 @@ def _build_parser() -> argparse.ArgumentParser:
         help="an empty database for the scenarios' ledgers (default: a temporary SQLite file)",
     )
     scenario_run.add_argument("--json", action="store_true", help="machine-readable output")
-    for sub in (listing, show, *decide, ledger_list, ledger_show, undelivered, stats):
+    reconcile = commands.add_parser(
+        "reconcile", help="ask the application's reconcile hooks about UNKNOWN operations"
+    )
+    target = reconcile.add_mutually_exclusive_group(required=True)
+    target.add_argument("operation_id", nargs="?", default=None, metavar="OP")
+    target.add_argument("--all", action="store_true", help="every UNKNOWN operation")
+    reconcile.add_argument(
+        "--app",
+        default=os.environ.get("PIPECAT_ACTIONS_APP"),
+        metavar="MODULE:ATTR",
+        help="the application's OperatorApp, or a function returning one "
+        "(default: $PIPECAT_ACTIONS_APP)",
+    )
+    reconcile.add_argument(
+        "--actor",
+        default=None,
+        help="who reconciles, for the audit trail (default: operator:<login name>)",
+    )
+    reconcile.add_argument(
+        "--probes", type=int, default=1, help="how often each hook is asked (default 1)"
+    )
+    for sub in (listing, show, *decide, ledger_list, ledger_show, undelivered, stats, reconcile):
         sub.add_argument("--ledger", default=None, metavar="URL", help="the ledger database")
         sub.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
@@ -124,9 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     try:
         if args.command == "policy":
-            from pipecat_actions.policy import check_policy_files
-
-            return check_policy_files(args.files, out=sys.stdout, err=sys.stderr)
+            return _policy_check(args, sys.stdout)
         if args.command == "db":
             return asyncio.run(_db(args, sys.stdout))
         if args.command == "approvals":
@@ -146,12 +177,61 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ledger_url=args.ledger_url,
                 )
             )
+        if args.command == "reconcile":
+            return asyncio.run(_reconcile(args, sys.stdout))
     except PipecatActionsError as exc:
         print(f"pipecat-actions: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover
+
+
+def _policy_check(args: argparse.Namespace, out: TextIO) -> int:
+    from pipecat_actions.policy import PolicyError, check_policy_files, load_policy
+
+    if not args.json:
+        return check_policy_files(args.files, out=out, err=sys.stderr)
+    report = []
+    for path in args.files:
+        try:
+            report.append({"file": path, "ok": True, "tools": list(load_policy(path).names())})
+        except PolicyError as exc:
+            problems = [str(problem) for problem in exc.problems]
+            report.append({"file": path, "ok": False, "problems": problems})
+    print(json.dumps(report, indent=2), file=out)
+    return 0 if all(entry["ok"] for entry in report) else 1
+
+
+async def _reconcile(args: argparse.Namespace, out: TextIO) -> int:
+    import getpass
+
+    from pipecat_actions import operator
+    from pipecat_actions.errors import ConfigurationError
+    from pipecat_actions.ledger import SqlLedger
+
+    if not args.app:
+        raise ConfigurationError(
+            "reconcile needs the application's actions: pass --app MODULE:ATTR "
+            "or set PIPECAT_ACTIONS_APP"
+        )
+    if args.probes < 1:
+        raise ConfigurationError("--probes must be at least 1")
+    actor = args.actor or f"operator:{getpass.getuser()}"
+    app = await operator.load_app(args.app)
+    ledger = await SqlLedger.create(args.ledger, create_schema=False)
+    try:
+        rows = await operator.reconcile(
+            ledger,
+            app,
+            operation_ids=[args.operation_id] if args.operation_id else [],
+            actor=actor,
+            probes=args.probes,
+        )
+    finally:
+        await ledger.close()
+    print(json.dumps(rows, indent=2) if args.json else operator.render_reconciled(rows), file=out)
+    return 0
 
 
 async def _db(args: argparse.Namespace, out: TextIO) -> int:
@@ -166,7 +246,10 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
             before, after = await ledger.upgrade_schema()
         finally:
             await ledger.close()
-        if before == after:
+        if args.json:
+            data = {"url": ledger.url, "before": before, "after": after}
+            print(json.dumps(data, indent=2), file=out)
+        elif before == after:
             print(f"{ledger.url}: schema already at revision {after}", file=out)
         else:
             print(f"{ledger.url}: schema upgraded from {before or 'empty'} to {after}", file=out)
@@ -186,7 +269,17 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
         verdict = f"older than this code ({state.head}): run `pipecat-actions db upgrade`"
     else:
         verdict = f"newer than this code ({state.head}): upgrade pipecat_actions"
-    print(f"{ledger.url}: revision {state.current or 'none'}, {verdict}", file=out)
+    if args.json:
+        status: dict[str, object] = {
+            "url": ledger.url,
+            "revision": state.current,
+            "head": state.head,
+            "up_to_date": state.up_to_date,
+            "verdict": verdict,
+        }
+        print(json.dumps(status, indent=2), file=out)
+    else:
+        print(f"{ledger.url}: revision {state.current or 'none'}, {verdict}", file=out)
     return 0 if state.up_to_date else 1
 
 

@@ -1,14 +1,24 @@
-"""What an operator reads from the ledger: operations, one operation's timeline, statistics.
+"""What an operator reads from the ledger and does to it.
 
-Used by ``pipecat-actions ledger list|show``, ``undelivered`` and ``stats``; every function
-returns plain data (for ``--json``) and has a text rendering.
+Operations, one operation's timeline, statistics, and the reconciliation of UNKNOWN operations
+with the application's hooks. Used by ``pipecat-actions ledger list|show``, ``undelivered``,
+``stats`` and ``reconcile``; every function returns plain data (for ``--json``) and has a text
+rendering.
+
+Reconciliation needs the application's own code (its ``reconcile`` hooks talk to its system of
+record), so the operator process loads it: ``--app module:attr`` names an `OperatorApp`, or a
+function (plain or async, no arguments) that returns one.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "OperatorApp",
     "describe",
     "list_operations",
+    "load_app",
+    "reconcile",
+    "render_reconciled",
     "render_rows",
     "render_statistics",
     "statistics",
@@ -16,14 +26,25 @@ __all__ = [
 ]
 
 import asyncio
+import importlib
+import inspect
+import os
 import statistics as stats_
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pipecat_actions.errors import ConfigurationError, PipecatActionsError
 from pipecat_actions.ledger import Ledger, Operation, OperationEvent, OperationFilter
 from pipecat_actions.status import ActionStatus
+
+if TYPE_CHECKING:
+    from pipecat_actions.actions import ActionDefinition
+    from pipecat_actions.admission.authorization import Authorizer
+    from pipecat_actions.policy import PolicySet
 
 S = ActionStatus
 
@@ -256,10 +277,177 @@ def render_rows(rows: list[dict[str, Any]]) -> str:
     """Render operations as a text table."""
     if not rows:
         return "no operation matches"
-    lines = [f"{'operation':<30} {'tool':<22} {'status':<16} {'principal':<16} created"]
-    for row in rows:
-        lines.append(
-            f"{row['operation_id']:<30} {row['tool'][:22]:<22} {row['status']:<16} "
-            f"{row['principal'][:16]:<16} {row['created_at']}"
+    return _table(
+        ["operation", "tool", "status", "principal", "created"],
+        [
+            [row["operation_id"], row["tool"], row["status"], row["principal"], row["created_at"]]
+            for row in rows
+        ],
+    )
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    """Render a table with rich: no colours, never wrapped or cut (ids stay whole)."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for header in headers:
+        table.add_column(header, no_wrap=True)
+    cells = [[str(cell) for cell in row] for row in rows]
+    for row in cells:
+        table.add_row(*row)
+    widths = [
+        max([len(header)] + [len(row[i]) for row in cells]) for i, header in enumerate(headers)
+    ]
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer, width=sum(widths) + 3 * len(widths) + 2, color_system=None, highlight=False
+    )
+    console.print(table)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()).strip("\n")
+
+
+# --- reconciliation ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OperatorApp:
+    """What an operator process needs of the application to reconcile its operations.
+
+    Attributes:
+        policy: The tool policies (a loaded `PolicySet` or a file path), as the bot uses them.
+        actions: The bot's actions, with their ``reconcile`` hooks bound to the same system of
+            record the bot uses (never a fresh in-memory fake: it would find nothing).
+        authorizer: The application's authorizer (not asked by reconciliation; default
+            `AllowAll`).
+    """
+
+    policy: PolicySet | str | os.PathLike[str]
+    actions: Sequence[ActionDefinition]
+    authorizer: Authorizer | None = None
+
+
+async def load_app(spec: str) -> OperatorApp:
+    """Import ``module:attr`` and return the `OperatorApp` it is or its factory returns.
+
+    Raises:
+        ConfigurationError: The spec is malformed, cannot be imported, or gives something else.
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigurationError(f"--app {spec!r}: write module:attribute, e.g. bots.ops:app")
+    if os.getcwd() not in sys.path:
+        # As other module:attr loaders do (uvicorn, gunicorn): the application's package is
+        # found from where the command runs, not only from where it was installed.
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the application's import may fail in any way: one line
+        raise ConfigurationError(f"--app {spec!r}: cannot import {module_name}: {exc}") from exc
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ConfigurationError(f"--app {spec!r}: {module_name} has no {attr}")
+        target = getattr(target, part)
+    if callable(target) and not isinstance(target, OperatorApp):
+        try:
+            target = target()
+            if inspect.isawaitable(target):
+                target = await target
+        except PipecatActionsError:
+            raise
+        except Exception as exc:
+            raise ConfigurationError(f"--app {spec!r}: the factory failed: {exc}") from exc
+    if not isinstance(target, OperatorApp):
+        raise ConfigurationError(
+            f"--app {spec!r} gives a {type(target).__name__}, not an OperatorApp"
         )
-    return "\n".join(lines)
+    return target
+
+
+async def reconcile(
+    ledger: Ledger,
+    app: OperatorApp,
+    *,
+    operation_ids: Sequence[str] = (),
+    actor: str,
+    probes: int = 1,
+) -> list[dict[str, Any]]:
+    """Reconcile UNKNOWN operations with the application's hooks; return what happened.
+
+    With ``operation_ids`` each must be UNKNOWN and reconcilable (else `ConfigurationError`);
+    without, every UNKNOWN operation is tried and those that cannot be (tool not loaded, no
+    hook) are reported as skipped. Outcomes are written by an `ActionRuntime` built on the
+    same ledger (it recovers nothing of other processes), through its normal transitions,
+    audited with ``actor``.
+    """
+    from pipecat_actions.admission.authorization import AllowAll
+    from pipecat_actions.runtime import ActionRuntime
+
+    named = list(operation_ids)
+    targets = named or [
+        op.operation_id
+        for op in await ledger.list(OperationFilter(status=[S.UNKNOWN], limit=100_000))
+    ]
+    runtime = await ActionRuntime.create(
+        app.policy,
+        authorizer=app.authorizer or AllowAll(),
+        actions=app.actions,
+        ledger=ledger,
+        owner=actor,
+        recover=False,
+    )
+    rows: list[dict[str, Any]] = []
+    try:
+        for operation_id in targets:
+            before = await ledger.get(operation_id)
+            row: dict[str, Any] = {
+                "operation_id": operation_id,
+                "tool": before.tool,
+                "before": before.status.value,
+            }
+            try:
+                after = await runtime.reconcile_unknown(operation_id, actor=actor, probes=probes)
+            except ConfigurationError as exc:
+                if named:
+                    raise
+                rows.append({**row, "after": before.status.value, "changed": False,
+                             "escalated": before.escalated_at is not None,
+                             "note": f"skipped: {exc}"})  # fmt: skip
+                continue
+            rows.append(
+                {
+                    **row,
+                    "after": after.status.value,
+                    "changed": after.status is not before.status,
+                    "escalated": after.escalated_at is not None,
+                    "note": after.error if after.status is S.FAILED_FINAL else None,
+                }
+            )
+    finally:
+        await runtime.close(grace_secs=0)
+    return rows
+
+
+def render_reconciled(rows: list[dict[str, Any]]) -> str:
+    """Render the outcome of `reconcile` as a text table."""
+    if not rows:
+        return "no operation is UNKNOWN"
+    return _table(
+        ["operation", "tool", "before", "after", "changed", "note"],
+        [
+            [
+                row["operation_id"],
+                row["tool"],
+                row["before"],
+                row["after"],
+                "yes" if row["changed"] else "no" + (" (escalated)" if row["escalated"] else ""),
+                row["note"] or "",
+            ]
+            for row in rows
+        ],
+    )

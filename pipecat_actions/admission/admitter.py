@@ -30,6 +30,7 @@ from pipecat_actions.execution.executor import Binding, Executor
 from pipecat_actions.execution.results import refusal_result
 from pipecat_actions.ledger import Ledger, NewOperation, Operation
 from pipecat_actions.ledger.records import canonical_json
+from pipecat_actions.observability.redaction import log_redactor
 from pipecat_actions.policy import AdmitWhen, ConfirmationMode, OnDuplicate, ToolKind
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
@@ -139,6 +140,8 @@ class Admitter:
         parsed = self._parse(raw_args, policy.max_payload_bytes, base)
         if isinstance(parsed, _Refuse):
             return await self._refuse(base, parsed.code, parsed.message)
+        # From here on the values at the policy's redact paths are masked in every log line.
+        log_redactor().arm(policy.redact, parsed)
         base.args = parsed
         try:
             args = binding.action.args_model.model_validate(parsed).model_dump(mode="json")

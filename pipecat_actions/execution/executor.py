@@ -28,6 +28,7 @@ from pipecat_actions.clock import Clock
 from pipecat_actions.errors import TransitionRefused
 from pipecat_actions.execution.outcomes import Outcome, classify
 from pipecat_actions.ledger import Ledger, Operation
+from pipecat_actions.observability.correlation import operation_ids, operation_logger
 from pipecat_actions.policy import ToolKind, ToolPolicy
 from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus
 
@@ -166,9 +167,12 @@ class Executor:
     async def _call_effect(self, op: Operation, tracked: Tracked) -> Any:
         binding = tracked.binding
         ctx = self.context(op, binding)
-        task = asyncio.get_running_loop().create_task(
-            binding.action.run(ctx), name=f"pipecat_actions.effect.{op.operation_id}"
-        )
+        with logger.contextualize(**operation_ids(op)):
+            # The effect's task copies this context: the application's own log lines in the
+            # effect carry the operation's correlation ids.
+            task = asyncio.get_running_loop().create_task(
+                binding.action.run(ctx), name=f"pipecat_actions.effect.{op.operation_id}"
+            )
         tracked.effect_task = task
         takeover = asyncio.get_running_loop().create_task(tracked.takeover.wait())
         try:
@@ -206,7 +210,9 @@ class Executor:
                 # found nothing, or the deadline failed it): a person must look.
                 await self.escalate(op, "a late success contradicts FAILED_FINAL")
         except Exception as exc:  # a late answer must never crash the runtime
-            logger.warning("operation {}: could not record a late answer: {}", operation_id, exc)
+            logger.bind(operation_id=operation_id).warning(
+                "operation {}: could not record a late answer: {}", operation_id, exc
+            )
 
     # --- reconciliation --------------------------------------------------------------------
 
@@ -228,7 +234,8 @@ class Executor:
             if current.status is not S.UNKNOWN:
                 return current
             try:
-                answer = await hook(self.context(current, tracked.binding))
+                with logger.contextualize(**operation_ids(current)):
+                    answer = await hook(self.context(current, tracked.binding))
                 state, result = answer.state, answer.result
             except Exception as exc:
                 await self.ledger.annotate(
@@ -261,7 +268,7 @@ class Executor:
             detail={"escalated": why},
             changes={"escalated_at": self.clock.now()},
         )
-        logger.warning("operation {} escalated: {}", op.operation_id, why)
+        operation_logger(op).warning("operation {} escalated: {}", op.operation_id, why)
         return escalated
 
     # --- helpers ---------------------------------------------------------------------------

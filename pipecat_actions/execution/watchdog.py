@@ -118,4 +118,6 @@ class Watchdog:
         try:
             await self._on_expiry(operation_id)
         except Exception as exc:  # one failed expiry must not stop the others
-            logger.error("watchdog: expiry of {} failed: {}", operation_id, exc)
+            logger.bind(operation_id=operation_id).error(
+                "watchdog: expiry of {} failed: {}", operation_id, exc
+            )

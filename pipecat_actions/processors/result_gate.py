@@ -225,11 +225,15 @@ class ActionResultGate(FrameProcessor):
 
     async def _on_result(self, frame: FunctionCallResultFrame) -> None:
         if frame.tool_call_id in self._closed_by_gate:
-            logger.debug("{}: dropping a result for a call it already closed", self)
+            self._log(frame.tool_call_id).debug(
+                "{}: dropping a result for a call it already closed", self
+            )
             return
         final = frame.properties is None or frame.properties.is_final
         if final and frame.tool_call_id in self._finished_calls:
-            logger.debug("{}: dropping a duplicate final result of {}", self, frame.tool_call_id)
+            self._log(frame.tool_call_id).debug(
+                "{}: dropping a duplicate final result of {}", self, frame.tool_call_id
+            )
             return
         if not final:
             # Intermediate results go into the context silently unless the policy says else.
@@ -525,6 +529,16 @@ class ActionResultGate(FrameProcessor):
 
     # --- delivery records ------------------------------------------------------------------
 
+    def _log(self, tool_call_id: str | None = None, *, operation_id: str | None = None) -> Any:
+        """The logger bound to this session and a call's (or an operation's) ids."""
+        if operation_id is None and tool_call_id is not None:
+            operation_id = self.runtime.operation_for_call(tool_call_id)
+        return logger.bind(
+            session_id=self.session.session_id,
+            tool_call_id=tool_call_id,
+            operation_id=operation_id,
+        )
+
     @property
     def _actor(self) -> str:
         return f"gate:{self.session.session_id}"
@@ -535,7 +549,9 @@ class ActionResultGate(FrameProcessor):
             with self.runtime.telemetry.delivery(op, self.session, late=False):
                 await self._mark_delivered(op)
         except Exception as exc:  # a record of delivery must never break the conversation
-            logger.warning("{}: delivery of {} not recorded: {}", self, operation_id, exc)
+            self._log(operation_id=operation_id).warning(
+                "{}: delivery of {} not recorded: {}", self, operation_id, exc
+            )
 
     async def _mark_delivered(self, op: Operation, *, late: bool = False) -> None:
         if op.delivered_at is not None:
@@ -575,7 +591,7 @@ class ActionResultGate(FrameProcessor):
                     changes={"acknowledged_at": self.runtime.clock.now()},
                 )
             except Exception as exc:
-                logger.warning(
+                self._log(operation_id=operation_id).warning(
                     "{}: acknowledgement of {} not recorded: {}", self, operation_id, exc
                 )
 

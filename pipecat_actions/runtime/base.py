@@ -10,8 +10,6 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from loguru import logger
-
 from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.admission.limits import Limiter, Slot
 from pipecat_actions.clock import Clock
@@ -30,6 +28,7 @@ from pipecat_actions.ledger import (
     NewOperation,
     Operation,
 )
+from pipecat_actions.observability.correlation import operation_logger
 from pipecat_actions.observability.ledger import ObservedLedger
 from pipecat_actions.observability.metrics import ActionMetrics
 from pipecat_actions.observability.telemetry import Telemetry
@@ -136,9 +135,11 @@ class RuntimeBase:
             if self._closed:
                 # Stopped mid-flight: the ledger keeps the last status written; the next owner
                 # of the lease recovers the operation.
-                logger.info("operation {} left to recovery: {}", op.operation_id, exc)
+                operation_logger(op).info("operation {} left to recovery: {}", op.operation_id, exc)
                 return
-            logger.exception("operation {}: execution failed: {}", op.operation_id, exc)
+            operation_logger(op).exception(
+                "operation {}: execution failed: {}", op.operation_id, exc
+            )
             final = await self.ledger.get(op.operation_id)
         finally:
             self._executing.discard(op.operation_id)

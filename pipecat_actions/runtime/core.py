@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from loguru import logger
+
 from pipecat_actions.actions import ActionDefinition
 from pipecat_actions.admission.admitter import (
     Admission,
@@ -49,6 +51,7 @@ from pipecat_actions.ledger import (
     Operation,
     SqlLedger,
 )
+from pipecat_actions.observability.redaction import install_log_redaction
 from pipecat_actions.policy import AdmitWhen, OnInterruption, PolicySet, ToolKind, load_policy
 from pipecat_actions.runtime.decisions import DecisionsMixin
 from pipecat_actions.runtime.reads import ReadsMixin
@@ -119,6 +122,9 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
             LedgerError: The ledger cannot be opened.
         """
         policies = policy if isinstance(policy, PolicySet) else load_policy(Path(policy))
+        # Pipecat logs tool-call arguments at DEBUG before any handler runs: the redaction
+        # must be in place, with this policy's redact paths, before the first call.
+        install_log_redaction(policy=policies)
         clock = clock or SystemClock()
         owns = ledger is None
         opened = ledger or await SqlLedger.create(ledger_url, clock=clock)
@@ -228,7 +234,8 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
     ) -> dict[str, Any]:
         """Admit a proposed call and, with ``wait``, return its outcome as a tool result.
 
-        Cancelling the caller never cancels the operation; see ``on_interruption``.
+        Cancelling the caller never cancels the operation; see ``on_interruption``. Every log
+        line written meanwhile (and by the tasks it starts) carries the call's correlation ids.
 
         Args:
             tool: The tool name.
@@ -239,6 +246,31 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
             on_started: Called with the operation id once a new mutation was admitted and
                 started (not for refusals, duplicates or calls waiting for a person).
         """
+        with logger.contextualize(
+            session_id=session.session_id,
+            turn_id=str(session.user_turn),
+            generation=session.generation,
+            tool_call_id=tool_call_id,
+            tool=tool,
+        ):
+            result = await self._propose(
+                tool, arguments, session, tool_call_id, wait=wait, on_started=on_started
+            )
+            logger.bind(operation_id=result.get("operation_id")).debug(
+                "tool call {} of {}: {}", tool_call_id, tool, result.get("status")
+            )
+            return result
+
+    async def _propose(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | str,
+        session: SessionState,
+        tool_call_id: str | None,
+        *,
+        wait: bool,
+        on_started: Callable[[str], Awaitable[None]] | None,
+    ) -> dict[str, Any]:
         self._sessions[session.session_id] = session
         binding = self._bindings.get(tool)
         if binding is not None and binding.policy.kind is ToolKind.READ:
@@ -368,5 +400,7 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
                 and admission.binding.policy.admit_when is AdmitWhen.TURN_CONFIRMED
                 else None
             )
-            self._spawn(self._execute(op, tracked, session=session, wait_generation=wait_for))
+            with logger.contextualize(operation_id=op.operation_id):
+                # The execution task copies this context: its lines name the operation.
+                self._spawn(self._execute(op, tracked, session=session, wait_generation=wait_for))
         return tracked

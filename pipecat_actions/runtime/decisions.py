@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from loguru import logger
-
 from pipecat_actions.actions import CancelOutcome
 from pipecat_actions.approvals import ApprovalRefused, approve_operation, reject_operation
 from pipecat_actions.errors import (
@@ -21,6 +19,7 @@ from pipecat_actions.ledger import (
     Operation,
     OperationFilter,
 )
+from pipecat_actions.observability.correlation import operation_logger
 from pipecat_actions.policy import OnInterruption
 from pipecat_actions.runtime.base import RuntimeBase
 from pipecat_actions.session import SessionState
@@ -71,7 +70,7 @@ class DecisionsMixin(RuntimeBase):
         try:
             answer = await hook(self.executor.context(requested, tracked.binding))
         except Exception as exc:
-            logger.warning("operation {}: cancel hook failed: {}", operation_id, exc)
+            operation_logger(op).warning("operation {}: cancel hook failed: {}", operation_id, exc)
             answer = CancelOutcome.UNKNOWN
         if answer is CancelOutcome.CANCELLED:
             tracked.takeover.set()

@@ -52,7 +52,13 @@ class ReadsMixin(RuntimeBase):
             )
             for record, result in zip(batch, results, strict=True):
                 if isinstance(result, BaseException):
-                    logger.warning("read {} not audited: {}", record.operation_id, result)
+                    logger.bind(
+                        session_id=record.session_id,
+                        turn_id=record.turn_id,
+                        tool_call_id=record.provider_call_id,
+                        operation_id=record.operation_id,
+                        tool=record.tool,
+                    ).warning("read {} not audited: {}", record.operation_id, result)
 
     async def flush(self) -> None:
         """Write the audit records of finished reads now, and wait until they are written."""

@@ -6,13 +6,17 @@ import asyncio
 
 from loguru import logger
 
+from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.executor import (
+    Executor,
+    ReconcileSchedule,
     Tracked,
 )
 from pipecat_actions.ledger import (
     Operation,
     OperationFilter,
 )
+from pipecat_actions.observability.correlation import operation_ids, operation_logger
 from pipecat_actions.runtime.compensation import CompensationMixin
 from pipecat_actions.status import ActionStatus
 
@@ -38,7 +42,9 @@ class RecoveryMixin(CompensationMixin):
         tool = op.tool.removesuffix(".compensate")
         binding = self._bindings.get(tool)
         if binding is None:
-            logger.warning("recovered operation {} of unknown tool {}", op.operation_id, op.tool)
+            operation_logger(op).warning(
+                "recovered operation {} of unknown tool {}", op.operation_id, op.tool
+            )
             return
         tracked = Tracked(
             op.operation_id, binding, op.fence, asyncio.get_running_loop().create_future()
@@ -81,6 +87,63 @@ class RecoveryMixin(CompensationMixin):
             await self._settle_original(final)
         finally:
             self._finish(tracked, final)
+
+    async def reconcile_unknown(
+        self, operation_id: str, *, actor: str | None = None, probes: int = 1
+    ) -> Operation:
+        """Ask the system of record about an UNKNOWN operation now, and record what it says.
+
+        The entry point of ``pipecat-actions reconcile``: the action's ``reconcile`` hook is
+        asked up to ``probes`` times; COMMITTED or FAILED_FINAL is written through the same
+        conditional transition (and audit event) as the runtime's own reconciliation, with
+        ``actor`` recorded; an answer that settles nothing leaves the operation UNKNOWN and
+        escalated. A concurrent writer (the owner finishing it) wins and is reported as is.
+
+        Args:
+            operation_id: The operation.
+            actor: Who asks, for the audit trail (default: this runtime).
+            probes: How many times the hook is asked before giving up.
+
+        Returns:
+            The operation afterwards.
+
+        Raises:
+            OperationNotFound: No such operation.
+            ConfigurationError: Not UNKNOWN, or its tool is not loaded or has no reconcile hook.
+        """
+        op = await self.ledger.get(operation_id)
+        if op.status is not S.UNKNOWN:
+            raise ConfigurationError(
+                f"operation {operation_id} is {op.status.value}, not UNKNOWN: nothing to reconcile"
+            )
+        tool = op.tool.removesuffix(".compensate")
+        binding = self._bindings.get(tool)
+        if binding is None:
+            raise ConfigurationError(
+                f"operation {operation_id}: its tool {op.tool} is not among the loaded actions"
+            )
+        if op.tool.endswith(".compensate") and binding.action.compensate is not None:
+            binding = self._compensation_binding(binding)
+        if binding.action.reconcile is None:
+            raise ConfigurationError(
+                f"operation {operation_id}: the action {tool} has no reconcile hook"
+            )
+        executor = Executor(
+            self.ledger,
+            self.clock,
+            self._authorizer,
+            actor=actor or self.actor,
+            schedule=ReconcileSchedule(initial_secs=0.0, max_probes=probes),
+        )
+        tracked = Tracked(
+            op.operation_id, binding, op.fence, asyncio.get_running_loop().create_future()
+        )
+        with logger.contextualize(**operation_ids(op)):
+            final = await executor.reconcile(op, tracked)
+            operation_logger(final).info(
+                "operation {} reconciled by {}: {}", op.operation_id, executor.actor, final.status
+            )
+        return final
 
     async def _heartbeat_loop(self) -> None:
         while True:

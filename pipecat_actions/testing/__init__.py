@@ -3,6 +3,7 @@
 Shipped so applications can test their own agents without keys or network.
 """
 
+from pipecat_actions.observability.redaction import find_secrets
 from pipecat_actions.testing.conversation import (
     BargeIn,
     Call,
@@ -16,6 +17,7 @@ from pipecat_actions.testing.conversation import (
     run_conversation,
 )
 from pipecat_actions.testing.llm import Say, ScriptedLLM, ToolCalls
+from pipecat_actions.testing.logs import CAPTURE_FORMAT, capture_logs
 from pipecat_actions.testing.system_of_record import (
     Booking,
     FakeSystemOfRecord,
@@ -42,6 +44,7 @@ from pipecat_actions.testing.transport import (
 from pipecat_actions.testing.tts import FakeTTS
 
 __all__ = [
+    "CAPTURE_FORMAT",
     "BargeIn",
     "Booking",
     "Call",
@@ -69,7 +72,9 @@ __all__ = [
     "UserSays",
     "Wait",
     "WaitUntilIdle",
+    "capture_logs",
     "default_transport_params",
+    "find_secrets",
     "offline_user_params",
     "run_conversation",
     "user_says",

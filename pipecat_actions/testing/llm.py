@@ -110,6 +110,9 @@ class ScriptedLLM(LLMService):
             await self.push_frame(frame, direction)
             return
         self.inferences += 1
+        # Logged as a real service logs each inference (the whole context, at DEBUG), so what
+        # reaches the logs in tests is what reaches them in production.
+        self._log_llm_response(frame.context)
         step = self._script.popleft() if self._script else Say(self._fallback)
         if callable(step):
             # A step decided at inference time from the conversation so far, as a model does

@@ -1,0 +1,511 @@
+"""Log redaction: what a policy marks ``redact`` and common secrets never reach a log line.
+
+One loguru patcher (`install_log_redaction`; `ActionRuntime.create` installs it) rewrites every
+record of the process before any sink sees it: the message, the string values of ``extra`` and
+the text of an attached exception. It masks with three nets:
+
+1. **Keys.** The last name of every redact path of every loaded policy (``number`` for
+   ``card.number``, ``phone`` for ``guests[*].phone``, ``card`` for ``card``): the value after
+   ``"number":``, ``'number':`` or ``number=`` is masked wherever it appears (JSON, a Python
+   repr, JSON inside a repr, keyword form). This is what hides the arguments Pipecat logs at
+   DEBUG before the runtime has seen the call: ``LLMService`` logs ``Calling function [...]
+   with arguments {...}``, and every inference logs the whole context (``Generating LLM
+   response [...]``), tool-call arguments included. A key may hide more than its path (every
+   ``number`` value, not only the card's): hiding too much is the safe side.
+2. **Values.** The runtime arms the values found at the redact paths of each call it sees
+   (`Redactor.arm`); they are masked wherever they appear afterwards, e.g. when the model reads
+   a phone number back and Pipecat logs the text it sends to TTS. Values shorter than
+   `Redactor.min_value_chars` are not armed (they would mask unrelated text); the most recent
+   `Redactor.max_values` are kept.
+3. **Patterns.** Card numbers that pass the Luhn check; bearer and basic credentials; JWTs;
+   API keys (``sk-…``, ``sk_live_…``, ``ghp_…``, ``xoxb-…``, ``AIza…``); AWS access key ids;
+   passwords, secrets and tokens written ``key=value`` or ``"key": "value"``; passwords in URLs.
+
+Every quantifier is bounded and every scan is linear, so a huge or deeply nested argument
+costs time in proportion to its length and cannot blow the stack. An exception attached to a
+record is rendered here as a plain traceback without variable values (loguru's ``diagnose``
+would print the locals of every frame, arguments included), redacted, and appended to the
+message.
+
+The ledger keeps the exact arguments for audit: redaction is for logs and traces only.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MASK",
+    "Redactor",
+    "find_secrets",
+    "install_log_redaction",
+    "log_redactor",
+    "uninstall_log_redaction",
+]
+
+import json
+import re
+import threading
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from pipecat_actions.observability.correlation import correlation_text
+
+if TYPE_CHECKING:
+    from loguru import Record
+
+    from pipecat_actions.policy import PolicySet
+
+MASK = "[REDACTED]"
+"""What a masked value is replaced with."""
+
+_PATH_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SCALAR = re.compile(r"[^\s,;&}\])]+")
+_STRUCTURAL = re.compile(r"[\[\]{}()\"'\\]")
+_MAX_STRUCTURE_CHARS = 65_536
+"""A bracketed value longer than this is masked to the end of the text (never scanned further)."""
+
+_SECRET_WORDS = (
+    r"password|passwd|passphrase|pwd|secret|client[_-]?secret|secret[_-]?key|api[_-]?key|"
+    r"apikey|access[_-]?key|access[_-]?token|refresh[_-]?token|auth[_-]?token|id[_-]?token|"
+    r"token|private[_-]?key|aws_secret_access_key|authorization|cookie|cvc|cvv"
+)
+_QUOTED = r"\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'"
+_NAMED_SECRET = re.compile(
+    # Credentials in an Authorization header or its text (before key=value, which would stop
+    # at the scheme's name).
+    r"(?P<auth>(?i:\bbearer\s+|\bauthorization\b\\{0,8}[\"']?\s*[:=]\s*[\"']?"
+    r"(?:basic|digest|token|bearer)?\s*))(?P<authval>[A-Za-z0-9\-._~+/]{8,}=*)"
+    # A named secret in key=value, key: value or "key": "value" form: the value is masked.
+    rf"|(?P<kv>(?i:\b(?:{_SECRET_WORDS})\b)\\{{0,8}}[\"']?\s*[:=]\s*)"
+    rf"(?P<kvval>\\{{1,8}}\"[^\"]*?\\{{1,8}}\"|{_QUOTED}|[^\s,;&}}\])\"']+)"
+)
+_NAMED_TRIGGERS = (
+    "pass", "pwd", "secret", "api_key", "api-key", "apikey", "access_key", "access-key",
+    "private_key", "private-key", "token", "authorization", "bearer", "cookie", "cvc", "cvv",
+)  # fmt: skip
+"""Lower-case words one of which a text must hold before `_NAMED_SECRET` is run on it."""
+
+_API_KEY = re.compile(
+    r"\b(?:[sprk]k[-_](?:live_|test_|proj-|ant-|svcacct-)?[A-Za-z0-9_\-]{16,}"
+    r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"
+    r"|xox[abprs]-[A-Za-z0-9\-]{10,}|AIza[0-9A-Za-z_\-]{30,}"
+    r"|(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b"
+    r"|eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})"
+)
+_API_KEY_TRIGGERS = (
+    "sk-", "sk_", "pk-", "pk_", "rk-", "rk_", "kk-", "kk_", "gh", "github_pat_", "xox",
+    "AIza", "AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA", "eyJ",
+)  # fmt: skip
+"""Substrings one of which a text must hold before `_API_KEY` is run on it."""
+
+_URL_PASSWORD = re.compile(r"(?P<url>://[^:/@\s]{1,256}:)(?P<urlval>[^@/\s]{1,256})(?=@)")
+_CARD = re.compile(r"[2-6](?<!\d[2-6])(?:[ \-]?\d){12,18}(?!\d)")
+"""13 to 19 digits, not inside a longer number, spaces or dashes allowed; Luhn is checked by
+`_mask_card`. It starts with a character class, not the look-behind, so that the regex engine
+can skip ahead fast to the digits that could start a card."""
+
+_KEY_VALUE_SEPARATOR = re.compile(r"\\{0,8}[\"']\s*:\s*")
+_KEYWORD_SEPARATOR = re.compile(r"\s*=(?!=)\s*")
+_QUOTED_VALUE = {
+    quote: re.compile(rf"{quote}(?:[^{quote}\\]|\\.)*{quote}", re.S) for quote in "\"'"
+}
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for index, char in enumerate(reversed(digits)):
+        value = ord(char) - 48
+        if index % 2:
+            value *= 2
+            if value > 9:
+                value -= 9
+        total += value
+    return total % 10 == 0
+
+
+def _replace_named(match: re.Match[str]) -> str:
+    if match.lastgroup == "authval":
+        return f"{match.group('auth')}{MASK}"
+    value = match.group("kvval")
+    quote = value[0] if value[0] in "\"'" else ""
+    if value.startswith("\\"):
+        quote = value[: value.index('"') + 1]
+    return f"{match.group('kv')}{quote}{MASK}{quote}"
+
+
+def _has_card_digits(text: str) -> bool:
+    # str.count runs in C; far cheaper than running the card pattern on text without digits.
+    count = 0
+    for digit in "0123456789":
+        count += text.count(digit)
+        if count >= 13:
+            return True
+    return False
+
+
+def _mask_card(match: re.Match[str]) -> str:
+    """Mask a card number in a run of 13 to 19 digits (spaces or dashes between them).
+
+    The whole run is tried first; else every window of it (a card after another number).
+    """
+    candidate = match.group()
+    positions = [i for i, char in enumerate(candidate) if char.isdigit()]
+    digits = "".join(candidate[i] for i in positions)
+    if _luhn(digits):
+        return MASK
+    for first in range(len(digits) - 12):
+        if digits[first] not in "23456":
+            continue
+        for length in range(min(19, len(digits) - first), 12, -1):
+            if _luhn(digits[first : first + length]):
+                end = positions[first + length - 1] + 1
+                return f"{candidate[: positions[first]]}{MASK}{candidate[end:]}"
+    return candidate
+
+
+class Redactor:
+    """Masks redacted argument values and common secrets in text (see the module docstring).
+
+    Thread-safe: the runtime arms values from the event loop while other threads may log.
+
+    Args:
+        max_values: How many armed values are kept (the oldest are dropped first).
+        min_value_chars: Values shorter than this are not armed.
+    """
+
+    def __init__(self, *, max_values: int = 512, min_value_chars: int = 4) -> None:
+        self.max_values = max_values
+        self.min_value_chars = min_value_chars
+        self._lock = threading.Lock()
+        self._keys: tuple[str, ...] = ()
+        self._values: dict[str, None] = {}
+        self._value_pattern: re.Pattern[str] | None = None
+        self._values_dirty = False
+
+    # --- what to hide ----------------------------------------------------------------------
+
+    def add_paths(self, paths: Iterable[str]) -> None:
+        """Mask the values of these redact paths' last names wherever they appear."""
+        names = {_last_name(path) for path in paths} - set(self._keys)
+        if names:
+            with self._lock:
+                self._keys = tuple(sorted({*self._keys, *names}))
+
+    def add_policy(self, policy: PolicySet) -> None:
+        """Mask the redact paths of every tool of ``policy``."""
+        self.add_paths(path for name in policy.names() for path in policy[name].redact)
+
+    def arm(self, paths: Sequence[str], arguments: Mapping[str, Any]) -> None:
+        """Mask, from now on, the values found at ``paths`` in one call's ``arguments``.
+
+        Args:
+            paths: Redact paths (``card.number``, ``guests[*].phone``).
+            arguments: The call's arguments as the model sent them.
+        """
+        if not paths:
+            return
+        found: list[str] = []
+        for path in paths:
+            for value in _values_at(arguments, path):
+                _scalars(value, found)
+        fresh = [v for v in found if len(v) >= self.min_value_chars and v not in self._values]
+        if not fresh:
+            return
+        with self._lock:
+            for value in fresh:
+                self._values[value] = None
+                escaped = json.dumps(value)[1:-1]
+                if escaped != value:
+                    self._values[escaped] = None
+            while len(self._values) > self.max_values:
+                del self._values[next(iter(self._values))]
+            self._values_dirty = True
+
+    @property
+    def armed_values(self) -> int:
+        """How many values are armed now."""
+        return len(self._values)
+
+    # --- masking ---------------------------------------------------------------------------
+
+    def redact_text(self, text: str) -> str:
+        """Return ``text`` with every redacted value and recognised secret masked."""
+        # Each net first checks, with plain substring searches (fast, in C), that the text
+        # could hold what it looks for; most log lines hold none and cost only those checks.
+        if self._keys:
+            text = self._mask_keys(text)
+        if self._values:
+            text = self._values_regex().sub(MASK, text)
+        lower = text.lower()
+        if any(word in lower for word in _NAMED_TRIGGERS):
+            text = _NAMED_SECRET.sub(_replace_named, text)
+        if any(prefix in text for prefix in _API_KEY_TRIGGERS):
+            text = _API_KEY.sub(MASK, text)
+        if "://" in text:
+            text = _URL_PASSWORD.sub(lambda m: f"{m.group('url')}{MASK}", text)
+        if _has_card_digits(text):
+            text = _CARD.sub(_mask_card, text)
+        return text
+
+    def redact_value(self, value: Any, *, _depth: int = 0) -> Any:
+        """Return ``value`` with its strings redacted, through lists, tuples and mappings.
+
+        Containers nested deeper than 16 levels, and items past the first 1,000 of one
+        container, are replaced by a mask rather than walked.
+        """
+        if isinstance(value, str):
+            return self.redact_text(value)
+        if isinstance(value, int | float | bool) or value is None:
+            return value
+        if _depth >= 16:
+            return MASK
+        if isinstance(value, Mapping):
+            items = list(value.items())
+            out = {k: self.redact_value(v, _depth=_depth + 1) for k, v in items[:1000]}
+            if len(items) > 1000:
+                out["..."] = MASK
+            return out
+        if isinstance(value, list | tuple):
+            walked = [self.redact_value(v, _depth=_depth + 1) for v in value[:1000]]
+            return [*walked, MASK] if len(value) > 1000 else walked
+        return self.redact_text(str(value))
+
+    def __call__(self, record: Record) -> None:
+        """Redact one loguru record in place (the patcher)."""
+        message = self.redact_text(record["message"])
+        exception = record["exception"]
+        if exception is not None:
+            rendered = "".join(
+                traceback.format_exception(exception.type, exception.value, exception.traceback)
+            )
+            message = f"{message}\n{self.redact_text(rendered).rstrip()}"
+            record["exception"] = None
+        record["message"] = message
+        extra = record["extra"]
+        for name, value in extra.items():
+            if not isinstance(value, int | float | bool) and value is not None:
+                extra[name] = self.redact_value(value)
+        if "correlation" not in extra:
+            extra["correlation"] = correlation_text(extra)
+
+    def _values_regex(self) -> re.Pattern[str]:
+        if self._values_dirty or self._value_pattern is None:
+            with self._lock:
+                ordered = sorted(self._values, key=len, reverse=True)
+                self._value_pattern = re.compile("|".join(re.escape(v) for v in ordered))
+                self._values_dirty = False
+        return self._value_pattern
+
+    def _mask_keys(self, text: str) -> str:
+        """Mask the value after each redact key (``"key":``, ``'key':``, ``key=``)."""
+        spans: list[tuple[int, int]] = []
+        for key in self._keys:
+            at = text.find(key)
+            while at >= 0:
+                after = at + len(key)
+                before = text[at - 1] if at else ""
+                if before in ("'", '"'):
+                    separator = _KEY_VALUE_SEPARATOR.match(text, after)
+                elif not (before.isalnum() or before == "_"):
+                    separator = _KEYWORD_SEPARATOR.match(text, after)
+                else:
+                    separator = None
+                if separator is not None:
+                    start = separator.end()
+                    end = _value_end(text, start)
+                    if end > start:
+                        spans.append((start, end))
+                    after = max(after, end)
+                at = text.find(key, after)
+        if not spans:
+            return text
+        parts: list[str] = []
+        position = 0
+        for start, end in sorted(spans):
+            if start < position:  # inside a value already masked
+                continue
+            quote = _leading_quote(text, start)
+            parts.append(text[position:start])
+            parts.append(f"{quote}{MASK}{quote}" if quote else MASK)
+            position = end
+        parts.append(text[position:])
+        return "".join(parts)
+
+
+def _last_name(path: str) -> str:
+    names = _PATH_NAME.findall(path)
+    return names[-1] if names else path
+
+
+def _values_at(value: Any, path: str) -> Iterable[Any]:
+    """Yield the values at a redact path (``guests[*].phone``) in ``value``."""
+    current = [value]
+    for token in re.findall(r"[A-Za-z_][A-Za-z0-9_]*|\[(?:\*|\d+)\]", path):
+        following: list[Any] = []
+        for item in current:
+            if token == "[*]":
+                if isinstance(item, list | tuple):
+                    following.extend(item)
+            elif token.startswith("["):
+                index = int(token[1:-1])
+                if isinstance(item, list | tuple) and index < len(item):
+                    following.append(item[index])
+            elif isinstance(item, Mapping) and token in item:
+                following.append(item[token])
+        current = following
+    return current
+
+
+def _scalars(value: Any, into: list[str], depth: int = 0) -> None:
+    """Collect the text of every scalar in ``value`` (bounded: 16 levels, 1,000 items)."""
+    if depth > 16 or len(into) > 1000:
+        return
+    if isinstance(value, str):
+        into.append(value)
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int | float):
+        into.append(str(value))
+    elif isinstance(value, Mapping):
+        for item in list(value.values())[:1000]:
+            _scalars(item, into, depth + 1)
+    elif isinstance(value, list | tuple):
+        for item in value[:1000]:
+            _scalars(item, into, depth + 1)
+
+
+def _leading_quote(text: str, start: int) -> str:
+    """The quote (with any escaping backslashes) a value at ``start`` opens with, or ''."""
+    end = start
+    while end < len(text) and end - start < 8 and text[end] == "\\":
+        end += 1
+    if end < len(text) and text[end] in "\"'":
+        return text[start : end + 1]
+    return ""
+
+
+def _value_end(text: str, start: int) -> int:
+    """Return where the value at ``start`` ends (a quoted string, brackets, or a bare word).
+
+    An unterminated value, or a bracketed one longer than 64 KiB, ends at the end of the text.
+    """
+    if start >= len(text):
+        return start
+    quote = _leading_quote(text, start)
+    if quote:
+        if len(quote) > 1:  # an escaped quote (JSON inside JSON): ends at the same sequence
+            close = text.find(quote, start + len(quote))
+            return len(text) if close < 0 else close + len(quote)
+        match = _QUOTED_VALUE[quote].match(text, start)
+        return match.end() if match else len(text)
+    if text[start] in "[{(":
+        return _bracket_end(text, start)
+    match = _SCALAR.match(text, start)
+    return match.end() if match else start
+
+
+def _bracket_end(text: str, start: int) -> int:
+    depth = 0
+    quote: str | None = None
+    escaped = -1  # the position of a character a backslash escapes
+    for match in _STRUCTURAL.finditer(text, start):
+        at = match.start()
+        if at - start > _MAX_STRUCTURE_CHARS:
+            return len(text)
+        char = match.group()
+        if at == escaped:
+            continue
+        if char == "\\":
+            escaped = at + 1
+        elif quote is not None:
+            if char == quote:
+                quote = None
+        elif char in "\"'":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+            if depth == 0:
+                return at + 1
+    return len(text)
+
+
+def find_secrets(text: str, secrets: Iterable[str]) -> dict[str, int]:
+    """Count the planted ``secrets`` that appear in ``text``; return only those found.
+
+    For a test harness that captured log output: a secret counts when it appears as written,
+    JSON-escaped, or (for a card number) as its digits with other separators.
+
+    Args:
+        text: The captured log text.
+        secrets: The values planted in tool arguments.
+
+    Returns:
+        ``{secret: occurrences}`` for every secret found at least once.
+    """
+    found: dict[str, int] = {}
+    for secret in secrets:
+        forms = {secret, json.dumps(secret)[1:-1]}
+        digits = re.sub(r"[ \-]", "", secret)
+        count = sum(text.count(form) for form in forms if form)
+        if digits.isdigit() and len(digits) >= 12:
+            spaced = r"[ \-]?".join(digits)
+            count = max(count, len(re.findall(rf"(?<!\d){spaced}(?!\d)", text)))
+        if count:
+            found[secret] = count
+    return found
+
+
+_redactor = Redactor()
+_installed: Callable[[Record], None] | None = None
+_previous: Callable[[Record], None] | None = None
+
+
+def log_redactor() -> Redactor:
+    """Return the process's redactor, the one `install_log_redaction` installs."""
+    return _redactor
+
+
+def install_log_redaction(
+    *, policy: PolicySet | None = None, patcher: Callable[[Record], None] | None = None
+) -> Redactor:
+    """Redact every loguru record of the process from now on; return the redactor.
+
+    Installing twice keeps one patcher. A patcher configured before (``logger.configure(
+    patcher=...)``) keeps running, before the redaction so that what it adds is redacted too;
+    a patcher configured *after* this call replaces the redaction, so pass yours here instead.
+
+    Args:
+        policy: Also mask the redact paths of this policy.
+        patcher: A patcher of the application's to run before redacting.
+    """
+    global _installed, _previous
+    if policy is not None:
+        _redactor.add_policy(policy)
+    # loguru (pinned) keeps the configured patcher on its core; there is no public getter.
+    core = getattr(logger, "_core", None)
+    current = getattr(core, "patcher", None)
+    if current is not None and current is _installed and patcher is None:
+        return _redactor
+    before = patcher or (current if current is not _installed else _previous)
+
+    def redact(record: Record) -> None:
+        if before is not None:
+            before(record)
+        _redactor(record)
+
+    _installed, _previous = redact, before
+    logger.configure(patcher=redact)
+    return _redactor
+
+
+def uninstall_log_redaction() -> None:
+    """Stop redacting log records (restores the patcher that ran before, if any)."""
+    global _installed, _previous
+    core = getattr(logger, "_core", None)
+    if core is not None and _installed is not None and core.patcher is _installed:
+        core.patcher = _previous
+    _installed = _previous = None
