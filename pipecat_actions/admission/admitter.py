@@ -31,7 +31,7 @@ from pipecat_actions.execution.results import refusal_result
 from pipecat_actions.ledger import Ledger, NewOperation, Operation
 from pipecat_actions.ledger.records import canonical_json
 from pipecat_actions.observability.redaction import log_redactor
-from pipecat_actions.policy import AdmitWhen, ConfirmationMode, OnDuplicate, ToolKind
+from pipecat_actions.policy import AdmitWhen, ConfirmationMode, OnDuplicate, ToolKind, ToolPolicy
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
@@ -195,8 +195,12 @@ class Admitter:
                 return taken
             return ReadAdmission(binding, args, taken, key, base.resource_key, base.turn_id)
         existing = None
-        if policy.on_duplicate not in (OnDuplicate.JOIN, OnDuplicate.ALLOW):
-            # join needs no look-up: the insert itself returns the operation holding the key.
+        if policy.on_duplicate not in (OnDuplicate.JOIN, OnDuplicate.ALLOW) or (
+            policy.on_duplicate is OnDuplicate.JOIN and _capped(policy)
+        ):
+            # join needs no look-up (the insert itself returns the operation holding the key),
+            # unless a cap could refuse the call first: a repeat of a call in flight joins it
+            # instead of being told "busy, try again", which invites the model to loop.
             existing = await self._ledger.find_by_key(session.tenant, key)
         if existing is not None:
             duplicate = await self._duplicate(base, binding, existing, key, session)
@@ -415,6 +419,16 @@ def _hash(args: Mapping[str, Any]) -> str:
     from pipecat_actions.ledger import hash_arguments
 
     return hash_arguments(args)
+
+
+def _capped(policy: ToolPolicy) -> bool:
+    """Whether the tool's limits can refuse a call for want of capacity."""
+    limits = policy.limits
+    return (
+        limits.max_concurrent is not None
+        or limits.per_principal is not None
+        or limits.rate_per_minute is not None
+    )
 
 
 def _draft(base: _Audit, key: str, session: SessionState) -> Operation:

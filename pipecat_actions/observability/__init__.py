@@ -47,6 +47,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(import_module(f"{__name__}.{home}"), name)
 
+
 __all__ = [
     "METRICS",
     "ActionMetrics",

@@ -115,6 +115,36 @@ async def test_join_gives_a_repeated_call_the_first_calls_outcome(
         assert restaurant.bookings_made == 1
 
 
+@pytest.mark.parametrize("cap", ["per_principal: 1", "max_concurrent: 1"])
+async def test_a_repeat_of_a_call_in_flight_joins_it_even_when_a_cap_is_full(
+    ledger_url: str, clock: ManualClock, cap: str
+) -> None:
+    # The first call holds the only slot; the repeat is the same intent, not new work: it
+    # must join, not be told "busy, try again" (which invites the model to call again).
+    restaurant = Restaurant(clock)
+    restaurant.sor.faults.hang("book")
+    policy = _booking_policy("join", f"    limits: {{{cap}}}\n")
+    async with running(policy, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        session = SessionState("call-1", principal="alice")
+        first = await rt.propose(
+            "book_table", booking_args(), session, tool_call_id="call_1", wait=False
+        )
+        await eventually(lambda: restaurant.sor.calls["book"] == 1, what="the booking is sent")
+
+        again = await rt.propose(
+            "book_table", booking_args(), session, tool_call_id="call_2", wait=False
+        )
+        other = await rt.propose(
+            "book_table", booking_args(time="21:30"), session, tool_call_id="call_3"
+        )
+
+        assert again["operation_id"] == first["operation_id"], again
+        assert other["status"] == "refused", other  # new work still meets the cap
+        restaurant.sor.release_hung()
+        assert (await rt.wait(first["operation_id"])).status is S.COMMITTED
+        assert restaurant.bookings_made == 1
+
+
 async def test_reject_refuses_a_repeated_call_naming_the_first_operation(
     ledger_url: str, clock: ManualClock
 ) -> None:
