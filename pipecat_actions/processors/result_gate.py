@@ -55,6 +55,7 @@ from pipecat.processors.frame_processor import (
     FrameProcessorSetup,
 )
 
+from pipecat_actions.binding import CONFIRM_TOOL
 from pipecat_actions.execution.results import render_operation
 from pipecat_actions.ledger import Operation, OperationFilter
 from pipecat_actions.policy import DeliveryMode
@@ -134,6 +135,7 @@ class ActionResultGate(FrameProcessor):
         self._recheck: set[str] = set()
         self._group_of_operation: dict[str, str] = {}
         self._retell: set[str] = set()
+        self._confirmations: dict[str, str] = {}
 
     async def setup(self, setup: FrameProcessorSetup) -> None:  # type: ignore[override]
         """Set up; with Pipecat's tracing on, parent the runtime's spans to its turn spans."""
@@ -168,6 +170,11 @@ class ActionResultGate(FrameProcessor):
         await self.push_frame(frame, direction)
         if isinstance(frame, FunctionCallInProgressFrame):
             self._progressed.add(frame.tool_call_id)
+            confirmed = (frame.arguments or {}).get("operation_id")
+            if frame.function_name == CONFIRM_TOOL and isinstance(confirmed, str):
+                # A confirmation is about an operation too: if it is cancelled, the model is
+                # told that operation's real state, never a bare CANCELLED.
+                self._confirmations[frame.tool_call_id] = confirmed
             if frame.group_id is not None:
                 self._group_of_call[frame.tool_call_id] = frame.group_id
             early = self._early_cancels.pop(frame.tool_call_id, None)
@@ -190,7 +197,9 @@ class ActionResultGate(FrameProcessor):
             self.session.settle_generation()
 
     async def _on_cancel(self, frame: FunctionCallCancelFrame) -> None:
-        operation_id = self.runtime.operation_for_call(frame.tool_call_id)
+        operation_id = self.runtime.operation_for_call(
+            frame.tool_call_id
+        ) or self._confirmations.get(frame.tool_call_id)
         if frame.tool_call_id not in self._progressed:
             # Overtook its in-progress frame: pass it on only after that frame (see above).
             self._early_cancels[frame.tool_call_id] = frame
