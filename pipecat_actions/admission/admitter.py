@@ -321,7 +321,11 @@ class Admitter:
             lease_owner=self._owner,
             lease_secs=self._lease_secs,
             actor=f"runtime:{self._owner}",
-            detail={"generation": generation, "principal": session.principal},
+            detail={
+                "generation": generation,
+                "principal": session.principal,
+                "reason": _ADMISSION_REASONS[status],
+            },
         )
         try:
             admitted = await self._ledger.admit(new)
@@ -419,6 +423,15 @@ def _hash(args: Mapping[str, Any]) -> str:
     from pipecat_actions.ledger import hash_arguments
 
     return hash_arguments(args)
+
+
+_ADMISSION_REASONS = {
+    S.AWAITING_APPROVAL: "admission checks passed; the policy asks a person to approve it",
+    S.AWAITING_CONFIRMATION: "admission checks passed; the user must confirm it first",
+    S.ADMITTED: "admission checks passed; it starts once the proposing reply ends unbroken",
+    S.RUNNING: "admission checks passed; started at once",
+}
+"""Why an admitted operation starts in each status (the audit reason of its insert)."""
 
 
 def _capped(policy: ToolPolicy) -> bool:

@@ -113,6 +113,11 @@ _QUOTED_VALUE = {
 }
 
 
+_PHONE = re.compile(r"(?<![\w+])\+[1-9](?:[ \-.()]{0,2}\d){7,14}(?!\d)")
+"""A phone number in international form (``+44 20 7946 0000``): callers read theirs out
+before any tool is called, so no redact path has armed its value yet."""
+
+
 def _luhn(digits: str) -> bool:
     total = 0
     for index, char in enumerate(reversed(digits)):
@@ -247,6 +252,8 @@ class Redactor:
             text = _URL_PASSWORD.sub(lambda m: f"{m.group('url')}{MASK}", text)
         if _has_card_digits(text):
             text = _CARD.sub(_mask_card, text)
+        if "+" in text:
+            text = _PHONE.sub(MASK, text)
         return text
 
     def redact_value(self, value: Any, *, _depth: int = 0) -> Any:

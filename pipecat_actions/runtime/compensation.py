@@ -154,7 +154,13 @@ class CompensationMixin(RuntimeBase):
                 to=to,
                 fence=current.fence,
                 actor=self.actor,
-                detail={"compensation": compensation.operation_id},
+                detail={
+                    "compensation": compensation.operation_id,
+                    "reason": (
+                        f"its compensation {compensation.operation_id} ended "
+                        f"{compensation.status.value}"
+                    ),
+                },
             )
 
     async def _escalate_original(self, original: Operation, compensation: Operation) -> None:

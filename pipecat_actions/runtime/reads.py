@@ -175,7 +175,11 @@ class ReadsMixin(RuntimeBase):
                     error=error,
                     result=value,
                     actor=self.actor,
-                    detail={"attempts": attempt, "timed_out": timed_out},
+                    detail={
+                        "attempts": attempt,
+                        "timed_out": timed_out,
+                        "reason": "read answered" if error is None else f"read failed: {error}",
+                    },
                 )
             )
         return result

@@ -305,6 +305,7 @@ class _Scene:
         self.gate: ActionResultGate | None = None
         self.context = self._new_context()
         self.generation = 0
+        self.background: list[asyncio.Future[None]] = []
 
     def _new_session(self) -> SessionState:
         # Suffixed per run, so runs sharing a database neither see nor join each other's work.
@@ -504,12 +505,18 @@ class _Scene:
         await self.gate.handoff(agent)
 
     async def compensate(self, step: CompensateStep) -> None:
+        # Started, not awaited: the compensation runs on the manual clock, which later steps
+        # move (an `until` waits for its outcome).
         assert self.runtime is not None
-        op_id = await self.op_id(step.op)
-        try:
-            await self.runtime.compensate(op_id, actor="app:scenario", reason=step.reason)
-        except Exception as exc:
-            self.note(f"compensation of {op_id} refused: {exc}")
+        runtime, op_id = self.runtime, await self.op_id(step.op)
+
+        async def undo() -> None:
+            try:
+                await runtime.compensate(op_id, actor="app:scenario", reason=step.reason)
+            except Exception as exc:
+                self.note(f"compensation of {op_id} refused: {exc}")
+
+        self.background.append(asyncio.ensure_future(undo()))
 
     async def crash(self) -> None:
         # Nothing more is written: the runtime stops at once, leaving statuses as they are.
@@ -578,6 +585,9 @@ class _Scene:
         if self.runtime is None:
             await self.open_runtime(recover=False)
         assert self.runtime is not None
+        for task in self.background:
+            task.cancel()  # a compensation still waiting has its state in the ledger
+        await asyncio.gather(*self.background, return_exceptions=True)
         await self.runtime.flush()
         ledger = self.runtime.ledger
         ops = await ledger.list(OperationFilter(session_id=self.session.session_id))

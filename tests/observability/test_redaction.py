@@ -96,6 +96,20 @@ def test_card_numbers_that_pass_luhn_are_masked_in_free_text(secret: str) -> Non
     assert out == f"my card is {MASK}, thanks"
 
 
+@pytest.mark.parametrize(
+    "phone", ["+44 20 7946 0000", "+1 (415) 555-0100", "+33612345678", "+49-30-901820"]
+)
+def test_phone_numbers_in_international_form_are_masked_in_free_text(phone: str) -> None:
+    # A caller reads it out before any tool call has armed it as a redact-path value.
+    out = Redactor().redact_text(f"my number is {phone}, thanks")
+    assert out == f"my number is {MASK}, thanks"
+
+
+@pytest.mark.parametrize("text", ["x=+123", "a+b", "temp +5 degrees", "version 1.2+3"])
+def test_plus_signs_that_are_not_phone_numbers_are_left_alone(text: str) -> None:
+    assert Redactor().redact_text(text) == text
+
+
 def test_a_card_number_after_another_digit_is_still_masked() -> None:
     out = Redactor().redact_text(f"table 2 {CARD} please")
     assert find_secrets(out, [CARD]) == {}

@@ -203,7 +203,10 @@ async def test_a_compensation_that_fails_for_good_leaves_the_original_committed(
     assert compensation.compensates == op_id
     assert original.status is Status.COMMITTED
     assert transitions(trail) == [Status.COMMITTED, Status.COMPENSATING, Status.COMMITTED]
-    assert trail[-1].detail == {"compensation": compensation.operation_id}
+    assert trail[-1].detail == {
+        "compensation": compensation.operation_id,
+        "reason": f"its compensation {compensation.operation_id} ended FAILED_FINAL",
+    }
     assert sor.get_booking("bk_0002").status == "confirmed"
     assert sor.side_effects["cancel"] == 0
 
