@@ -642,7 +642,11 @@ async def run_loaded(loaded: LoadedScenario, *, ledger_url: str | None = None) -
     run = Run()
     with tempfile.TemporaryDirectory(prefix="pipecat-actions-scenario-") as workdir:
         url = ledger_url or f"sqlite:///{Path(workdir) / 'ledger.db'}"
-        scene = _Scene(loaded, url, run)
+        try:
+            scene = _Scene(loaded, url, run)
+        except Exception as exc:  # the app cannot be loaded: nothing ran
+            run.error = f"app {loaded.spec.app!r}: {type(exc).__name__}: {exc}"
+            return run
         try:
             try:
                 await scene.play()

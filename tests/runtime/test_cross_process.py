@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +13,15 @@ import pytest
 CHILD = Path(__file__).with_name("_dedup_child.py")
 PROCESSES, CALLS = 4, 250
 
+ROUNDS = 5 if os.environ.get("PIPECAT_ACTIONS_LONG") == "1" else 1
+"""The long variant (see the README) runs the race several times per backend."""
+
 pytestmark = pytest.mark.timeout(180)
 
 
+@pytest.mark.parametrize("round_", range(ROUNDS))
 def test_four_processes_of_concurrent_duplicates_make_one_side_effect_and_share_its_outcome(
-    ledger_url: str, tmp_path: Path
+    ledger_url: str, tmp_path: Path, round_: int
 ) -> None:
     effects = tmp_path / "effects.txt"
     children = [

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -222,9 +223,12 @@ class RuntimeModel(RuleBasedStateMachine):
             self.tmp.cleanup()
 
 
+LONG = os.environ.get("PIPECAT_ACTIONS_LONG") == "1"
+"""The long variant (see the README): many more and longer random runs."""
+
 RuntimeModel.TestCase.settings = settings(
-    max_examples=15,
-    stateful_step_count=12,
+    max_examples=150 if LONG else 15,
+    stateful_step_count=25 if LONG else 12,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

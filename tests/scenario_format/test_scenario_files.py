@@ -183,3 +183,46 @@ def test_the_command_passes_a_scenario_that_holds_and_exits_0(tmp_path: Path) ->
     done = cli("scenario", "run", str(ok))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS broken" in done.stdout
+
+
+APP = '''
+from pipecat_actions import ActionContext, action
+
+
+def actions(sor):
+    @action
+    async def count_tables(ctx: ActionContext, restaurant_id: str) -> dict:
+        """Count the free tables of a restaurant."""
+        return {"free": len(sor.bookings(restaurant_id)) + 7}
+
+    return [count_tables]
+'''
+
+
+async def test_a_scenario_runs_the_applications_own_actions_from_module_factory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipecat_actions.scenarios import run_scenario
+
+    (tmp_path / "my_agent_actions.py").write_text(APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = (
+        "name: own app\napp: my_agent_actions:actions\n"
+        "policy:\n  version: 1\n  tools:\n    count_tables: {kind: read}\n"
+        "steps:\n  - user: How many tables are free?\n"
+        "  - llm: {calls: [{tool: count_tables, as: count, args: {restaurant_id: trattoria}}]}\n"
+        "  - llm: Seven tables are free.\n  - idle: {quiet_secs: 0.3, calls: true}\n"
+        "expect:\n  operations:\n    - {op: count, status: COMMITTED, result: {free: 7}}\n"
+        "  heard: {includes: [seven tables]}\n"
+    )
+    report = await run_scenario(load_scenario_text(text, source="own.yaml", base=tmp_path))
+    assert report.passed, [c for c in report.checks if not c.passed]
+
+
+async def test_an_app_that_cannot_be_imported_fails_the_run_with_the_reason() -> None:
+    from pipecat_actions.scenarios import run_scenario
+
+    text = scenario("  - wait: 0.1\n", head="name: x\napp: no_such_module_here:build\n" + POLICY)
+    report = await run_scenario(load_scenario_text(text, source="x.yaml", base=ROOT))
+    assert not report.passed
+    assert "No module named 'no_such_module_here'" in (report.run.error or ""), report.run.error
