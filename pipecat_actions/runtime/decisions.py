@@ -33,8 +33,8 @@ class DecisionsMixin(RuntimeBase):
 
     async def _interrupted(self, operation_id: str) -> None:
         tracked = self._tracked.get(operation_id)
-        if tracked is None:
-            return
+        if tracked is None or self._closed:
+            return  # a closing runtime leaves its operations to recovery, as they are
         mode = tracked.binding.policy.on_interruption
         if mode is OnInterruption.CONTINUE:
             return

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -226,9 +227,11 @@ class RuntimeModel(RuleBasedStateMachine):
 LONG = os.environ.get("PIPECAT_ACTIONS_LONG") == "1"
 """The long variant (see the README): many more and longer random runs."""
 
+pytestmark = pytest.mark.timeout(1800 if LONG else 300)
+
 RuntimeModel.TestCase.settings = settings(
-    max_examples=150 if LONG else 15,
-    stateful_step_count=25 if LONG else 12,
+    max_examples=60 if LONG else 15,
+    stateful_step_count=20 if LONG else 12,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
