@@ -58,7 +58,7 @@ from pipecat.processors.frame_processor import (
 from pipecat_actions.binding import CONFIRM_TOOL
 from pipecat_actions.execution.results import render_operation
 from pipecat_actions.ledger import Operation, OperationFilter
-from pipecat_actions.policy import DeliveryMode
+from pipecat_actions.policy import DeliveryMode, ToolKind
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
@@ -267,7 +267,9 @@ class ActionResultGate(FrameProcessor):
         else:
             # Told in place (e.g. by confirm_action): no late message for it any more.
             self._forget(operation_id)
-            self.create_task(self._mark_delivered_id(operation_id))
+            # A read's row is written after its answer, in a batch; its refusal at once.
+            if not self._is_read(frame.function_name) or result.get("status") == "refused":
+                self.create_task(self._mark_delivered_id(operation_id))
 
     async def _catch_up(self, operation_id: str, told: object) -> None:
         """Tell an outcome that landed after the result was rendered but before it got here.
@@ -293,6 +295,8 @@ class ActionResultGate(FrameProcessor):
         result = frame.result
         if not isinstance(result, dict) or not isinstance(result.get("operation_id"), str):
             return
+        if self._is_read(frame.function_name):
+            return  # reads change nothing: nothing to supersede, and no row yet
         try:
             op = await self.runtime.ledger.get(result["operation_id"])
             newer = await self._superseded_by(op)
@@ -301,6 +305,10 @@ class ActionResultGate(FrameProcessor):
             return
         if newer is not None:
             frame.result = {**result, "superseded_by": newer, "note": _SUPERSEDED_NOTE}
+
+    def _is_read(self, tool: str) -> bool:
+        binding = self.runtime.bindings.get(tool)
+        return binding is not None and binding.policy.kind is ToolKind.READ
 
     def _intermediate_runs_llm(self, tool: str) -> bool:
         binding = self.runtime.bindings.get(tool)
