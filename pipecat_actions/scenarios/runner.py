@@ -14,18 +14,14 @@ __all__ = ["Run", "TimelineEntry", "run_loaded"]
 
 import asyncio
 import importlib
-import re
 import tempfile
 import time
 import uuid
-from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipecat.frames.frames import FunctionCallResultFrame, LLMMessagesAppendFrame
-from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.aggregators.llm_context import LLMContext
 
 from pipecat_actions.actions import ActionDefinition
@@ -45,7 +41,6 @@ from pipecat_actions.scenarios.model import (
     FaultStep,
     HandoffStep,
     IdleStep,
-    LlmStep,
     ReconnectStep,
     RejectStep,
     ReleaseHungStep,
@@ -54,6 +49,8 @@ from pipecat_actions.scenarios.model import (
     UserStep,
     WaitStep,
 )
+from pipecat_actions.scenarios.script import model_script
+from pipecat_actions.scenarios.timeline import DeliveryWatch, TimelineEntry, timeline_ledger
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import (
@@ -63,9 +60,7 @@ from pipecat_actions.testing import (
     FakeTransport,
     FakeTTS,
     HeardUtterance,
-    Say,
     ScriptedLLM,
-    ToolCalls,
     UserSays,
     Wait,
     WaitUntilIdle,
@@ -77,17 +72,6 @@ from pipecat_actions.testing.restaurant import build_actions
 S = ActionStatus
 _ADVANCE_SLICE_SECS = 0.25
 """`advance` moves the clock in slices this long, letting work run between them."""
-
-
-@dataclass(frozen=True)
-class TimelineEntry:
-    """One thing that happened, on the process's monotonic clock."""
-
-    at: float
-    what: str
-    operation_id: str | None = None
-    status: ActionStatus | None = None
-    delivered: bool = False
 
 
 @dataclass
@@ -127,86 +111,6 @@ class _Reconnect(Exception):
     """Raised by a reconnect step to cut the pipeline."""
 
 
-def _timeline_ledger(timeline: list[TimelineEntry]) -> type[SqlLedger]:
-    """A `SqlLedger` that notes each write on the timeline once it is committed."""
-
-    class TimelineLedger(SqlLedger):
-        async def admit(self, new: Any) -> Any:
-            result = await super().admit(new)
-            if result.created:
-                self._note(result.operation, f"admitted {result.operation.tool}")
-            return result
-
-        async def record_refusal(self, new: Any) -> Operation:
-            op = await super().record_refusal(new)
-            self._note(op, f"refused {op.tool}: {op.error}")
-            return op
-
-        async def record_completed(self, new: Any) -> Operation:
-            op = await super().record_completed(new)
-            self._note(op, f"recorded {op.tool}")
-            return op
-
-        async def transition(self, operation_id: str, **kwargs: Any) -> Operation:
-            op = await super().transition(operation_id, **kwargs)
-            self._note(op, f"{kwargs.get('expected')} -> {op.status} by {kwargs.get('actor')}")
-            return op
-
-        async def annotate(self, operation_id: str, **kwargs: Any) -> Operation:
-            # Stamped when asked: the gate records a delivery right after pushing it.
-            asked_at = time.monotonic()
-            op = await super().annotate(operation_id, **kwargs)
-            changes = kwargs.get("changes") or {}
-            if "delivered_at" in changes:
-                timeline.append(
-                    TimelineEntry(asked_at, f"{op.operation_id} ({op.tool}) recorded as told")
-                )
-            return op
-
-        def _note(self, op: Operation, what: str, *, at: float | None = None) -> None:
-            timeline.append(
-                TimelineEntry(
-                    time.monotonic() if at is None else at,
-                    f"{op.operation_id} {what}",
-                    op.operation_id,
-                    op.status,
-                )
-            )
-
-    return TimelineLedger
-
-
-_OPERATION_ID = re.compile(r"op_[0-9a-f]{26}")
-
-
-class _DeliveryWatch(BaseObserver):
-    """Stamps each operation the gate tells the LLM at the moment the gate pushes it.
-
-    The ledger records a delivery just after the push, by which time the bot may already be
-    speaking about it; the push itself is what comes before what the user hears.
-    """
-
-    def __init__(self, timeline: list[TimelineEntry]) -> None:
-        super().__init__()
-        self._timeline = timeline
-
-    async def on_push_frame(self, data: FramePushed) -> None:
-        if not isinstance(data.source, ActionResultGate):
-            return
-        frame = data.frame
-        if isinstance(frame, FunctionCallResultFrame):
-            told = str(frame.result)
-        elif isinstance(frame, LLMMessagesAppendFrame):
-            told = str(frame.messages)
-        else:
-            return
-        at = time.monotonic()
-        for operation_id in dict.fromkeys(_OPERATION_ID.findall(told)):
-            self._timeline.append(
-                TimelineEntry(at, f"{operation_id} told to the LLM", operation_id, delivered=True)
-            )
-
-
 def _load_app(app: str) -> Callable[[FakeSystemOfRecord], Sequence[ActionDefinition]]:
     if app == "restaurant":
         return build_actions
@@ -231,59 +135,6 @@ def _new_provider(loaded: LoadedScenario, clock: ManualClock) -> FakeSystemOfRec
     return sor
 
 
-def _model_steps(loaded: LoadedScenario) -> deque[Any]:
-    """The llm steps as `ScriptedLLM` steps, with ids that name labelled calls."""
-    script: deque[Any] = deque()
-    count = 0
-    for step in loaded.steps:
-        if not isinstance(step, LlmStep):
-            continue
-        if not step.calls:
-            script.append(Say(step.say or ""))
-            continue
-        ids = []
-        for call in step.calls:
-            count += 1
-            ids.append(f"call_{call.as_}" if call.as_ else f"call_{count}")
-        if any(call.from_context for call in step.calls):
-            script.append(_reading_context(step, ids))
-        else:
-            calls = [(call.tool, dict(call.args)) for call in step.calls]
-            script.append(ToolCalls(calls, say=step.say, ids=ids))
-    return script
-
-
-def _reading_context(step: LlmStep, ids: list[str]) -> Callable[[list[Any]], ToolCalls]:
-    def decide(messages: list[Any]) -> ToolCalls:
-        calls = []
-        for call in step.calls:
-            args = dict(call.args)
-            for argument, wanted in call.from_context.items():
-                args[argument] = _latest_field(messages, wanted)
-            calls.append((call.tool, args))
-        return ToolCalls(calls, say=step.say, ids=ids)
-
-    return decide
-
-
-def _latest_field(messages: list[Any], name: str) -> Any:
-    """The value of ``name`` in the latest tool result (or developer note) that has it."""
-    import json
-
-    for message in reversed(messages):
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if not isinstance(content, str) or name not in content:
-            continue
-        start = content.find("{")
-        try:
-            data = json.loads(content[start:]) if start >= 0 else None
-        except ValueError:
-            continue
-        if isinstance(data, Mapping) and name in data:
-            return data[name]
-    return None
-
-
 class _Scene:
     """The world of one scenario run: clock, provider, ledger, runtime, session, pipeline."""
 
@@ -296,8 +147,8 @@ class _Scene:
         self.sor = _new_provider(loaded, self.clock)
         # The scenario's policy picks which of the app's tools exist in this story.
         self.actions = [a for a in _load_app(self.spec.app)(self.sor) if a.name in loaded.policy]
-        self.script = _model_steps(loaded)
-        self.ledger_class = _timeline_ledger(run.timeline)
+        self.script = model_script(loaded)
+        self.ledger_class = timeline_ledger(run.timeline)
         self.runtime: ActionRuntime | None = None
         self.ledger: SqlLedger | None = None
         self.run_id = uuid.uuid4().hex[:8]
@@ -569,7 +420,7 @@ class _Scene:
                 context=self.context,
                 after_user_aggregator=[ActionTurnTracker(self.session)],
                 before_assistant_aggregator=[self.gate],
-                observers=[_DeliveryWatch(self.run.timeline)],
+                observers=[DeliveryWatch(self.run.timeline)],
                 settle=WaitUntilIdle(quiet_secs=0.5, timeout_secs=20, function_calls=False)
                 if settle
                 else None,

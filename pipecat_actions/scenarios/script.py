@@ -1,0 +1,70 @@
+"""The model's side of a scenario: its ``llm`` steps as a `ScriptedLLM` script.
+
+Labelled calls get the tool call id ``call_<label>``, so the runtime's operation of each call
+can be found again; calls with ``from_context`` are decided at inference time from the latest
+tool result that holds the named fields (an operation id, a confirmation token).
+"""
+
+from __future__ import annotations
+
+__all__ = ["model_script"]
+
+import json
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pipecat_actions.scenarios.loader import LoadedScenario
+from pipecat_actions.scenarios.model import LlmStep
+from pipecat_actions.testing import Say, ToolCalls
+
+
+def model_script(loaded: LoadedScenario) -> deque[Any]:
+    """The llm steps as `ScriptedLLM` steps, with ids that name labelled calls."""
+    script: deque[Any] = deque()
+    count = 0
+    for step in loaded.steps:
+        if not isinstance(step, LlmStep):
+            continue
+        if not step.calls:
+            script.append(Say(step.say or ""))
+            continue
+        ids = []
+        for call in step.calls:
+            count += 1
+            ids.append(f"call_{call.as_}" if call.as_ else f"call_{count}")
+        if any(call.from_context for call in step.calls):
+            script.append(_reading_context(step, ids))
+        else:
+            calls = [(call.tool, dict(call.args)) for call in step.calls]
+            script.append(ToolCalls(calls, say=step.say, ids=ids))
+    return script
+
+
+def _reading_context(step: LlmStep, ids: list[str]) -> Callable[[list[Any]], ToolCalls]:
+    def decide(messages: list[Any]) -> ToolCalls:
+        calls = []
+        for call in step.calls:
+            args = dict(call.args)
+            for argument, wanted in call.from_context.items():
+                args[argument] = _latest_field(messages, wanted)
+            calls.append((call.tool, args))
+        return ToolCalls(calls, say=step.say, ids=ids)
+
+    return decide
+
+
+def _latest_field(messages: list[Any], name: str) -> Any:
+    """The value of ``name`` in the latest tool result (or developer note) that has it."""
+    for message in reversed(messages):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, str) or name not in content:
+            continue
+        start = content.find("{")
+        try:
+            data = json.loads(content[start:]) if start >= 0 else None
+        except ValueError:
+            continue
+        if isinstance(data, Mapping) and name in data:
+            return data[name]
+    return None
