@@ -2,6 +2,7 @@
 
 from pipecat_actions.ledger.base import Ledger
 from pipecat_actions.ledger.engine import LedgerSettings, default_ledger_url
+from pipecat_actions.ledger.forwarding import ForwardingLedger
 from pipecat_actions.ledger.records import (
     AdmitResult,
     EventKind,
@@ -19,6 +20,7 @@ __all__ = [
     "CHANGEABLE_FIELDS",
     "AdmitResult",
     "EventKind",
+    "ForwardingLedger",
     "Ledger",
     "LedgerSettings",
     "NewOperation",

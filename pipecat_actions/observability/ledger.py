@@ -8,29 +8,22 @@ only after it committed; a refused write (`TransitionRefused`) reports nothing.
 
 from __future__ import annotations
 
-import builtins
-
 __all__ = ["ObservedLedger"]
 
+import builtins
 from collections.abc import Mapping
 from typing import Any
 
-from pipecat_actions.ledger import (
-    AdmitResult,
-    Ledger,
-    NewOperation,
-    Operation,
-    OperationEvent,
-    OperationFilter,
-)
+from pipecat_actions.ledger import AdmitResult, ForwardingLedger, Ledger, NewOperation, Operation
 from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.status import ActionStatus
 
 
-class ObservedLedger(Ledger):
+class ObservedLedger(ForwardingLedger):
     """Delegates to ``inner`` and tells ``telemetry`` about every committed write.
 
-    Other attributes (``url``, ``upgrade_schema``, ...) are the inner ledger's.
+    Other attributes (``url``, ``upgrade_schema``, ...) are the inner ledger's. Refusals are
+    counted at admission, not here.
 
     Args:
         inner: The ledger that stores everything.
@@ -38,25 +31,18 @@ class ObservedLedger(Ledger):
     """
 
     def __init__(self, inner: Ledger, telemetry: Telemetry) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.telemetry = telemetry
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     async def admit(self, new: NewOperation) -> AdmitResult:
         """See `Ledger.admit`."""
-        result = await self.inner.admit(new)
+        result = await super().admit(new)
         self.telemetry.admitted(new, result.operation, result.created)
         return result
 
-    async def record_refusal(self, new: NewOperation) -> Operation:
-        """See `Ledger.record_refusal` (refusals are counted at admission)."""
-        return await self.inner.record_refusal(new)
-
     async def record_completed(self, new: NewOperation) -> Operation:
         """See `Ledger.record_completed`."""
-        op = await self.inner.record_completed(new)
+        op = await super().record_completed(new)
         self.telemetry.completed(new, op)
         return op
 
@@ -72,7 +58,7 @@ class ObservedLedger(Ledger):
         changes: Mapping[str, Any] | None = None,
     ) -> Operation:
         """See `Ledger.transition`."""
-        op = await self.inner.transition(
+        op = await super().transition(
             operation_id,
             expected=expected,
             to=to,
@@ -95,7 +81,7 @@ class ObservedLedger(Ledger):
         fence: int | None = None,
     ) -> Operation:
         """See `Ledger.annotate`."""
-        op = await self.inner.annotate(
+        op = await super().annotate(
             operation_id,
             actor=actor,
             detail=detail,
@@ -106,34 +92,10 @@ class ObservedLedger(Ledger):
         self.telemetry.annotated(op, detail, changes)
         return op
 
-    async def get(self, operation_id: str) -> Operation:
-        """See `Ledger.get`."""
-        return await self.inner.get(operation_id)
-
-    async def find_by_key(self, tenant: str, idempotency_key: str) -> Operation | None:
-        """See `Ledger.find_by_key`."""
-        return await self.inner.find_by_key(tenant, idempotency_key)
-
-    async def list(self, filters: OperationFilter | None = None) -> builtins.list[Operation]:
-        """See `Ledger.list`."""
-        return await self.inner.list(filters)
-
-    async def events(self, operation_id: str) -> builtins.list[OperationEvent]:
-        """See `Ledger.events`."""
-        return await self.inner.events(operation_id)
-
     async def claim_stale(
         self, owner: str, *, lease_secs: float, limit: int
     ) -> builtins.list[Operation]:
         """See `Ledger.claim_stale`."""
-        claimed = await self.inner.claim_stale(owner, lease_secs=lease_secs, limit=limit)
+        claimed = await super().claim_stale(owner, lease_secs=lease_secs, limit=limit)
         self.telemetry.claimed(claimed)
         return claimed
-
-    async def renew_lease(self, owner: str, *, lease_secs: float) -> int:
-        """See `Ledger.renew_lease`."""
-        return await self.inner.renew_lease(owner, lease_secs=lease_secs)
-
-    async def close(self) -> None:
-        """See `Ledger.close`."""
-        await self.inner.close()

@@ -27,7 +27,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat_actions.actions import ActionDefinition
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.clock import ManualClock
-from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
+from pipecat_actions.ledger import Ledger, Operation, OperationEvent, OperationFilter, SqlLedger
 from pipecat_actions.ledger.records import hash_arguments
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.runtime import ActionRuntime
@@ -50,7 +50,7 @@ from pipecat_actions.scenarios.model import (
     WaitStep,
 )
 from pipecat_actions.scenarios.script import model_script
-from pipecat_actions.scenarios.timeline import DeliveryWatch, TimelineEntry, timeline_ledger
+from pipecat_actions.scenarios.timeline import DeliveryWatch, TimelineEntry, TimelineLedger
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import (
@@ -148,9 +148,8 @@ class _Scene:
         # The scenario's policy picks which of the app's tools exist in this story.
         self.actions = [a for a in _load_app(self.spec.app)(self.sor) if a.name in loaded.policy]
         self.script = model_script(loaded)
-        self.ledger_class = timeline_ledger(run.timeline)
         self.runtime: ActionRuntime | None = None
-        self.ledger: SqlLedger | None = None
+        self.ledger: Ledger | None = None
         self.run_id = uuid.uuid4().hex[:8]
         self.session = self._new_session()
         self.gate: ActionResultGate | None = None
@@ -173,7 +172,8 @@ class _Scene:
 
     async def open_runtime(self, *, recover: bool) -> None:
         self.generation += 1
-        self.ledger = await self.ledger_class.create(self.ledger_url, clock=self.clock)
+        stored = await SqlLedger.create(self.ledger_url, clock=self.clock)
+        self.ledger = TimelineLedger(stored, self.run.timeline)
         self.runtime = await ActionRuntime.create(
             self.loaded.policy,
             authorizer=AllowAll(),  # scenarios are about timing, not rights: one caller

@@ -7,7 +7,7 @@ ledger, the pipeline and the transport.
 
 from __future__ import annotations
 
-__all__ = ["DeliveryWatch", "TimelineEntry", "timeline_ledger"]
+__all__ = ["DeliveryWatch", "TimelineEntry", "TimelineLedger"]
 
 import re
 import time
@@ -17,7 +17,13 @@ from typing import Any
 from pipecat.frames.frames import FunctionCallResultFrame, LLMMessagesAppendFrame
 from pipecat.observers.base_observer import BaseObserver, FramePushed
 
-from pipecat_actions.ledger import Operation, SqlLedger
+from pipecat_actions.ledger import (
+    AdmitResult,
+    ForwardingLedger,
+    Ledger,
+    NewOperation,
+    Operation,
+)
 from pipecat_actions.processors import ActionResultGate
 from pipecat_actions.status import ActionStatus
 
@@ -33,53 +39,57 @@ class TimelineEntry:
     delivered: bool = False
 
 
-def timeline_ledger(timeline: list[TimelineEntry]) -> type[SqlLedger]:
-    """A `SqlLedger` that notes each write on the timeline once it is committed."""
+class TimelineLedger(ForwardingLedger):
+    """A ledger wrapper that notes each write on the timeline once it is committed.
 
-    class TimelineLedger(SqlLedger):
-        async def admit(self, new: Any) -> Any:
-            result = await super().admit(new)
-            if result.created:
-                self._note(result.operation, f"admitted {result.operation.tool}")
-            return result
+    Args:
+        inner: The ledger that stores everything.
+        timeline: Where the notes go.
+    """
 
-        async def record_refusal(self, new: Any) -> Operation:
-            op = await super().record_refusal(new)
-            self._note(op, f"refused {op.tool}: {op.error}")
-            return op
+    def __init__(self, inner: Ledger, timeline: list[TimelineEntry]) -> None:
+        super().__init__(inner)
+        self.timeline = timeline
 
-        async def record_completed(self, new: Any) -> Operation:
-            op = await super().record_completed(new)
-            self._note(op, f"recorded {op.tool}")
-            return op
+    async def admit(self, new: NewOperation) -> AdmitResult:
+        """Forward; note a new operation."""
+        result = await super().admit(new)
+        if result.created:
+            self._note(result.operation, f"admitted {result.operation.tool}")
+        return result
 
-        async def transition(self, operation_id: str, **kwargs: Any) -> Operation:
-            op = await super().transition(operation_id, **kwargs)
-            self._note(op, f"{kwargs.get('expected')} -> {op.status} by {kwargs.get('actor')}")
-            return op
+    async def record_refusal(self, new: NewOperation) -> Operation:
+        """Forward; note the refusal."""
+        op = await super().record_refusal(new)
+        self._note(op, f"refused {op.tool}: {op.error}")
+        return op
 
-        async def annotate(self, operation_id: str, **kwargs: Any) -> Operation:
-            # Stamped when asked: the gate records a delivery right after pushing it.
-            asked_at = time.monotonic()
-            op = await super().annotate(operation_id, **kwargs)
-            changes = kwargs.get("changes") or {}
-            if "delivered_at" in changes:
-                timeline.append(
-                    TimelineEntry(asked_at, f"{op.operation_id} ({op.tool}) recorded as told")
-                )
-            return op
+    async def record_completed(self, new: NewOperation) -> Operation:
+        """Forward; note the recorded read."""
+        op = await super().record_completed(new)
+        self._note(op, f"recorded {op.tool}")
+        return op
 
-        def _note(self, op: Operation, what: str, *, at: float | None = None) -> None:
-            timeline.append(
-                TimelineEntry(
-                    time.monotonic() if at is None else at,
-                    f"{op.operation_id} {what}",
-                    op.operation_id,
-                    op.status,
-                )
+    async def transition(self, operation_id: str, **kwargs: Any) -> Operation:
+        """Forward; note the status change."""
+        op = await super().transition(operation_id, **kwargs)
+        self._note(op, f"{kwargs.get('expected')} -> {op.status} by {kwargs.get('actor')}")
+        return op
+
+    async def annotate(self, operation_id: str, **kwargs: Any) -> Operation:
+        """Forward; note a recorded delivery, stamped when it was asked for."""
+        asked_at = time.monotonic()  # the gate records a delivery right after pushing it
+        op = await super().annotate(operation_id, **kwargs)
+        if "delivered_at" in (kwargs.get("changes") or {}):
+            self.timeline.append(
+                TimelineEntry(asked_at, f"{op.operation_id} ({op.tool}) recorded as told")
             )
+        return op
 
-    return TimelineLedger
+    def _note(self, op: Operation, what: str) -> None:
+        self.timeline.append(
+            TimelineEntry(time.monotonic(), f"{op.operation_id} {what}", op.operation_id, op.status)
+        )
 
 
 _OPERATION_ID = re.compile(r"op_[0-9a-f]{26}")

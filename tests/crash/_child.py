@@ -26,7 +26,6 @@ package knows it is being crashed.
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import json
 import os
@@ -41,13 +40,11 @@ from loguru import logger
 
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.execution.executor import ReconcileSchedule
-from pipecat_actions.ledger import Ledger, SqlLedger
+from pipecat_actions.ledger import ForwardingLedger, Ledger, SqlLedger
 from pipecat_actions.ledger.records import (
     AdmitResult,
     NewOperation,
     Operation,
-    OperationEvent,
-    OperationFilter,
 )
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
@@ -77,7 +74,7 @@ def die(**detail: Any) -> None:
     time.sleep(60)  # not reached: the signal is delivered before kill() returns
 
 
-class CrashingLedger(Ledger):
+class CrashingLedger(ForwardingLedger):
     """A `Ledger` that forwards every call and dies right after the plan's chosen write.
 
     Args:
@@ -86,7 +83,7 @@ class CrashingLedger(Ledger):
     """
 
     def __init__(self, inner: Ledger, plan: Plan) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.plan = plan
 
     def _is_point(self, write: str, op: Operation) -> bool:
@@ -115,7 +112,7 @@ class CrashingLedger(Ledger):
 
     async def admit(self, new: NewOperation) -> AdmitResult:
         """Forward; die after the target's insert when that is the point."""
-        result = await self.inner.admit(new)
+        result = await super().admit(new)
         if result.created:
             self._after("admitted", result.operation)
         return result
@@ -132,7 +129,7 @@ class CrashingLedger(Ledger):
         changes: Mapping[str, Any] | None = None,
     ) -> Operation:
         """Forward; die after the target's move to the point's status."""
-        op = await self.inner.transition(
+        op = await super().transition(
             operation_id,
             expected=expected,
             to=to,
@@ -143,64 +140,6 @@ class CrashingLedger(Ledger):
         )
         self._after(to, op)
         return op
-
-    async def record_refusal(self, new: NewOperation) -> Operation:
-        """Forward."""
-        return await self.inner.record_refusal(new)
-
-    async def record_completed(self, new: NewOperation) -> Operation:
-        """Forward."""
-        return await self.inner.record_completed(new)
-
-    async def annotate(
-        self,
-        operation_id: str,
-        *,
-        actor: str,
-        detail: Mapping[str, Any] | None = None,
-        changes: Mapping[str, Any] | None = None,
-        expected: ActionStatus | None = None,
-        fence: int | None = None,
-    ) -> Operation:
-        """Forward."""
-        return await self.inner.annotate(
-            operation_id,
-            actor=actor,
-            detail=detail,
-            changes=changes,
-            expected=expected,
-            fence=fence,
-        )
-
-    async def get(self, operation_id: str) -> Operation:
-        """Forward."""
-        return await self.inner.get(operation_id)
-
-    async def find_by_key(self, tenant: str, idempotency_key: str) -> Operation | None:
-        """Forward."""
-        return await self.inner.find_by_key(tenant, idempotency_key)
-
-    async def list(self, filters: OperationFilter | None = None) -> builtins.list[Operation]:
-        """Forward."""
-        return await self.inner.list(filters)
-
-    async def events(self, operation_id: str) -> builtins.list[OperationEvent]:
-        """Forward."""
-        return await self.inner.events(operation_id)
-
-    async def claim_stale(
-        self, owner: str, *, lease_secs: float, limit: int
-    ) -> builtins.list[Operation]:
-        """Forward."""
-        return await self.inner.claim_stale(owner, lease_secs=lease_secs, limit=limit)
-
-    async def renew_lease(self, owner: str, *, lease_secs: float) -> int:
-        """Forward."""
-        return await self.inner.renew_lease(owner, lease_secs=lease_secs)
-
-    async def close(self) -> None:
-        """Forward."""
-        await self.inner.close()
 
 
 class Child:

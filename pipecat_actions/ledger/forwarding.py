@@ -1,0 +1,122 @@
+"""`ForwardingLedger`: a `Ledger` that passes every call to another, for wrappers to extend.
+
+A wrapper that watches some writes (metrics, a test's timeline, a crash point) subclasses it
+and overrides only those methods, calling ``super()``; every other method and attribute
+(``url``, ...) is the inner ledger's.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ForwardingLedger"]
+
+import builtins
+from collections.abc import Mapping
+from typing import Any
+
+from pipecat_actions.ledger.base import Ledger
+from pipecat_actions.ledger.records import (
+    AdmitResult,
+    NewOperation,
+    Operation,
+    OperationEvent,
+    OperationFilter,
+)
+from pipecat_actions.status import ActionStatus
+
+
+class ForwardingLedger(Ledger):
+    """Delegates every call to ``inner``.
+
+    Args:
+        inner: The ledger that stores everything.
+    """
+
+    def __init__(self, inner: Ledger) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def admit(self, new: NewOperation) -> AdmitResult:
+        """See `Ledger.admit`."""
+        return await self.inner.admit(new)
+
+    async def record_refusal(self, new: NewOperation) -> Operation:
+        """See `Ledger.record_refusal`."""
+        return await self.inner.record_refusal(new)
+
+    async def record_completed(self, new: NewOperation) -> Operation:
+        """See `Ledger.record_completed`."""
+        return await self.inner.record_completed(new)
+
+    async def transition(
+        self,
+        operation_id: str,
+        *,
+        expected: ActionStatus,
+        to: ActionStatus,
+        fence: int,
+        actor: str,
+        detail: Mapping[str, Any] | None = None,
+        changes: Mapping[str, Any] | None = None,
+    ) -> Operation:
+        """See `Ledger.transition`."""
+        return await self.inner.transition(
+            operation_id,
+            expected=expected,
+            to=to,
+            fence=fence,
+            actor=actor,
+            detail=detail,
+            changes=changes,
+        )
+
+    async def annotate(
+        self,
+        operation_id: str,
+        *,
+        actor: str,
+        detail: Mapping[str, Any] | None = None,
+        changes: Mapping[str, Any] | None = None,
+        expected: ActionStatus | None = None,
+        fence: int | None = None,
+    ) -> Operation:
+        """See `Ledger.annotate`."""
+        return await self.inner.annotate(
+            operation_id,
+            actor=actor,
+            detail=detail,
+            changes=changes,
+            expected=expected,
+            fence=fence,
+        )
+
+    async def get(self, operation_id: str) -> Operation:
+        """See `Ledger.get`."""
+        return await self.inner.get(operation_id)
+
+    async def find_by_key(self, tenant: str, idempotency_key: str) -> Operation | None:
+        """See `Ledger.find_by_key`."""
+        return await self.inner.find_by_key(tenant, idempotency_key)
+
+    async def list(self, filters: OperationFilter | None = None) -> builtins.list[Operation]:
+        """See `Ledger.list`."""
+        return await self.inner.list(filters)
+
+    async def events(self, operation_id: str) -> builtins.list[OperationEvent]:
+        """See `Ledger.events`."""
+        return await self.inner.events(operation_id)
+
+    async def claim_stale(
+        self, owner: str, *, lease_secs: float, limit: int
+    ) -> builtins.list[Operation]:
+        """See `Ledger.claim_stale`."""
+        return await self.inner.claim_stale(owner, lease_secs=lease_secs, limit=limit)
+
+    async def renew_lease(self, owner: str, *, lease_secs: float) -> int:
+        """See `Ledger.renew_lease`."""
+        return await self.inner.renew_lease(owner, lease_secs=lease_secs)
+
+    async def close(self) -> None:
+        """See `Ledger.close`."""
+        await self.inner.close()
