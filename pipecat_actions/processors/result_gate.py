@@ -295,8 +295,11 @@ class ActionResultGate(FrameProcessor):
         result = frame.result
         if not isinstance(result, dict) or not isinstance(result.get("operation_id"), str):
             return
-        if self._is_read(frame.function_name):
-            return  # reads change nothing: nothing to supersede, and no row yet
+        binding = self.runtime.bindings.get(frame.function_name)
+        policy = binding.policy if binding else None
+        if policy is None or policy.resource is None or policy.kind is ToolKind.READ:
+            # Nothing can supersede it (and a read has no row yet): no look-up.
+            return
         try:
             op = await self.runtime.ledger.get(result["operation_id"])
             newer = await self._superseded_by(op)
@@ -359,7 +362,7 @@ class ActionResultGate(FrameProcessor):
             if op.acknowledged_at is None
             and op.compensates is None
             and op.status not in _NEVER_RESUMED
-            and op.kind != "read"
+            and op.kind != ToolKind.READ
         ]
         for op in untold:
             self._awaiting_outcome.add(op.operation_id)
