@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipecat_actions.errors import ConfigurationError, PipecatActionsError
 from pipecat_actions.ledger import Ledger, Operation, OperationEvent, OperationFilter
+from pipecat_actions.ledger.records import joined_calls
 from pipecat_actions.status import ActionStatus
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ def _tool_statistics(
             reason = str(details[0].get("reason") or "unknown")  # the refusal's own event
             refusals[reason] += 1
             counts["duplicates_rejected"] += reason in _DUPLICATE_REFUSALS
-        counts["duplicates_joined"] += sum(1 for d in details if "duplicate_joined" in d)
+        counts["duplicates_joined"] += sum(joined_calls(d) for d in details)
         statuses = [e.to_status for e in trail]
         counts["timeouts"] += any(e.actor == "watchdog" for e in trail) or any(
             d.get("timed_out") for d in details

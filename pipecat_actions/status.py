@@ -29,6 +29,7 @@ timestamp on the operation, which stays ``UNKNOWN`` until the system of record a
 from __future__ import annotations
 
 __all__ = [
+    "IN_FLIGHT_STATUSES",
     "TERMINAL_STATUSES",
     "TRANSITIONS",
     "ActionStatus",
@@ -93,6 +94,16 @@ TERMINAL_STATUSES: frozenset[ActionStatus] = frozenset(
 
 ``COMMITTED`` is terminal although it may later move to ``COMPENSATING``: compensation is a new
 operation started on purpose, not pending work of the original one.
+"""
+
+
+IN_FLIGHT_STATUSES: frozenset[ActionStatus] = frozenset(
+    {S.ADMITTED, S.RUNNING, S.FAILED_RETRYABLE, S.CANCEL_REQUESTED}
+)
+"""Statuses whose outcome is due by the deadline without anyone's answer: worth waiting for.
+
+Not ``UNKNOWN`` (reconciliation may take longer than any caller waits) nor the statuses that wait
+for a person (``AWAITING_APPROVAL``, ``AWAITING_CONFIRMATION``).
 """
 
 

@@ -75,11 +75,17 @@ async def guard_database_errors(awaitable: Awaitable[T], *, url: str) -> T:
         raise mapped from exc
 
 
-async def run_postgres_write(engine: AsyncEngine, work: Work[T], *, url: str) -> T:
-    """Run ``work`` in a transaction of its own; a cancelled caller does not interrupt it."""
+async def run_postgres_write(
+    engine: AsyncEngine, work: Work[T], *, url: str, turn: asyncio.Semaphore
+) -> T:
+    """Run ``work`` in a transaction of its own once ``turn`` lets it.
+
+    A cancelled caller interrupts neither the wait for its turn nor the write: it was handed
+    over.
+    """
 
     async def run() -> T:
-        async with engine.connect() as conn, conn.begin():
+        async with turn, engine.connect() as conn, conn.begin():
             return await conn.run_sync(work)
 
     return await asyncio.shield(guard_database_errors(run(), url=url))

@@ -57,12 +57,17 @@ class LedgerSettings:
         sqlite_synchronous: ``FULL`` (default, durable on power loss) or ``NORMAL`` (opt-in).
         sqlite_busy_timeout_ms: How long a SQLite connection waits for another process's lock.
         allow_unsafe_postgres: Accept a server with ``synchronous_commit=off`` or ``fsync=off``.
-        pool_size: PostgreSQL connections kept open per process. Keep the sum over every
-            process sharing a server (pool_size + max_overflow each) under its
-            ``max_connections`` (100 by default).
-        max_overflow: Extra PostgreSQL connections opened under load.
-        pool_timeout_secs: How long a write waits for a free PostgreSQL connection before it
-            fails with `LedgerUnavailable`.
+        pool_size: Connections kept open per process, and the most calls one ledger runs on
+            the database at once: on PostgreSQL reads take at most half of them, so polling
+            waiters never starve writes (SQLite's writes have a thread of their own). Further
+            calls wait their turn in order: a busy ledger makes callers wait, it never fails
+            them. Keep the sum over every process sharing a PostgreSQL server (pool_size +
+            max_overflow each) under its ``max_connections`` (100 by default).
+        max_overflow: Extra PostgreSQL connections the pool may open beyond ``pool_size``
+            (headroom: the ledger's own calls never need them).
+        pool_timeout_secs: How long a call that holds its turn waits for a free PostgreSQL
+            connection before it fails with `LedgerUnavailable`. With the bound above this
+            only happens when something outside the ledger holds the pool's connections.
     """
 
     sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
@@ -71,6 +76,13 @@ class LedgerSettings:
     pool_size: int = 5
     max_overflow: int = 5
     pool_timeout_secs: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.pool_size < 1 or self.max_overflow < 0:
+            raise LedgerConfigurationError(
+                f"pool_size must be at least 1 and max_overflow at least 0 "
+                f"(got {self.pool_size} and {self.max_overflow})"
+            )
 
 
 def default_ledger_url() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "DUPLICATES_JOINED",
     "AdmitResult",
     "EventKind",
     "NewOperation",
@@ -12,6 +13,7 @@ __all__ = [
     "canonical_json",
     "hash_arguments",
     "hash_canonical_json",
+    "joined_calls",
     "new_operation_id",
 ]
 
@@ -72,6 +74,19 @@ class EventKind(StrEnum):
     """A runtime took over an operation whose owner's lease had expired."""
     KEY_RELEASED = "key_released"
     """The idempotency key's retention window closed and the key was freed for a new operation."""
+
+
+DUPLICATES_JOINED = "duplicates_joined"
+"""Annotation key: the calls (tool call, turn, session each) that joined the operation."""
+_DUPLICATE_JOINED = "duplicate_joined"  # one call per annotation, as written by version 0.1.0
+
+
+def joined_calls(detail: Mapping[str, Any]) -> int:
+    """Return how many joined calls one audit event's ``detail`` records."""
+    joined = detail.get(DUPLICATES_JOINED)
+    if isinstance(joined, list):
+        return len(joined)
+    return 1 if _DUPLICATE_JOINED in detail else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,6 +120,13 @@ class SqlLedger(Ledger):
             operations.c.key_slot == bindparam("key_slot"),
         )
         self._writer = None if sqlite_writer is None else SqliteWriter(sqlite_writer, url=url)
+        # At most pool_size calls on the database at once, and on PostgreSQL at most half of
+        # them reads (DBOS caps its polling reads the same way): a burst of callers waits its
+        # turn here, in order, instead of timing out on the connection pool.
+        self._turns = asyncio.Semaphore(settings.pool_size)
+        self._read_turns = asyncio.Semaphore(
+            settings.pool_size if self._sqlite else max(1, settings.pool_size // 2)
+        )
         self._closed = False
 
     # --- construction ----------------------------------------------------------------------
@@ -245,7 +252,7 @@ class SqlLedger(Ledger):
             raise LedgerUnavailable("the ledger is closed")
         if self._writer is not None:
             return await self._writer.run(work)
-        return await run_postgres_write(self._engine, work, url=self.url)
+        return await run_postgres_write(self._engine, work, url=self.url, turn=self._turns)
 
     # --- admit -----------------------------------------------------------------------------
 
@@ -604,7 +611,7 @@ class SqlLedger(Ledger):
             raise LedgerUnavailable("the ledger is closed")
 
         async def run() -> T:
-            async with self._engine.connect() as conn:
+            async with self._read_turns, self._turns, self._engine.connect() as conn:
                 return await conn.run_sync(work)
 
         return await guard_database_errors(run(), url=self.url)

@@ -33,6 +33,7 @@ from pipecat_actions.observability.ledger import ObservedLedger
 from pipecat_actions.observability.metrics import ActionMetrics
 from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import PolicySet
+from pipecat_actions.runtime._joins import JoinNotes, SharedWaits
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
@@ -85,6 +86,10 @@ class RuntimeBase:
             telemetry=self.telemetry,
         )
         self.watchdog = Watchdog(clock, self._expire)
+        self._join_notes = JoinNotes(
+            self.ledger, actor=self.actor, spawn=lambda c: self._spawn(c, audit=True)
+        )
+        self._elsewhere = SharedWaits(self.ledger, clock, spawn=self._spawn)
         self._authorizer = authorizer
         self._heartbeat: asyncio.Task[None] | None = None
         self._closed = False

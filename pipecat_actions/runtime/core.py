@@ -39,16 +39,16 @@ from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.clock import Clock, SystemClock
 from pipecat_actions.errors import (
     ConfigurationError,
+    LedgerError,
 )
 from pipecat_actions.execution.executor import (
     Binding,
     ReconcileSchedule,
     Tracked,
 )
-from pipecat_actions.execution.results import render_operation
+from pipecat_actions.execution.results import refusal_result, render, render_operation
 from pipecat_actions.ledger import (
     Ledger,
-    Operation,
     SqlLedger,
 )
 from pipecat_actions.observability.redaction import install_log_redaction
@@ -57,11 +57,9 @@ from pipecat_actions.runtime.decisions import DecisionsMixin
 from pipecat_actions.runtime.reads import ReadsMixin
 from pipecat_actions.runtime.recovery import RecoveryMixin
 from pipecat_actions.session import SessionState
-from pipecat_actions.status import ActionStatus
+from pipecat_actions.status import IN_FLIGHT_STATUSES, ActionStatus
 
 S = ActionStatus
-_IN_FLIGHT = frozenset({S.ADMITTED, S.RUNNING, S.FAILED_RETRYABLE, S.CANCEL_REQUESTED})
-"""Statuses worth waiting for: the outcome is due within the deadline (not a person's answer)."""
 
 
 class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
@@ -253,13 +251,48 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
             tool_call_id=tool_call_id,
             tool=tool,
         ):
-            result = await self._propose(
-                tool, arguments, session, tool_call_id, wait=wait, on_started=on_started
-            )
+            try:
+                result = await self._propose(
+                    tool, arguments, session, tool_call_id, wait=wait, on_started=on_started
+                )
+            except LedgerError as exc:
+                result = self._ledger_failed(tool, tool_call_id, exc)
             logger.bind(operation_id=result.get("operation_id")).debug(
                 "tool call {} of {}: {}", tool_call_id, tool, result.get("status")
             )
             return result
+
+    def _ledger_failed(
+        self, tool: str, tool_call_id: str | None, exc: LedgerError
+    ) -> dict[str, Any]:
+        """The truthful answer to a call whose ledger work failed (never Pipecat's "failed").
+
+        With no operation known for the call, nothing was started by it; a repeat of the same
+        intent is safe (it has the same idempotency key, so it joins the operation if the
+        insert did commit after all). With one, it exists and its outcome is not known here.
+        """
+        operation_id = self._calls.get(tool_call_id) if tool_call_id else None
+        logger.bind(operation_id=operation_id).warning(
+            "tool call {} of {}: the ledger failed: {}", tool_call_id, tool, exc
+        )
+        if operation_id is None:
+            if exc.retryable:
+                return refusal_result(
+                    f"{tool} could not be recorded because the action ledger is unavailable, "
+                    "so this call did not carry it out. It is safe to ask again in a moment.",
+                    code="ledger_unavailable",
+                )
+            return refusal_result(
+                f"{tool} could not be recorded (the action ledger refused it), so this call "
+                "did not carry it out.",
+                code="ledger_error",
+            )
+        return render(
+            S.UNKNOWN,
+            tool=tool,
+            operation_id=operation_id,
+            note="Its record could not be read just now; the outcome will be told when known.",
+        )
 
     async def _propose(
         self,
@@ -306,11 +339,11 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
         if isinstance(admitted, Joined):
             op = admitted.operation
             note = "This request was already made; this is its outcome."
-            if wait and op.status in _IN_FLIGHT:
+            if wait and op.status in IN_FLIGHT_STATUSES:
                 if op.operation_id in self._tracked:
                     op = await asyncio.shield(self._tracked[op.operation_id].done)
                 else:
-                    op = await self._await_elsewhere(op)
+                    op = await self._elsewhere.wait(op)
             return render_operation(op, note=note)
         tracked = admitted
         if on_started is not None:
@@ -323,22 +356,6 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
             self._spawn(self._interrupted(tracked.operation_id))
             raise
         return render_operation(final)
-
-    async def _await_elsewhere(self, op: Operation) -> Operation:
-        """Wait for an operation another process runs, by reading the ledger.
-
-        Polls with a growing pause (50 ms to 1 s) until the operation leaves the in-flight
-        statuses or its deadline has passed by a second; the ledger is the only place two
-        processes share.
-        """
-        pause = 0.05
-        while op.status in _IN_FLIGHT:
-            if op.deadline_at is not None and self.clock.now() > op.deadline_at + 1.0:
-                break
-            await self.clock.sleep(pause)
-            pause = min(pause * 2, 1.0)
-            op = await self.ledger.get(op.operation_id)
-        return op
 
     async def _admit_and_start(
         self,
@@ -355,15 +372,13 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
         if isinstance(admitted, Refusal):
             return admitted.result
         if isinstance(admitted, Joined):
-            # Recorded so that an operator can tell a repeated request from a retry of ours.
-            await self.ledger.annotate(
+            # Recorded so that an operator can tell a repeated request from a retry of ours;
+            # in batches, off the caller's path (a burst of duplicates is one write or a few).
+            self._join_notes.note(
                 admitted.operation.operation_id,
-                actor=self.actor,
-                detail={
-                    "duplicate_joined": tool_call_id,
-                    "turn_id": str(session.user_turn),
-                    "session_id": session.session_id,
-                },
+                tool_call_id=tool_call_id,
+                turn_id=str(session.user_turn),
+                session_id=session.session_id,
             )
         if isinstance(admitted, Joined) and tool_call_id:
             self._calls[tool_call_id] = admitted.operation.operation_id

@@ -63,6 +63,7 @@ class ReadsMixin(RuntimeBase):
     async def flush(self) -> None:
         """Write the audit records of finished reads now, and wait until they are written."""
         await self._flush_reads()
+        await self._join_notes.flush()
         if self._audits:
             await asyncio.gather(*self._audits, return_exceptions=True)
 

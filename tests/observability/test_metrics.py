@@ -79,6 +79,7 @@ async def test_a_repeated_call_is_counted_as_a_suppressed_duplicate_and_runs_onc
         session = new_session()
         first = await rt.propose("book_table", booking(), session, tool_call_id="call-a")
         again = await rt.propose("book_table", booking(), session, tool_call_id="call-b")
+        await rt.flush()  # the join's audit note is written after the call is answered
         trail = await rt.ledger.events(first["operation_id"])
         seen = tool(rt)
 
@@ -93,8 +94,10 @@ async def test_a_repeated_call_is_counted_as_a_suppressed_duplicate_and_runs_onc
     assert seen["execution_to_commit_secs"]["count"] == 1
     assert seen["rates"]["duplicate_rate"] == 0.5
     # The ledger says the second call was the model repeating itself, not a retry of ours.
-    joined = [a for a in annotations(trail) if "duplicate_joined" in a]
-    assert joined == [{"duplicate_joined": "call-b", "turn_id": "0", "session_id": "call-1"}]
+    joined = [a for a in annotations(trail) if "duplicates_joined" in a]
+    assert joined == [
+        {"duplicates_joined": [{"tool_call_id": "call-b", "turn_id": "0", "session_id": "call-1"}]}
+    ]
 
 
 async def test_a_deadline_while_sent_counts_a_timeout_and_unknown_until_reconciled(

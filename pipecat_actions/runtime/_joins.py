@@ -1,0 +1,148 @@
+"""Calls that join an operation already admitted: their audit notes, and their wait for it.
+
+A burst of duplicate calls (the model repeating itself, several processes serving one intent)
+must cost the ledger a few calls, not one or more per duplicate:
+
+* `JoinNotes` records the joins in batches, a note per operation per batch, after the calls
+  are answered. A note is best effort: one that cannot be written is logged; it never fails
+  the call it describes, which has already joined.
+* `SharedWaits` lets every call of this process that waits for an operation another process
+  runs share one poller of the ledger.
+"""
+
+from __future__ import annotations
+
+__all__ = ["JOINS_PER_NOTE", "JoinNotes", "SharedWaits"]
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from loguru import logger
+
+from pipecat_actions.clock import Clock
+from pipecat_actions.errors import LedgerError
+from pipecat_actions.ledger import Ledger, Operation
+from pipecat_actions.ledger.records import DUPLICATES_JOINED
+from pipecat_actions.status import IN_FLIGHT_STATUSES
+
+JOINS_PER_NOTE = 100
+"""The most joins one audit note lists (a bound on the size of one event's detail)."""
+
+Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
+
+
+class JoinNotes:
+    """The audit notes of calls that joined an operation, written in batches.
+
+    Args:
+        ledger: Where the notes go.
+        actor: Who writes them (the runtime).
+        spawn: Starts the runtime's background tasks (so that closing waits for them).
+    """
+
+    def __init__(self, ledger: Ledger, *, actor: str, spawn: Spawn) -> None:
+        self._ledger = ledger
+        self._actor = actor
+        self._spawn = spawn
+        self._pending: dict[str, list[dict[str, Any]]] = {}
+        self._writer: asyncio.Task[Any] | None = None
+
+    def note(
+        self, operation_id: str, *, tool_call_id: str | None, turn_id: str, session_id: str
+    ) -> None:
+        """Record that a call joined ``operation_id``; written soon, with the others."""
+        self._pending.setdefault(operation_id, []).append(
+            {"tool_call_id": tool_call_id, "turn_id": turn_id, "session_id": session_id}
+        )
+        if self._writer is None or self._writer.done():
+            self._writer = self._spawn(self._write_all())
+
+    async def flush(self) -> None:
+        """Write every note recorded so far, and return once they are written (or logged)."""
+        if self._writer is not None:
+            await asyncio.wait({self._writer})  # waits without cancelling it
+        await self._write_all()  # whatever was recorded meanwhile
+
+    async def _write_all(self) -> None:
+        # Joins recorded while a batch is being written go into the next batch.
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            notes = [
+                (operation_id, joins[start : start + JOINS_PER_NOTE])
+                for operation_id, joins in batch.items()
+                for start in range(0, len(joins), JOINS_PER_NOTE)
+            ]
+            written = await asyncio.gather(
+                *(
+                    self._ledger.annotate(
+                        op_id, actor=self._actor, detail={DUPLICATES_JOINED: joins}
+                    )
+                    for op_id, joins in notes
+                ),
+                return_exceptions=True,
+            )
+            for (op_id, joins), result in zip(notes, written, strict=True):
+                if isinstance(result, BaseException):
+                    logger.bind(operation_id=op_id).warning(
+                        "{} joined call(s) of operation {} not audited: {}",
+                        len(joins),
+                        op_id,
+                        result,
+                    )
+
+
+class SharedWaits:
+    """Waits for operations that another process runs, one ledger poller per operation.
+
+    Each poller reads the ledger with a growing pause (50 ms to 1 s of the clock) until the
+    operation leaves the in-flight statuses or its deadline has passed by a second; the ledger
+    is the only place two processes share. A read that fails is retried at the next pause, so
+    a struggling ledger makes the waiters wait longer, never fail; past the deadline they get
+    the operation as last read (an in-flight status, told as "the outcome will follow").
+
+    Args:
+        ledger: Where the operations are read.
+        clock: The runtime's clock.
+        spawn: Starts the runtime's background tasks.
+    """
+
+    def __init__(self, ledger: Ledger, clock: Clock, *, spawn: Spawn) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._spawn = spawn
+        self._polls: dict[str, asyncio.Task[Operation]] = {}
+
+    @property
+    def pollers(self) -> int:
+        """How many operations are being polled now."""
+        return len(self._polls)
+
+    async def wait(self, op: Operation) -> Operation:
+        """Return ``op`` once it has an outcome (or its deadline is over); see the class."""
+        poll = self._polls.get(op.operation_id)
+        if poll is None:
+            poll = self._spawn(self._poll(op))
+            self._polls[op.operation_id] = poll
+            poll.add_done_callback(lambda _: self._polls.pop(op.operation_id, None))
+        return await asyncio.shield(poll)
+
+    async def _poll(self, op: Operation) -> Operation:
+        pause = 0.05
+        failures = 0
+        while op.status in IN_FLIGHT_STATUSES:
+            if op.deadline_at is not None and self._clock.now() > op.deadline_at + 1.0:
+                break
+            await self._clock.sleep(pause)
+            pause = min(pause * 2, 1.0)
+            try:
+                op = await self._ledger.get(op.operation_id)
+            except LedgerError as exc:
+                failures += 1
+                if failures == 1:
+                    logger.bind(operation_id=op.operation_id).warning(
+                        "waiting for operation {}: the ledger failed ({}); still waiting",
+                        op.operation_id,
+                        exc,
+                    )
+        return op
