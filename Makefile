@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest bench demo clean
+.PHONY: install test test-stress lint typecheck pytest bench demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ pytest: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# The suite (or what STRESS_ARGS names) run again and again while CPU burners, started and
+# killed by PID, keep every core busy: how a test proves it is not flaky before it is committed.
+#   make test-stress                                  the whole suite, 3 rounds
+#   make test-stress STRESS_ARGS="--rounds 20 -- tests/runtime/test_cancel.py"
+STRESS_ARGS ?= --rounds 3
+test-stress: $(STAMP)
+	$(BIN)/python -m tests.stress $(STRESS_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m bots.demo
