@@ -30,6 +30,7 @@ from __future__ import annotations
 
 __all__ = [
     "IN_FLIGHT_STATUSES",
+    "REPEATABLE_STATUSES",
     "TERMINAL_STATUSES",
     "TRANSITIONS",
     "ActionStatus",
@@ -104,6 +105,18 @@ IN_FLIGHT_STATUSES: frozenset[ActionStatus] = frozenset(
 
 Not ``UNKNOWN`` (reconciliation may take longer than any caller waits) nor the statuses that wait
 for a person (``AWAITING_APPROVAL``, ``AWAITING_CONFIRMATION``).
+"""
+
+
+REPEATABLE_STATUSES: frozenset[ActionStatus] = frozenset(
+    {S.CANCELLED, S.FAILED_FINAL, S.EXPIRED, S.REJECTED, S.COMPENSATED}
+)
+"""Statuses after which nothing of an intent stands: a repeat of it is a new operation.
+
+The operation did not happen (or was reversed), so its idempotency key no longer holds the
+intent: the user's "go ahead" after a cancelled or failed booking makes a new booking instead of
+joining the dead one. Every other status joins: in flight, waiting for a person, ``UNKNOWN``
+(it may have happened), ``COMMITTED`` and ``COMPENSATING``.
 """
 
 

@@ -32,7 +32,9 @@ class Ledger(ABC):
         """Insert ``new``, or return the operation already bound to its idempotency key.
 
         The key is unique per tenant while its retention window is open. A key whose window
-        closed is released (audited) and bound to the new operation.
+        closed, or whose operation ended without anything standing (`REPEATABLE_STATUSES`:
+        cancelled, failed, expired, compensated), is released (audited) and bound to the new
+        operation: a repeat joins what is alive, never what is dead.
 
         Returns:
             The operation bound to the key, and whether this call created it.
@@ -116,7 +118,11 @@ class Ledger(ABC):
 
     @abstractmethod
     async def find_by_key(self, tenant: str, idempotency_key: str) -> Operation | None:
-        """Return the operation currently bound to the key (its window still open), or None."""
+        """Return the live operation bound to the key, or None.
+
+        None too when the key's window closed or its operation is in `REPEATABLE_STATUSES`
+        (the next `admit` of the key makes a new operation).
+        """
 
     @abstractmethod
     async def list(self, filters: OperationFilter | None = None) -> builtins.list[Operation]:

@@ -73,7 +73,12 @@ from pipecat_actions.ledger.records import (
     canonical_json,
 )
 from pipecat_actions.ledger.schema import events, operations
-from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus, check_transition
+from pipecat_actions.status import (
+    REPEATABLE_STATUSES,
+    TERMINAL_STATUSES,
+    ActionStatus,
+    check_transition,
+)
 
 T = TypeVar("T")
 _ADMIT_RETRIES = 5
@@ -278,7 +283,11 @@ class SqlLedger(Ledger):
                     continue  # the holder rolled back or was released meanwhile
                 held = to_operation(existing)
                 if held.key_expires_at <= now:
-                    self._release_key(conn, held, now)
+                    self._release_key(conn, held, now, reason="idempotency window closed")
+                    continue
+                if held.status in REPEATABLE_STATUSES:
+                    reason = f"a repeat of an intent that ended {held.status.value}"
+                    self._release_key(conn, held, now, reason=reason)
                     continue
                 if held.args_hash != args_hash or held.tool != new.tool:
                     raise IdempotencyMismatch(
@@ -332,7 +341,7 @@ class SqlLedger(Ledger):
 
         return await self._write(work)
 
-    def _release_key(self, conn: Connection, held: Operation, now: float) -> None:
+    def _release_key(self, conn: Connection, held: Operation, now: float, *, reason: str) -> None:
         released = (
             conn.execute(
                 update(operations)
@@ -355,9 +364,7 @@ class SqlLedger(Ledger):
             from_status=released.status,
             to_status=released.status,
             actor="ledger",
-            detail_json=encode_detail(
-                {"reason": "idempotency window closed", "key_expires_at": held.key_expires_at}
-            ),
+            detail_json=encode_detail({"reason": reason, "key_expires_at": held.key_expires_at}),
         )
 
     # --- transitions -----------------------------------------------------------------------
@@ -636,7 +643,8 @@ class SqlLedger(Ledger):
             if row is None:
                 return None
             held = to_operation(row)
-            return held if held.key_expires_at > self._clock.now() else None
+            alive = held.key_expires_at > self._clock.now()
+            return held if alive and held.status not in REPEATABLE_STATUSES else None
 
         return await self._read(work)
 
