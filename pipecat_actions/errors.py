@@ -11,6 +11,7 @@ Every error derives from `PipecatActionsError` and carries keyword-only context 
     │   ├── LedgerUnavailable          the database could not be reached (retryable)
     │   ├── LedgerConfigurationError   unsafe durability settings, unsupported URL
     │   ├── LedgerIntegrityError       the write breaks a constraint (duplicate id, ...)
+    │   ├── LedgerLost                 the ledger's file was deleted, replaced or damaged
     │   ├── SchemaVersionMismatch      the database schema is older or newer than this code
     │   ├── OperationNotFound          no operation with that id
     │   ├── IdempotencyMismatch        same idempotency key, different arguments
@@ -32,6 +33,7 @@ __all__ = [
     "LedgerConfigurationError",
     "LedgerError",
     "LedgerIntegrityError",
+    "LedgerLost",
     "LedgerUnavailable",
     "OperationNotFound",
     "PipecatActionsError",
@@ -131,6 +133,14 @@ class LedgerConfigurationError(LedgerError):
 
 class LedgerIntegrityError(LedgerError):
     """The database refused a write that breaks a constraint; retrying it cannot help."""
+
+
+class LedgerLost(LedgerError):
+    """The ledger's records cannot be trusted any more.
+
+    Its SQLite file was deleted, replaced, emptied or damaged. Retrying cannot help; the ledger
+    refuses every call from then on.
+    """
 
 
 class SchemaVersionMismatch(LedgerError):

@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 import asyncio
+import sqlite3
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -34,7 +35,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from pipecat_actions.errors import LedgerError, LedgerIntegrityError, LedgerUnavailable
+from pipecat_actions.errors import LedgerError, LedgerIntegrityError, LedgerLost, LedgerUnavailable
 
 T = TypeVar("T")
 Work = Callable[[Connection], T]
@@ -52,16 +53,29 @@ def as_ledger_error(exc: Exception, *, url: str) -> Exception:
     """
     if isinstance(exc, LedgerError):
         return exc
-    if isinstance(exc, IntegrityError | DataError):
-        error: Exception = LedgerIntegrityError(
-            f"ledger database {url} refused the write: {exc.orig}"
+    if isinstance(exc, DBAPIError) and _is_damage(exc.orig):
+        error: Exception = LedgerLost(
+            f"ledger database {url} is damaged ({exc.orig}): its records cannot be trusted; "
+            "restore it from a backup"
         )
+    elif isinstance(exc, IntegrityError | DataError):
+        error = LedgerIntegrityError(f"ledger database {url} refused the write: {exc.orig}")
     elif isinstance(exc, DBAPIError | OSError | TimeoutError | SATimeoutError):
         error = LedgerUnavailable(f"ledger database {url} failed: {type(exc).__name__}: {exc}")
     else:
         return exc
     error.__cause__ = exc
     return error
+
+
+def _is_damage(orig: BaseException | None) -> bool:
+    # sqlite3 raises its base DatabaseError itself for a damaged file ("file is not a
+    # database", "database disk image is malformed"); its subclasses are the ordinary
+    # failures (OperationalError: locked, I/O; IntegrityError: a constraint).
+    return type(orig) is sqlite3.DatabaseError or (
+        isinstance(orig, sqlite3.DatabaseError)
+        and ("malformed" in str(orig) or "not a database" in str(orig))
+    )
 
 
 async def guard_database_errors(awaitable: Awaitable[T], *, url: str) -> T:
@@ -106,11 +120,14 @@ class SqliteWriter:
         engine: A synchronous engine on the ledger file; its connection is made, used and
             closed only in the writer thread.
         url: The URL to name in errors (password hidden).
+        check_file: Raises `LedgerLost` when the file is no longer the one opened; called
+            before every group, so that nothing is committed to a deleted or replaced file.
     """
 
-    def __init__(self, engine: Engine, *, url: str) -> None:
+    def __init__(self, engine: Engine, *, url: str, check_file: Callable[[], None]) -> None:
         self._engine = engine
         self._url = url
+        self._check_file = check_file
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="pipecat-actions-ledger")
         self._connection: Connection | None = None
         self._pending: list[_Job] = []
@@ -185,6 +202,7 @@ class SqliteWriter:
         conn = self._connection
         assert conn is not None
         outcomes: list[tuple[Any, BaseException | None]] = []
+        self._check_file()
         conn.exec_driver_sql("BEGIN IMMEDIATE")
         if len(group) == 1:
             # Alone in its transaction, a failed write is undone by the rollback itself.

@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_LEDGER_DIR",
     "ENV_LEDGER_URL",
     "LedgerSettings",
+    "SqliteFile",
     "create_engine_for",
     "create_sqlite_writer_engine",
     "default_ledger_url",
@@ -37,15 +38,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from loguru import logger
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from pipecat_actions.errors import LedgerConfigurationError, LedgerUnavailable
+from pipecat_actions.errors import LedgerConfigurationError, LedgerLost, LedgerUnavailable
 
 DEFAULT_LEDGER_DIR = ".pipecat_actions"
+_KEPT_MARKER = b"pipecat_actions ledger"
+"""First bytes of a SQLite ledger's lock file once the ledger has been opened there."""
 ENV_LEDGER_URL = "PIPECAT_ACTIONS_LEDGER_URL"
 
 
@@ -167,13 +171,30 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings) -> None:
 
     WAL mode is stored in the file, so this happens once per file. Switching needs an exclusive
     lock that SQLite refuses at once (without waiting) when several new connections race for
-    it; an advisory lock on a sidecar file serialises the processes doing it. Blocking: call it
-    from a thread.
+    it; an advisory lock on a sidecar file (``<file>.lock``) serialises the processes doing it.
+    The sidecar also remembers that a ledger was kept there: a ledger file found missing or
+    empty next to it was deleted or truncated, and is refused rather than silently started
+    anew. Blocking: call it from a thread.
+
+    Raises:
+        LedgerLost: The file is missing or empty where a ledger was kept, or is not a SQLite
+            database.
+        LedgerUnavailable: SQLite could not open it (locked, I/O).
     """
     path = Path(url.database or "")
-    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+    lock_path = path.with_name(path.name + ".lock")
+    with open(lock_path, "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            lock.seek(0)
+            kept = lock.read().startswith(_KEPT_MARKER)
+            if kept and (not path.exists() or path.stat().st_size == 0):
+                raise LedgerLost(
+                    f"the ledger file {path} is missing or empty, but {lock_path.name} shows "
+                    "that a ledger was kept there: its operations are lost. Restore "
+                    f"{path.name} from a backup, or delete {lock_path.name} to start a new, "
+                    "empty ledger"
+                )
             try:
                 connection = sqlite3.connect(path, timeout=settings.sqlite_busy_timeout_ms / 1000)
                 try:
@@ -183,15 +204,60 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings) -> None:
             except sqlite3.OperationalError as exc:
                 raise LedgerUnavailable(f"ledger database {path} failed: {exc}") from exc
             except sqlite3.DatabaseError as exc:
-                raise LedgerConfigurationError(
-                    f"{path} is not a usable SQLite database: {exc}"
+                raise LedgerLost(
+                    f"{path} is not a usable SQLite database ({exc}): restore it from a "
+                    "backup, or point the ledger at another file"
                 ) from exc
+            if not kept:
+                lock.write(_KEPT_MARKER + f" {path.name}\n".encode())
+                lock.flush()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     if str(mode).lower() != "wal":
         raise LedgerConfigurationError(
             f"SQLite refused WAL mode for {path} (it reports {mode!r}); the ledger needs it"
         )
+
+
+class SqliteFile:
+    """The identity of an open SQLite ledger file, checked before the ledger trusts it again.
+
+    A connection keeps writing to a file that was deleted (or renamed over) under it, and a new
+    connection to the path would open a fresh, empty one: either way, operations would be
+    "recorded" where nobody will find them. `check` notices, once, says so in one log line, and
+    from then on every call of the ledger fails with the same `LedgerLost`.
+
+    Args:
+        path: The ledger file, just opened (its device and inode are taken now).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        found = os.stat(path)
+        self._identity = (found.st_dev, found.st_ino)
+        self._lost: LedgerLost | None = None
+
+    def check(self) -> None:
+        """Raise `LedgerLost` if the file was deleted, replaced or emptied since it was opened."""
+        if self._lost is not None:
+            raise self._lost
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            why = "was deleted"
+        else:
+            if (found.st_dev, found.st_ino) != self._identity:
+                why = "was replaced by another file"
+            elif found.st_size == 0:
+                why = "was emptied"
+            else:
+                return
+        self._lost = LedgerLost(
+            f"the ledger file {self.path} {why} while in use: nothing more is recorded and no "
+            "operation is admitted. Restore it from a backup and restart"
+        )
+        logger.error("{}", self._lost)
+        raise self._lost
 
 
 def create_sqlite_writer_engine(url: URL, settings: LedgerSettings) -> Engine:

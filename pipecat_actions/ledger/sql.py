@@ -15,6 +15,7 @@ __all__ = ["CHANGEABLE_FIELDS", "SqlLedger"]
 import asyncio
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 from loguru import logger
@@ -56,6 +57,7 @@ from pipecat_actions.ledger._writer import (
 from pipecat_actions.ledger.base import Ledger
 from pipecat_actions.ledger.engine import (
     LedgerSettings,
+    SqliteFile,
     create_engine_for,
     create_sqlite_writer_engine,
     default_ledger_url,
@@ -105,6 +107,7 @@ class SqlLedger(Ledger):
         clock: Clock,
         settings: LedgerSettings,
         sqlite_writer: Engine | None,
+        sqlite_file: SqliteFile | None = None,
     ) -> None:
         self._engine = engine
         self.url = url
@@ -124,7 +127,14 @@ class SqlLedger(Ledger):
             operations.c.tenant == bindparam("tenant"),
             operations.c.key_slot == bindparam("key_slot"),
         )
-        self._writer = None if sqlite_writer is None else SqliteWriter(sqlite_writer, url=url)
+        self._file = sqlite_file
+        self._writer = (
+            None
+            if sqlite_writer is None
+            else SqliteWriter(
+                sqlite_writer, url=url, check_file=sqlite_file.check if sqlite_file else _no_check
+            )
+        )
         # At most pool_size calls on the database at once, and on PostgreSQL at most half of
         # them reads (DBOS caps its polling reads the same way): a burst of callers waits its
         # turn here, in order, instead of timing out on the connection pool.
@@ -182,6 +192,7 @@ class SqlLedger(Ledger):
             clock=clock or SystemClock(),
             settings=settings,
             sqlite_writer=create_sqlite_writer_engine(parsed, settings) if is_sqlite else None,
+            sqlite_file=SqliteFile(Path(parsed.database or "")) if is_sqlite else None,
         )
         try:
             await ledger._open(create_schema=create_schema, check_schema=check_schema)
@@ -616,6 +627,8 @@ class SqlLedger(Ledger):
     async def _read(self, work: Work[T]) -> T:
         if self._closed:
             raise LedgerUnavailable("the ledger is closed")
+        if self._file is not None:
+            self._file.check()  # a new connection to a deleted file's path would open a new one
 
         async def run() -> T:
             async with self._read_turns, self._turns, self._engine.connect() as conn:
@@ -685,6 +698,10 @@ class SqlLedger(Ledger):
             return [to_event(r) for r in conn.execute(query)]
 
         return await self._read(work)
+
+
+def _no_check() -> None:
+    return None
 
 
 def _encodes(value: Any) -> bool:
