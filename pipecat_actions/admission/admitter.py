@@ -18,10 +18,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from loguru import logger
 from pydantic import ValidationError
 
 from pipecat_actions.actions import Refused
-from pipecat_actions.admission.authorization import AuthorizationRequest, Authorizer
+from pipecat_actions.admission.authorization import AuthorizationRequest, Authorizer, Decision
 from pipecat_actions.admission.idempotency import intent_key
 from pipecat_actions.admission.limits import Coalesced, Degraded, Limiter, Slot
 from pipecat_actions.clock import Clock
@@ -161,17 +162,27 @@ class Admitter:
         except KeyError:
             resource_key = None
         base.resource_key = resource_key
-        decision = await self._authorizer.authorize(
-            AuthorizationRequest(
-                principal=session.principal,
-                tenant=session.tenant,
-                session_id=session.session_id,
-                tool=tool,
-                kind=policy.kind.value,
-                args=args,
-                resource_key=resource_key,
-            )
+        request = AuthorizationRequest(
+            principal=session.principal,
+            tenant=session.tenant,
+            session_id=session.session_id,
+            tool=tool,
+            kind=policy.kind.value,
+            args=args,
+            resource_key=resource_key,
         )
+        try:
+            decision = await self._authorizer.authorize(request)
+        except Exception as exc:
+            return await self._hook_failed(base, "the authorizer", exc, code="authorization_failed")
+        if not isinstance(decision, Decision):
+            # Fails closed: only an explicit Decision lets a call through.
+            return await self._refuse(
+                base,
+                "authorization_failed",
+                "Whether this is allowed could not be checked; nothing was done.",
+                detail={"hook_error": f"the authorizer returned {type(decision).__name__}"},
+            )
         if not decision.allowed:
             return await self._refuse(
                 base, "not_authorized", decision.reason or "This is not allowed for this user."
@@ -187,6 +198,10 @@ class Admitter:
             self._limiter.charge_session(tool, policy, session.session_id)
         except Refused as exc:
             return await self._refuse(base, exc.code, exc.message)
+        except Exception as exc:
+            return await self._hook_failed(
+                base, "its preconditions", exc, code="precondition_failed"
+            )
         if not mutation:
             # Reads change nothing: no duplicate check and no write-ahead; identical reads
             # running at once may share one result (overflow: coalesce).
@@ -299,9 +314,13 @@ class Admitter:
         deadline_at = now + (expires if expires is not None else policy.deadline_secs)
         before_state = None
         if binding.action.snapshot is not None and status in (S.RUNNING, S.ADMITTED):
-            before_state = await binding.action.snapshot(
-                self._executor.context(_draft(base, key, session), binding)
-            )
+            try:
+                before_state = await binding.action.snapshot(
+                    self._executor.context(_draft(base, key, session), binding)
+                )
+            except Exception as exc:
+                slot.release()
+                return await self._hook_failed(base, "its snapshot", exc, code="snapshot_failed")
         new = NewOperation(
             tool=base.tool,
             kind=base.kind,
@@ -374,8 +393,27 @@ class Admitter:
             return _Refuse("invalid_arguments", "The arguments must be a JSON object.")
         return parsed
 
+    async def _hook_failed(self, base: _Audit, what: str, exc: Exception, *, code: str) -> Refusal:
+        """Refuse a call because application code it depends on raised (never let it escape)."""
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        logger.bind(tool=base.tool).warning(
+            "tool call {} of {} refused: {} raised {}", base.tool_call_id, base.tool, what, error
+        )
+        return await self._refuse(
+            base,
+            code,
+            f"It could not be checked ({what} failed); nothing was done.",
+            detail={"hook_error": error},
+        )
+
     async def _refuse(
-        self, base: _Audit, code: str, message: str, *, operation_id: str | None = None
+        self,
+        base: _Audit,
+        code: str,
+        message: str,
+        *,
+        operation_id: str | None = None,
+        detail: Mapping[str, Any] | None = None,
     ) -> Refusal:
         refused = await self._ledger.record_refusal(
             NewOperation(
@@ -392,7 +430,7 @@ class Admitter:
                 agent=base.session.active_agent,
                 error=message,
                 actor=f"runtime:{self._owner}",
-                detail={"reason": code, "duplicate_of": operation_id},
+                detail={"reason": code, "duplicate_of": operation_id, **(detail or {})},
             )
         )
         return Refusal(
