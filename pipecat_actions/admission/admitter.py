@@ -12,6 +12,7 @@ from __future__ import annotations
 
 __all__ = ["Admission", "Admitter", "Joined", "ReadAdmission", "Refusal", "Shared"]
 
+import asyncio
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -110,6 +111,7 @@ class Admitter:
         self._executor = executor
         self._owner = owner
         self._lease_secs = lease_secs
+        self._admitting: dict[str, asyncio.Future[Refusal | Joined | Admission | Shared]] = {}
 
     async def admit(
         self,
@@ -209,6 +211,46 @@ class Admitter:
             if not isinstance(taken, Slot):
                 return taken
             return ReadAdmission(binding, args, taken, key, base.resource_key, base.turn_id)
+        if policy.on_duplicate is not OnDuplicate.JOIN:
+            return await self._admit_mutation(base, binding, key, args, session, generation)
+        # Repeats of one intent arriving together in this process (five identical calls in
+        # one response) wait for the first one's admission and join it, instead of racing it
+        # for a capped slot and being told "busy" before its insert exists.
+        first = self._admitting.get(key)
+        if first is not None:
+            try:
+                earlier = await asyncio.shield(first)
+            except Exception:
+                earlier = None
+            if isinstance(earlier, Admission | Joined):
+                return Joined(earlier.operation)
+        admitting: asyncio.Future[Refusal | Joined | Admission | Shared] = (
+            asyncio.get_running_loop().create_future()
+        )
+        admitting.add_done_callback(_consume_exception)
+        self._admitting[key] = admitting
+        try:
+            decided = await self._admit_mutation(base, binding, key, args, session, generation)
+        except BaseException as exc:
+            admitting.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
+            raise
+        else:
+            admitting.set_result(decided)
+            return decided
+        finally:
+            if self._admitting.get(key) is admitting:
+                del self._admitting[key]
+
+    async def _admit_mutation(
+        self,
+        base: _Audit,
+        binding: Binding,
+        key: str,
+        args: dict[str, Any],
+        session: SessionState,
+        generation: int,
+    ) -> Refusal | Joined | Admission | Shared:
+        policy = binding.policy
         existing = None
         if policy.on_duplicate not in (OnDuplicate.JOIN, OnDuplicate.ALLOW) or (
             policy.on_duplicate is OnDuplicate.JOIN and _capped(policy)
@@ -470,6 +512,12 @@ _ADMISSION_REASONS = {
     S.RUNNING: "admission checks passed; started at once",
 }
 """Why an admitted operation starts in each status (the audit reason of its insert)."""
+
+
+def _consume_exception(future: asyncio.Future[Any]) -> None:
+    # Nobody may be waiting for a failed admission; keep asyncio from logging its error.
+    if not future.cancelled():
+        future.exception()
 
 
 def _capped(policy: ToolPolicy) -> bool:

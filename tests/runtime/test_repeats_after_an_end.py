@@ -9,6 +9,7 @@ be made again.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -139,3 +140,36 @@ async def test_a_repeat_of_a_committed_or_unknown_operation_never_makes_a_second
         or repeat_unknown["status"] == "refused"
     )
     assert sor.side_effects["book"] == 2  # one per intent, never a second for either
+
+
+CAPPED = """
+    version: 1
+    tools:
+      book_table:
+        kind: mutation
+        on_duplicate: join
+        limits: {{per_principal: {cap}}}
+"""
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+async def test_identical_calls_in_one_response_all_join_one_operation_never_busy(
+    ledger_url: str, clock: ManualClock, cap: int
+) -> None:
+    sor = fake(clock)
+    async with running(
+        CAPPED.format(cap=cap), [Bookings(sor).action()], ledger_url=ledger_url, clock=clock
+    ) as runtime:
+        session = new_session()
+        told = await asyncio.gather(
+            *(
+                runtime.propose("book_table", booking(), session, tool_call_id=f"call-{n}")
+                for n in range(5)
+            )
+        )
+        calls = {runtime.operation_for_call(f"call-{n}") for n in range(5)}
+
+    assert [t["status"] for t in told] == ["committed"] * 5, told
+    assert len({t["operation_id"] for t in told}) == 1
+    assert calls == {told[0]["operation_id"]}
+    assert sor.side_effects["book"] == 1
