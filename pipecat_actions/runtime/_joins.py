@@ -112,11 +112,17 @@ class SharedWaits:
         self._clock = clock
         self._spawn = spawn
         self._polls: dict[str, asyncio.Task[Operation]] = {}
+        self._waiting = 0
 
     @property
     def pollers(self) -> int:
         """How many operations are being polled now."""
         return len(self._polls)
+
+    @property
+    def waiting(self) -> int:
+        """How many callers are waiting now, over every poller."""
+        return self._waiting
 
     async def wait(self, op: Operation) -> Operation:
         """Return ``op`` once it has an outcome (or its deadline is over); see the class."""
@@ -125,7 +131,11 @@ class SharedWaits:
             poll = self._spawn(self._poll(op))
             self._polls[op.operation_id] = poll
             poll.add_done_callback(lambda _: self._polls.pop(op.operation_id, None))
-        return await asyncio.shield(poll)
+        self._waiting += 1
+        try:
+            return await asyncio.shield(poll)
+        finally:
+            self._waiting -= 1
 
     async def _poll(self, op: Operation) -> Operation:
         pause = 0.05
