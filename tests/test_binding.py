@@ -10,11 +10,9 @@ from typing import Any
 import pytest
 from pipecat.adapters.llm.schemas.direct_function import tool_options
 from pipecat.frames.frames import LLMRunFrame
-from pipecat.pipeline.pipeline import Pipeline
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.services.llm_service import FunctionCallParams
-from pipecat.tests.utils import SleepFrame, run_test
 
 from pipecat_actions.actions import ActionContext, action
 from pipecat_actions.admission.authorization import AllowAll
@@ -23,6 +21,7 @@ from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import Say, ScriptedLLM, ToolCalls
+from tests.processors._clocked import run_script, until
 
 POLICY = """
 version: 1
@@ -46,10 +45,16 @@ async def runtime(tmp_path: Path) -> AsyncIterator[ActionRuntime]:
 
 
 async def _converse(llm: ScriptedLLM, context: LLMContext) -> list[dict[str, Any]]:
+    """One inference with a tool call; ends once the call's result is in the context."""
     pair = LLMContextAggregatorPair(context)
-    await run_test(
-        Pipeline([pair.user(), llm, pair.assistant()]),
-        frames_to_send=[LLMRunFrame(), SleepFrame(sleep=0.5)],
+
+    def answered() -> bool:
+        tools = [m for m in context.get_messages() if m.get("role") == "tool"]
+        return bool(tools) and all(m["content"] != "IN_PROGRESS" for m in tools)
+
+    await run_script(
+        [pair.user(), llm, pair.assistant()],
+        [LLMRunFrame(), lambda: until(answered, what="the tool result in the context")],
     )
     return [dict(m) for m in context.get_messages()]
 

@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pipecat.frames.frames import InterruptionFrame
 from pipecat.processors.aggregators.llm_context import LLMContext
 
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
@@ -24,17 +25,20 @@ from pipecat_actions.clock import ManualClock
 from pipecat_actions.observability import enable_tracing, key_hash
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import (
+    Call,
     FakeSystemOfRecord,
     FakeTTS,
+    Push,
     Say,
     ScriptedLLM,
     ToolCalls,
     UserSays,
-    Wait,
     run_conversation,
 )
 from tests.observability.test_metrics import POLICY, actions, fake
+from tests.processors._clocked import ScriptClock, operation, until
 from tests.runtime._execution_support import Bookings, booking, new_session, running
 
 IDS = ("session_id", "turn_id", "tool_call_id", "operation_id", "idempotency_key_hash")
@@ -104,7 +108,8 @@ async def test_with_pipecat_tracing_on_the_spans_are_children_of_its_turn_spans(
     tmp_path: Path, global_exporter: InMemorySpanExporter
 ) -> None:
     global_exporter.clear()
-    sor = FakeSystemOfRecord()
+    clock = ScriptClock()
+    sor = FakeSystemOfRecord(clock=clock)
     sor.add_restaurant("r1", tables=3)
     sor.faults.set_latency(0.6)
 
@@ -120,12 +125,13 @@ async def test_with_pipecat_tracing_on_the_spans_are_children_of_its_turn_spans(
 
     runtime = await ActionRuntime.create(
         load_policy_text(
-            "version: 1\ntools:\n  book_table:\n    kind: mutation\n    timeout_secs: 0.2\n"
+            "version: 1\ntools:\n  book_table:\n    kind: mutation\n"
             "    deadline_secs: 5\n    delivery: {late: in_place}\n"
         ),
         authorizer=AllowAll(),
         actions=[book_table],
         ledger_url=f"sqlite:///{tmp_path}/ledger.db",
+        clock=clock,
     )
     try:
         assert runtime.telemetry.tracer is None  # off until the pipeline's tracing turns it on
@@ -134,11 +140,35 @@ async def test_with_pipecat_tracing_on_the_spans_are_children_of_its_turn_spans(
             [ToolCalls([("book_table", booking())]), Say("Still booking."), Say("It is booked.")]
         )
         runtime.attach(llm, session)
+        context = LLMContext(messages=[], tools=runtime.tools_schema())
+
+        def closed_running() -> bool:
+            return any(
+                m.get("role") == "tool" and "running" in str(m.get("content"))
+                for m in context.get_messages()
+            )
+
+        async def commit_late() -> None:
+            clock.advance(0.6)  # the provider answers after the call was closed
+            await operation(runtime, "book_table", ActionStatus.COMMITTED)
+
+        async def delivered_late() -> bool:
+            (op,) = await runtime.ledger.list()
+            return op.delivered_at is not None
+
         await run_conversation(
-            [UserSays("Book a table at nine"), Wait(1.5)],
+            [
+                UserSays("Book a table at nine"),
+                Call(lambda: clock.asked(0.6)),  # the booking is on its way
+                # An interruption ends the handler's wait; the gate tells it is running.
+                Push([InterruptionFrame()]),
+                Call(lambda: until(closed_running, what="the call closed as running")),
+                Call(commit_late),
+                Call(lambda: until(delivered_late, what="the late outcome told")),
+            ],
             llm=llm,
             tts=FakeTTS(secs_per_char=0.03),
-            context=LLMContext(messages=[], tools=runtime.tools_schema()),
+            context=context,
             after_user_aggregator=[ActionTurnTracker(session)],
             before_assistant_aggregator=[ActionResultGate(runtime, session)],
             enable_tracing=True,
