@@ -10,18 +10,15 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from pipecat_actions.actions import Binding
 from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.admission.limits import Limiter, Slot
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import (
     TransitionRefused,
 )
-from pipecat_actions.execution.executor import (
-    Binding,
-    Executor,
-    ReconcileSchedule,
-    Tracked,
-)
+from pipecat_actions.execution.executor import Executor, ReconcileSchedule
+from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.execution.watchdog import Watchdog
 from pipecat_actions.ledger import (
     Ledger,

@@ -6,15 +6,12 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from pipecat_actions.actions import ActionContext, ActionDefinition
+from pipecat_actions.actions import ActionContext, ActionDefinition, Binding
 from pipecat_actions.errors import (
     ConfigurationError,
     UnexpectedStatus,
 )
-from pipecat_actions.execution.executor import (
-    Binding,
-    Tracked,
-)
+from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.ledger import (
     NewOperation,
     Operation,

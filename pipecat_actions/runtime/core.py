@@ -26,33 +26,24 @@ from typing import Any, Literal
 
 from loguru import logger
 
-from pipecat_actions.actions import ActionDefinition
-from pipecat_actions.admission.admitter import (
-    Admission,
-    Admitter,
-    Joined,
-    ReadAdmission,
-    Refusal,
-    Shared,
-)
+from pipecat_actions.actions import ActionDefinition, Binding
+from pipecat_actions.admission.admitter import Admitter
 from pipecat_actions.admission.authorization import Authorizer
+from pipecat_actions.admission.decisions import Admission, Joined, ReadAdmission, Refusal, Shared
 from pipecat_actions.clock import Clock, SystemClock
 from pipecat_actions.errors import (
     ConfigurationError,
     LedgerError,
 )
-from pipecat_actions.execution.executor import (
-    Binding,
-    ReconcileSchedule,
-    Tracked,
-)
-from pipecat_actions.execution.results import refusal_result, render, render_operation
+from pipecat_actions.execution.executor import ReconcileSchedule
+from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.ledger import (
     Ledger,
     SqlLedger,
 )
 from pipecat_actions.observability.redaction import install_log_redaction
 from pipecat_actions.policy import AdmitWhen, OnInterruption, PolicySet, ToolKind, load_policy
+from pipecat_actions.results import refusal_result, render, render_operation
 from pipecat_actions.runtime.decisions import DecisionsMixin
 from pipecat_actions.runtime.reads import ReadsMixin
 from pipecat_actions.runtime.recovery import RecoveryMixin
@@ -76,7 +67,6 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
             clock=self.clock,
             authorizer=self._authorizer,
             limiter=self.limiter,
-            executor=self.executor,
             owner=self.owner,
             lease_secs=self.lease_secs,
             cancel=lambda op: self.cancel(op.operation_id, reason="replaced by a newer request"),

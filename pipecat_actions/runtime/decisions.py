@@ -5,22 +5,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pipecat_actions.actions import CancelOutcome
+from pipecat_actions.actions import ActionContext, CancelOutcome
 from pipecat_actions.approvals import ApprovalRefused, approve_operation, reject_operation
 from pipecat_actions.errors import (
     PipecatActionsError,
     TransitionRefused,
 )
-from pipecat_actions.execution.executor import (
-    Tracked,
-)
-from pipecat_actions.execution.results import refusal_result, render_operation
+from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.ledger import (
     Operation,
     OperationFilter,
 )
 from pipecat_actions.observability.correlation import operation_logger
 from pipecat_actions.policy import OnInterruption
+from pipecat_actions.results import refusal_result, render_operation
 from pipecat_actions.runtime.base import RuntimeBase
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
@@ -68,7 +66,7 @@ class DecisionsMixin(RuntimeBase):
         if requested.status is not S.CANCEL_REQUESTED:
             return requested
         try:
-            answer = await hook(self.executor.context(requested, tracked.binding))
+            answer = await hook(ActionContext.of(requested))
         except Exception as exc:
             operation_logger(op).warning("operation {}: cancel hook failed: {}", operation_id, exc)
             answer = CancelOutcome.UNKNOWN

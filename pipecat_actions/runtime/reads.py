@@ -8,21 +8,18 @@ from typing import Any
 from loguru import logger
 
 from pipecat_actions.actions import ActionContext
-from pipecat_actions.admission.admitter import (
-    ReadAdmission,
-    Shared,
-)
+from pipecat_actions.admission.decisions import ReadAdmission, Shared
 from pipecat_actions.execution.executor import (
     retry_delay,
 )
 from pipecat_actions.execution.outcomes import Outcome, classify
-from pipecat_actions.execution.results import render
 from pipecat_actions.ledger import (
     NewOperation,
     new_operation_id,
 )
 from pipecat_actions.observability.tracing import SpanIds
 from pipecat_actions.policy import ToolKind
+from pipecat_actions.results import render
 from pipecat_actions.runtime.base import RuntimeBase
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus

@@ -7,11 +7,8 @@ import asyncio
 from loguru import logger
 
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.execution.executor import (
-    Executor,
-    ReconcileSchedule,
-    Tracked,
-)
+from pipecat_actions.execution.executor import Executor, ReconcileSchedule
+from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.ledger import (
     Operation,
     OperationFilter,
