@@ -91,7 +91,7 @@ class Executor:
                     denied = await self._denied(op, binding, "retry" if op.attempt else stage)
                     if denied is not None:
                         return await self._settle(op, tracked, S.FAILED_FINAL, error=denied)
-                started = await self._move(op, tracked, S.RUNNING, reason="attempt starts")
+                started = await self._try_move(op, tracked, S.RUNNING, reason="attempt starts")
                 if started is None:
                     return await self.ledger.get(op.operation_id)
                 op = started
@@ -260,9 +260,10 @@ class Executor:
         )
         return None if decision.allowed else f"not authorized any more: {decision.reason}"
 
-    async def _move(
+    async def _try_move(
         self, op: Operation, tracked: Tracked, to: ActionStatus, *, reason: str
     ) -> Operation | None:
+        """Move ``op`` under its fence; None when it moved meanwhile (the caller reads it again)."""
         try:
             return await self.ledger.transition(
                 op.operation_id,
