@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-stress lint typecheck pytest bench demo clean
+.PHONY: install test test-stress lint imports typecheck pytest bench demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ SOURCES := $(wildcard pipecat_actions tests bench bots)
 lint: $(STAMP)
 	$(BIN)/ruff check $(SOURCES)
 	$(BIN)/ruff format --check $(SOURCES)
+	PYTHONPATH=. $(BIN)/lint-imports
+
+# The layer rules ([tool.importlinter] in pyproject.toml) alone; `lint` runs them too.
+imports: $(STAMP)
+	PYTHONPATH=. $(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

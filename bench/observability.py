@@ -34,7 +34,7 @@ from loguru import logger
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipecat_actions import ActionRuntime, AllowAll, SessionState, action
-from pipecat_actions.admission.admitter import ReadAdmission
+from pipecat_actions.admission.decisions import ReadAdmission
 from pipecat_actions.ledger import NewOperation
 from pipecat_actions.policy import load_policy_text
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 __all__ = [
     "ActionContext",
     "ActionDefinition",
+    "Binding",
     "CancelOutcome",
     "Reconciliation",
     "Refused",
@@ -43,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from pipecat_actions.errors import ConfigurationError, PipecatActionsError
 from pipecat_actions.ledger.records import Operation
+from pipecat_actions.policy import ToolPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,22 @@ class ActionContext:
     tenant: str
     deadline_at: float | None = None
     operation: Operation | None = None
+
+    @classmethod
+    def of(cls, op: Operation) -> ActionContext:
+        """Return the context of ``op`` for its effect or a hook (``operation`` is ``op``)."""
+        return cls(
+            operation_id=op.operation_id,
+            idempotency_key=op.idempotency_key,
+            tool=op.tool,
+            args=op.args,
+            attempt=op.attempt,
+            session_id=op.session_id,
+            principal=op.principal,
+            tenant=op.tenant,
+            deadline_at=op.deadline_at,
+            operation=op,
+        )
 
 
 class Refused(PipecatActionsError):
@@ -163,6 +181,14 @@ class ActionDefinition:
             "properties": schema.get("properties", {}),
             "required": schema.get("required", []),
         }
+
+
+@dataclass(frozen=True)
+class Binding:
+    """An action together with its policy."""
+
+    action: ActionDefinition
+    policy: ToolPolicy
 
 
 _F = TypeVar("_F", bound=Effect)

@@ -29,10 +29,13 @@ timestamp on the operation, which stays ``UNKNOWN`` until the system of record a
 from __future__ import annotations
 
 __all__ = [
+    "AWAITING_PERSON_STATUSES",
     "IN_FLIGHT_STATUSES",
+    "MAYBE_SENT_STATUSES",
     "REPEATABLE_STATUSES",
     "TERMINAL_STATUSES",
     "TRANSITIONS",
+    "UNSENT_STATUSES",
     "ActionStatus",
     "check_transition",
     "is_terminal",
@@ -105,6 +108,27 @@ IN_FLIGHT_STATUSES: frozenset[ActionStatus] = frozenset(
 
 Not ``UNKNOWN`` (reconciliation may take longer than any caller waits) nor the statuses that wait
 for a person (``AWAITING_APPROVAL``, ``AWAITING_CONFIRMATION``).
+"""
+
+AWAITING_PERSON_STATUSES: frozenset[ActionStatus] = frozenset(
+    {S.AWAITING_CONFIRMATION, S.AWAITING_APPROVAL}
+)
+"""Statuses that wait for a person: the user's spoken yes, or an approver's decision.
+
+Nothing was sent; a deadline expires them (``EXPIRED``), a cancel rejects them.
+"""
+
+UNSENT_STATUSES: frozenset[ActionStatus] = frozenset({S.ADMITTED, S.FAILED_RETRYABLE})
+"""Statuses with no attempt in flight: admitted and not sent yet, or between two attempts.
+
+A deadline fails them (``FAILED_FINAL``), a cancel withdraws them (``CANCELLED``), and recovery
+runs them again or fails them (``recover_unsent``).
+"""
+
+MAYBE_SENT_STATUSES: frozenset[ActionStatus] = frozenset({S.RUNNING, S.CANCEL_REQUESTED})
+"""Statuses in which an attempt may have reached the provider and its answer is awaited.
+
+A deadline or a restart makes them ``UNKNOWN`` (then reconciled), never ``FAILED_FINAL``.
 """
 
 

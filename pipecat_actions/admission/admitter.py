@@ -10,84 +10,59 @@ duplicate policy → confirmation or approval → durable admission.
 
 from __future__ import annotations
 
-__all__ = ["Admission", "Admitter", "Joined", "ReadAdmission", "Refusal", "Shared"]
+__all__ = ["Admitter"]
 
 import asyncio
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from loguru import logger
 from pydantic import ValidationError
 
-from pipecat_actions.actions import Refused
-from pipecat_actions.admission.authorization import AuthorizationRequest, Authorizer, Decision
+from pipecat_actions.actions import ActionContext, Binding, Refused
+from pipecat_actions.admission._call import Audit, draft_operation
+from pipecat_actions.admission.authorization import AuthorizationRequest, Authorizer
+from pipecat_actions.admission.authorization import Decision as Authorization
+from pipecat_actions.admission.decisions import (
+    Admission,
+    Decision,
+    Joined,
+    ReadAdmission,
+    Refusal,
+    Shared,
+)
 from pipecat_actions.admission.idempotency import intent_key
 from pipecat_actions.admission.limits import Coalesced, Degraded, Limiter, Slot
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import IdempotencyMismatch
-from pipecat_actions.execution.executor import Binding, Executor
-from pipecat_actions.execution.results import refusal_result
 from pipecat_actions.ledger import Ledger, NewOperation, Operation
-from pipecat_actions.ledger.records import canonical_json
+from pipecat_actions.ledger.records import canonical_json, hash_arguments
 from pipecat_actions.observability.redaction import log_redactor
 from pipecat_actions.policy import AdmitWhen, ConfirmationMode, OnDuplicate, ToolKind, ToolPolicy
+from pipecat_actions.results import refusal_result
 from pipecat_actions.session import SessionState
-from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
+from pipecat_actions.status import AWAITING_PERSON_STATUSES, TERMINAL_STATUSES, ActionStatus
 
 S = ActionStatus
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """The call was refused; ``result`` is its final tool result."""
-
-    result: dict[str, Any]
-    operation: Operation | None = None
-
-
-@dataclass(frozen=True)
-class Joined:
-    """The call is a duplicate of ``operation`` and shares its outcome."""
-
-    operation: Operation
-
-
-@dataclass(frozen=True)
-class Admission:
-    """The call was admitted as ``operation`` (ADMITTED, RUNNING or AWAITING_*)."""
-
-    operation: Operation
-    binding: Binding
-    slot: Slot | None
-    generation: int
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ReadAdmission:
-    """A read passed admission; it runs at once and is recorded after the fact."""
-
-    binding: Binding
-    args: dict[str, Any]
-    slot: Slot
-    key: str
-    resource_key: str | None
-    turn_id: str
-
-
-@dataclass(frozen=True)
-class Shared:
-    """The call is answered without an operation of its own (coalesced read or degraded)."""
-
-    result: Any
-    pending: Coalesced | None = None
-
-
 class Admitter:
-    """Runs the admission steps for one runtime."""
+    """Runs the admission steps for one runtime; it decides, and returns its decision.
+
+    Args:
+        bindings: The registered actions, by tool name.
+        ledger: Where admitted operations are inserted and refusals recorded.
+        clock: The runtime's clock (deadlines).
+        authorizer: Decides whether the session principal may make the call.
+        limiter: Budgets, rates and concurrency.
+        owner: The runtime's name in leases; admitted operations are leased to it.
+        lease_secs: The lease they are admitted with.
+        cancel: Withdraws an earlier operation that a newer call replaces
+            (``on_duplicate: replace``); returns it as it then is.
+    """
 
     def __init__(
         self,
@@ -97,7 +72,6 @@ class Admitter:
         clock: Clock,
         authorizer: Authorizer,
         limiter: Limiter,
-        executor: Executor,
         owner: str,
         lease_secs: float,
         cancel: Callable[[Operation], Awaitable[Operation]],
@@ -108,7 +82,6 @@ class Admitter:
         self._clock = clock
         self._authorizer = authorizer
         self._limiter = limiter
-        self._executor = executor
         self._owner = owner
         self._lease_secs = lease_secs
         self._admitting: dict[str, asyncio.Future[Refusal | Joined | Admission | Shared]] = {}
@@ -121,10 +94,10 @@ class Admitter:
         *,
         tool_call_id: str | None = None,
         generation: int | None = None,
-    ) -> Refusal | Joined | Admission | ReadAdmission | Shared:
+    ) -> Decision:
         """Run every admission step for one proposed call."""
         generation = session.generation if generation is None else generation
-        base = _Audit(tool, session, tool_call_id, str(session.user_turn), generation)
+        base = Audit(tool, session, tool_call_id, str(session.user_turn), generation)
         binding = self._bindings.get(tool)
         if binding is None:
             return await self._refuse(
@@ -177,7 +150,7 @@ class Admitter:
             decision = await self._authorizer.authorize(request)
         except Exception as exc:
             return await self._hook_failed(base, "the authorizer", exc, code="authorization_failed")
-        if not isinstance(decision, Decision):
+        if not isinstance(decision, Authorization):
             # Fails closed: only an explicit Decision lets a call through.
             return await self._refuse(
                 base,
@@ -195,7 +168,7 @@ class Admitter:
         try:
             if binding.action.preconditions is not None:
                 await binding.action.preconditions(
-                    self._executor.context(_draft(base, key, session), binding)
+                    ActionContext.of(draft_operation(base, key, session))
                 )
             self._limiter.charge_session(tool, policy, session.session_id)
         except Refused as exc:
@@ -243,7 +216,7 @@ class Admitter:
 
     async def _admit_mutation(
         self,
-        base: _Audit,
+        base: Audit,
         binding: Binding,
         key: str,
         args: dict[str, Any],
@@ -271,7 +244,7 @@ class Admitter:
 
     async def _take_slot(
         self,
-        base: _Audit,
+        base: Audit,
         binding: Binding,
         session: SessionState,
         *,
@@ -292,7 +265,7 @@ class Admitter:
 
     async def _duplicate(
         self,
-        base: _Audit,
+        base: Audit,
         binding: Binding,
         existing: Operation,
         key: str,
@@ -302,7 +275,7 @@ class Admitter:
 
         Returns None when a new operation should be admitted (under a derived key).
         """
-        if existing.args_hash != _hash(base.args) or existing.tool != base.tool:
+        if existing.args_hash != hash_arguments(base.args) or existing.tool != base.tool:
             return await self._refuse(
                 base,
                 "idempotency_mismatch",
@@ -331,7 +304,7 @@ class Admitter:
 
     async def _insert(
         self,
-        base: _Audit,
+        base: Audit,
         binding: Binding,
         key: str,
         args: dict[str, Any],
@@ -358,7 +331,7 @@ class Admitter:
         if binding.action.snapshot is not None and status in (S.RUNNING, S.ADMITTED):
             try:
                 before_state = await binding.action.snapshot(
-                    self._executor.context(_draft(base, key, session), binding)
+                    ActionContext.of(draft_operation(base, key, session))
                 )
             except Exception as exc:
                 slot.release()
@@ -405,14 +378,14 @@ class Admitter:
         if not admitted.created:
             slot.release()
             return Joined(admitted.operation)
-        if status in (S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION):
+        if status in AWAITING_PERSON_STATUSES:
             # Waiting for a person holds no capacity; the slot is taken again when it runs.
             slot.release()
             return Admission(admitted.operation, binding, None, generation)
         return Admission(admitted.operation, binding, slot, generation)
 
     def _parse(
-        self, raw_args: Mapping[str, Any] | str, cap: int, base: _Audit
+        self, raw_args: Mapping[str, Any] | str, cap: int, base: Audit
     ) -> dict[str, Any] | _Refuse:
         try:
             text = raw_args if isinstance(raw_args, str) else json.dumps(raw_args)
@@ -435,7 +408,7 @@ class Admitter:
             return _Refuse("invalid_arguments", "The arguments must be a JSON object.")
         return parsed
 
-    async def _hook_failed(self, base: _Audit, what: str, exc: Exception, *, code: str) -> Refusal:
+    async def _hook_failed(self, base: Audit, what: str, exc: Exception, *, code: str) -> Refusal:
         """Refuse a call because application code it depends on raised (never let it escape)."""
         error = f"{type(exc).__name__}: {exc}"[:500]
         logger.bind(tool=base.tool).warning(
@@ -450,7 +423,7 @@ class Admitter:
 
     async def _refuse(
         self,
-        base: _Audit,
+        base: Audit,
         code: str,
         message: str,
         *,
@@ -481,28 +454,10 @@ class Admitter:
         )
 
 
-@dataclass
-class _Audit:
-    tool: str
-    session: SessionState
-    tool_call_id: str | None
-    turn_id: str
-    generation: int
-    kind: str = "unknown"
-    args: Mapping[str, Any] = field(default_factory=dict)
-    resource_key: str | None = None
-
-
 @dataclass(frozen=True)
 class _Refuse:
     code: str
     message: str
-
-
-def _hash(args: Mapping[str, Any]) -> str:
-    from pipecat_actions.ledger import hash_arguments
-
-    return hash_arguments(args)
 
 
 _ADMISSION_REASONS = {
@@ -527,51 +482,6 @@ def _capped(policy: ToolPolicy) -> bool:
         limits.max_concurrent is not None
         or limits.per_principal is not None
         or limits.rate_per_minute is not None
-    )
-
-
-def _draft(base: _Audit, key: str, session: SessionState) -> Operation:
-    """A stand-in record for hooks that run before the operation exists (snapshot, checks)."""
-    args_json = canonical_json(dict(base.args))
-    return Operation(
-        operation_id="(not yet admitted)",
-        tenant=session.tenant,
-        session_id=session.session_id,
-        principal=session.principal,
-        tool=base.tool,
-        kind=base.kind,
-        args_json=args_json,
-        args_hash=_hash(base.args),
-        idempotency_key=key,
-        key_expires_at=0.0,
-        resource_key=base.resource_key,
-        turn_id=base.turn_id,
-        provider_call_id=base.tool_call_id,
-        model_response_id=None,
-        rationale=None,
-        agent=session.active_agent,
-        delivered_agent=None,
-        status=S.REQUESTED,
-        attempt=0,
-        result_json=None,
-        error=None,
-        before_state_json=None,
-        compensates=None,
-        deadline_at=None,
-        lease_owner=None,
-        lease_expires_at=None,
-        fence=0,
-        event_seq=0,
-        escalated_at=None,
-        created_at=0.0,
-        updated_at=0.0,
-        admitted_at=None,
-        started_at=None,
-        sent_at=None,
-        committed_at=None,
-        finished_at=None,
-        delivered_at=None,
-        acknowledged_at=None,
     )
 
 

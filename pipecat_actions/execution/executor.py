@@ -12,53 +12,29 @@ is still UNKNOWN (it never overwrites a terminal status).
 
 from __future__ import annotations
 
-__all__ = ["Binding", "Executor", "ReconcileSchedule", "Tracked", "retry_delay"]
+__all__ = ["Executor", "ReconcileSchedule", "retry_delay"]
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from loguru import logger
 
-from pipecat_actions.actions import ActionContext, ActionDefinition, ReconcileState
+from pipecat_actions.actions import ActionContext, Binding, ReconcileState
 from pipecat_actions.admission.authorization import AuthorizationRequest, Authorizer
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import TransitionRefused
 from pipecat_actions.execution.outcomes import Outcome, classify
+from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.ledger import Ledger, Operation
 from pipecat_actions.observability.correlation import operation_ids, operation_logger
+from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import ToolKind, ToolPolicy
-from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus
-
-if TYPE_CHECKING:
-    from pipecat_actions.observability.telemetry import Telemetry
+from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, UNSENT_STATUSES, ActionStatus
 
 S = ActionStatus
-
-
-@dataclass(frozen=True)
-class Binding:
-    """An action together with its policy."""
-
-    action: ActionDefinition
-    policy: ToolPolicy
-
-
-@dataclass(eq=False)
-class Tracked:
-    """What the runtime keeps in memory about an operation it owns."""
-
-    operation_id: str
-    binding: Binding
-    fence: int
-    done: asyncio.Future[Operation]
-    takeover: asyncio.Event = field(default_factory=asyncio.Event)
-    effect_task: asyncio.Task[Any] | None = None
-    on_finish: list[Callable[[], None]] = field(default_factory=list)
-    reported: ActionStatus | None = None
-    """The last outcome listeners were told (UNKNOWN first, then what reconciliation found)."""
 
 
 @dataclass(frozen=True)
@@ -95,11 +71,7 @@ class Executor:
         rand: Callable[[], float] = random.random,
         telemetry: Telemetry | None = None,
     ) -> None:
-        if telemetry is None:
-            from pipecat_actions.observability.telemetry import Telemetry
-
-            telemetry = Telemetry()
-        self.telemetry = telemetry
+        self.telemetry = telemetry if telemetry is not None else Telemetry()
         self.ledger = ledger
         self.clock = clock
         self.authorizer = authorizer
@@ -114,12 +86,12 @@ class Executor:
         binding = tracked.binding
         mutation = binding.policy.kind is ToolKind.MUTATION
         while True:
-            if op.status in (S.ADMITTED, S.FAILED_RETRYABLE):
+            if op.status in UNSENT_STATUSES:
                 if op.attempt > 0 or stage != "admission":
                     denied = await self._denied(op, binding, "retry" if op.attempt else stage)
                     if denied is not None:
                         return await self._settle(op, tracked, S.FAILED_FINAL, error=denied)
-                started = await self._move(op, tracked, S.RUNNING, reason="attempt starts")
+                started = await self._try_move(op, tracked, S.RUNNING, reason="attempt starts")
                 if started is None:
                     return await self.ledger.get(op.operation_id)
                 op = started
@@ -166,7 +138,7 @@ class Executor:
 
     async def _call_effect(self, op: Operation, tracked: Tracked) -> Any:
         binding = tracked.binding
-        ctx = self.context(op, binding)
+        ctx = ActionContext.of(op)
         with logger.contextualize(**operation_ids(op)):
             # The effect's task copies this context: the application's own log lines in the
             # effect carry the operation's correlation ids.
@@ -235,7 +207,7 @@ class Executor:
                 return current
             try:
                 with logger.contextualize(**operation_ids(current)):
-                    answer = await hook(self.context(current, tracked.binding))
+                    answer = await hook(ActionContext.of(current))
                 state, result = answer.state, answer.result
             except Exception as exc:
                 await self.ledger.annotate(
@@ -273,21 +245,6 @@ class Executor:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def context(self, op: Operation, binding: Binding) -> ActionContext:
-        """Return the `ActionContext` of ``op`` for its effect or a hook."""
-        return ActionContext(
-            operation_id=op.operation_id,
-            idempotency_key=op.idempotency_key,
-            tool=op.tool,
-            args=op.args,
-            attempt=op.attempt,
-            session_id=op.session_id,
-            principal=op.principal,
-            tenant=op.tenant,
-            deadline_at=op.deadline_at,
-            operation=op,
-        )
-
     async def _denied(self, op: Operation, binding: Binding, stage: str) -> str | None:
         decision = await self.authorizer.authorize(
             AuthorizationRequest(
@@ -303,9 +260,10 @@ class Executor:
         )
         return None if decision.allowed else f"not authorized any more: {decision.reason}"
 
-    async def _move(
+    async def _try_move(
         self, op: Operation, tracked: Tracked, to: ActionStatus, *, reason: str
     ) -> Operation | None:
+        """Move ``op`` under its fence; None when it moved meanwhile (the caller reads it again)."""
         try:
             return await self.ledger.transition(
                 op.operation_id,
@@ -392,5 +350,3 @@ def retry_delay(
 
 
 _TAKEN_OVER: Any = object()
-
-AsyncHook = Callable[..., Awaitable[Any]]

@@ -4,8 +4,9 @@ Pipecat's ``timeout_secs`` only covers the handler coroutine and is disarmed whe
 returns; a booking handed to a background task, or an effect that hangs after sending, has no
 bound there. The watchdog covers the whole span from admission to outcome: every deadline is
 armed when an operation is admitted (and re-armed from the ledger after a restart), kept in a
-heap, and slept on until the earliest one is due. What happens at expiry is the runtime's
-``on_expiry`` callback (it never claims a cancellation).
+heap, and slept on until the earliest one is due. What happens at expiry is the ``on_expiry``
+callback: in the runtime, `Expiry` (`pipecat_actions.execution.expiry`), which never claims a
+cancellation.
 """
 
 from __future__ import annotations

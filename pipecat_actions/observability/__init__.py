@@ -14,39 +14,9 @@
 Importing this package imports neither ``prometheus_client`` nor ``opentelemetry``.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pipecat_actions.observability.metrics import (
-        METRICS,
-        ActionMetrics,
-        MetricKind,
-        MetricSpec,
-    )
-    from pipecat_actions.observability.telemetry import Telemetry
-    from pipecat_actions.observability.tracing import SpanIds, enable_tracing, key_hash
-
-# Loaded on first use: the runtime's own modules import the logging helpers of this package,
-# and the telemetry module imports the runtime's admission types.
-_HOMES = {
-    "METRICS": "metrics",
-    "ActionMetrics": "metrics",
-    "MetricKind": "metrics",
-    "MetricSpec": "metrics",
-    "Telemetry": "telemetry",
-    "SpanIds": "tracing",
-    "enable_tracing": "tracing",
-    "key_hash": "tracing",
-}
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{home}"), name)
-
+from pipecat_actions.observability.metrics import METRICS, ActionMetrics, MetricKind, MetricSpec
+from pipecat_actions.observability.telemetry import Telemetry
+from pipecat_actions.observability.tracing import SpanIds, enable_tracing, key_hash
 
 __all__ = [
     "METRICS",

@@ -15,10 +15,10 @@ This module imports ``prometheus_client``; nothing else in the package does.
 
 from __future__ import annotations
 
-__all__ = ["ActionMetricsCollector", "start_prometheus"]
+__all__ = ["ActionMetricsCollector", "Measured", "start_prometheus"]
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
@@ -35,9 +35,6 @@ from pipecat_actions.observability.metrics import (
     MetricKind,
     Sample,
 )
-
-if TYPE_CHECKING:
-    from pipecat_actions.runtime import ActionRuntime
 
 _PREFIX = "pipecat_actions_"
 
@@ -85,8 +82,17 @@ def _label_values(sample: Sample, labelled: bool) -> list[str]:
     return [sample.tool, sample.label] if labelled else [sample.tool]
 
 
+class Measured(Protocol):
+    """What `start_prometheus` needs of a runtime: its metrics."""
+
+    @property
+    def metrics(self) -> ActionMetrics:
+        """The runtime's `ActionMetrics`."""
+        ...
+
+
 def start_prometheus(
-    runtime: ActionRuntime,
+    runtime: Measured,
     port: int,
     *,
     addr: str = "127.0.0.1",

@@ -18,25 +18,43 @@ tracing is turned on.
 
 from __future__ import annotations
 
-__all__ = ["Telemetry"]
+__all__ = ["Decided", "Telemetry"]
 
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import Any, Protocol
 
-from pipecat_actions.admission.admitter import Admission, Joined, ReadAdmission, Refusal, Shared
 from pipecat_actions.ledger import NewOperation, Operation
 from pipecat_actions.observability.metrics import ActionMetrics
 from pipecat_actions.observability.tracing import NULL_SPAN, OtelTracer, Span, SpanIds, key_hash
 from pipecat_actions.session import SessionState
-from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
+from pipecat_actions.status import TERMINAL_STATUSES, UNSENT_STATUSES, ActionStatus
 
 S = ActionStatus
 _DUPLICATE_REFUSALS = frozenset({"duplicate", "idempotency_mismatch"})
 _PARENTS_KEPT = 10_000
 """How many operations' proposing-turn contexts are remembered for their later spans."""
+
+
+class Decided(Protocol):
+    """What telemetry reads of an admission decision (`pipecat_actions.admission.decisions`)."""
+
+    @property
+    def kind(self) -> str:
+        """``admitted``, ``joined``, ``refused``, ``read`` or ``shared``."""
+        ...
+
+    @property
+    def operation(self) -> Operation | None:
+        """The operation the call became (admitted) or shares (joined), if any."""
+        ...
+
+    @property
+    def reason(self) -> str | None:
+        """Why a call was refused (None for the other kinds)."""
+        ...
 
 
 class Telemetry:
@@ -220,7 +238,7 @@ class Telemetry:
         elif to is S.CANCELLED:
             if expected is S.CANCEL_REQUESTED:
                 metrics.add("cancellations_confirmed", tool)
-            elif expected in (S.ADMITTED, S.FAILED_RETRYABLE):
+            elif expected in UNSENT_STATUSES:
                 metrics.add("cancelled_before_send", tool)
         elif to is S.COMPENSATED:
             metrics.add("compensated", tool)
@@ -309,28 +327,21 @@ class AdmissionScope:
         if self._cm is not None:
             self._cm.__exit__(*exc_info)
 
-    def decided(self, decision: object) -> None:
+    def decided(self, decision: Decided) -> None:
         """Record the admission's decision (an `Admission`, `Refusal`, `Joined`, ...)."""
         metrics, tool, span = self._telemetry.metrics, self._tool, self._span
-        operation: Operation | None = None
-        if isinstance(decision, Admission):
-            outcome, operation = "admitted", decision.operation
-        elif isinstance(decision, Joined):
-            outcome, operation = "joined", decision.operation
+        outcome = str(decision.kind)
+        # Only an admitted or joined call has an operation of its own; a refusal's record is
+        # its audit row.
+        operation = decision.operation if outcome in ("admitted", "joined") else None
+        if outcome == "joined":
             metrics.add("duplicates_suppressed", tool, label="joined")
-        elif isinstance(decision, Refusal):
-            outcome = "refused"
-            reason = str(decision.result.get("reason", "unknown"))
+        elif outcome == "refused":
+            reason = "unknown" if decision.reason is None else decision.reason
             metrics.add("refusals", tool, label=reason)
             if reason in _DUPLICATE_REFUSALS:
                 metrics.add("duplicates_suppressed", tool, label="rejected")
             span.set("refusal_reason", reason)
-        elif isinstance(decision, ReadAdmission):
-            outcome = "read"
-        elif isinstance(decision, Shared):
-            outcome = "shared"
-        else:
-            outcome = type(decision).__name__
         metrics.add("proposals", tool, label=outcome)
         span.set("admission", outcome)
         if operation is not None:

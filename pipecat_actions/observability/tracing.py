@@ -14,17 +14,18 @@ the SHA-256 of the key). Never the key itself (it names the principal) nor the a
 
 from __future__ import annotations
 
-__all__ = ["NULL_SPAN", "OtelTracer", "Span", "SpanIds", "enable_tracing", "key_hash"]
+__all__ = ["NULL_SPAN", "OtelTracer", "Span", "SpanIds", "Traced", "enable_tracing", "key_hash"]
 
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pipecat_actions.ledger import Operation
-    from pipecat_actions.runtime import ActionRuntime
+    from pipecat_actions.observability.telemetry import Telemetry
 
 AttributeValue = str | int | float | bool
 
@@ -148,10 +149,8 @@ class OtelTracer:
     def __init__(self, tracer_provider: Any = None) -> None:
         from opentelemetry import trace
 
-        from pipecat_actions import __version__
-
         self._tracer = trace.get_tracer(
-            "pipecat_actions", __version__, tracer_provider=tracer_provider
+            "pipecat_actions", _package_version(), tracer_provider=tracer_provider
         )
 
     @contextmanager
@@ -167,7 +166,23 @@ class OtelTracer:
             yield _OtelSpan(span)
 
 
-def enable_tracing(runtime: ActionRuntime, tracer_provider: Any = None) -> OtelTracer:
+def _package_version() -> str | None:
+    try:
+        return version("pipecat-actions")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return None
+
+
+class Traced(Protocol):
+    """What `enable_tracing` needs of a runtime: its telemetry."""
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """The runtime's `Telemetry`."""
+        ...
+
+
+def enable_tracing(runtime: Traced, tracer_provider: Any = None) -> OtelTracer:
     """Turn on spans for ``runtime``'s operations; return the tracer.
 
     Needed only without Pipecat's tracing (with it, the `ActionResultGate` turns this on).

@@ -56,9 +56,9 @@ from pipecat.processors.frame_processor import (
 )
 
 from pipecat_actions.binding import CONFIRM_TOOL
-from pipecat_actions.execution.results import render_operation
 from pipecat_actions.ledger import Operation, OperationFilter
 from pipecat_actions.policy import DeliveryMode, ToolKind
+from pipecat_actions.results import render_operation
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 

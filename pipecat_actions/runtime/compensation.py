@@ -1,70 +1,86 @@
-"""Compensation: reversing a committed operation with a new operation linked to it."""
+"""`Compensator`: reversing a committed operation with a new operation linked to it."""
 
 from __future__ import annotations
 
+__all__ = ["Compensator"]
+
 import asyncio
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
-from pipecat_actions.actions import ActionContext, ActionDefinition
-from pipecat_actions.errors import (
-    ConfigurationError,
-    UnexpectedStatus,
-)
-from pipecat_actions.execution.executor import (
-    Binding,
-    Tracked,
-)
-from pipecat_actions.ledger import (
-    NewOperation,
-    Operation,
-)
+from pipecat_actions.actions import ActionContext, ActionDefinition, Binding
+from pipecat_actions.clock import Clock
+from pipecat_actions.errors import ConfigurationError, UnexpectedStatus
+from pipecat_actions.execution.tracked import Tracked
+from pipecat_actions.execution.watchdog import Watchdog
+from pipecat_actions.ledger import Ledger, NewOperation, Operation
 from pipecat_actions.policy import ToolKind
-from pipecat_actions.runtime.base import RuntimeBase
+from pipecat_actions.runtime._operations import Operations
+from pipecat_actions.runtime._runner import Runner
 from pipecat_actions.status import ActionStatus
 
 S = ActionStatus
 
 
-class CompensationMixin(RuntimeBase):
-    """Compensation as a new, linked operation."""
+class Compensator:
+    """Compensation as a new, linked operation (see `ActionRuntime.compensate`).
+
+    Args:
+        ledger: Where the compensation is admitted and the original moved.
+        clock: The runtime's clock (the compensation's deadline).
+        bindings: The registered actions, by tool name (their ``compensate`` hooks).
+        operations: The registry the compensation is tracked in.
+        runner: Runs the compensation.
+        watchdog: Bounds the compensation by its deadline.
+        owner: This process's name in leases.
+        lease_secs: The lease the compensation is admitted with.
+        actor: Recorded on the runtime's own writes.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        clock: Clock,
+        bindings: Mapping[str, Binding],
+        operations: Operations,
+        runner: Runner,
+        watchdog: Watchdog,
+        owner: str,
+        lease_secs: float,
+        actor: str,
+    ) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._bindings = bindings
+        self._operations = operations
+        self._runner = runner
+        self._watchdog = watchdog
+        self._owner = owner
+        self._lease_secs = lease_secs
+        self._actor = actor
 
     async def compensate(self, operation_id: str, *, actor: str, reason: str) -> Operation:
-        """Reverse a committed operation by running its ``compensate`` hook as a new operation.
-
-        The compensation is admitted first, under the key ``compensate|<operation>``, so
-        concurrent requests join one compensation; the original then goes COMMITTED →
-        COMPENSATING → COMPENSATED, or back to COMMITTED when the compensation fails for good
-        (a later call may then try again under a new key). When nobody can tell whether the
-        compensation happened (it stays UNKNOWN and is escalated, e.g. after a crash cut it
-        off), the original stays COMPENSATING and is escalated with it. The hook's context
-        carries the original operation (``ctx.operation``: its result and before-state).
-
-        Returns:
-            The compensation operation, once it has an outcome.
-
-        Raises:
-            ConfigurationError: The action has no compensate hook.
-            UnexpectedStatus: The original is not COMMITTED (nor being compensated).
-        """
-        original = await self.ledger.get(operation_id)
+        """Reverse a committed operation with a new operation; see `ActionRuntime.compensate`."""
+        original = await self._ledger.get(operation_id)
         binding = self._bindings.get(original.tool)
         if binding is None or binding.action.compensate is None:
             raise ConfigurationError(f"{original.tool} has no compensate hook")
         key = f"compensate|{operation_id}"
-        existing = await self.ledger.find_by_key(original.tenant, key)
+        existing = await self._ledger.find_by_key(original.tenant, key)
         while existing is not None and existing.status in (S.FAILED_FINAL, S.CANCELLED):
             key = f"compensate|{operation_id}|after:{existing.operation_id}"
-            existing = await self.ledger.find_by_key(original.tenant, key)
+            existing = await self._ledger.find_by_key(original.tenant, key)
         if existing is not None:
-            return await self.wait(existing.operation_id)
+            return await self._operations.wait(existing.operation_id)
         if original.status not in (S.COMMITTED, S.COMPENSATING):
             raise UnexpectedStatus(
                 operation_id=operation_id,
                 expected_status=S.COMMITTED.value,
                 actual_status=original.status.value,
             )
-        admitted = await self.ledger.admit(
+        admitted = await self._ledger.admit(
             NewOperation(
                 tool=f"{original.tool}.compensate"[:64],
                 kind=ToolKind.MUTATION.value,
@@ -76,25 +92,25 @@ class CompensationMixin(RuntimeBase):
                 status=S.RUNNING,
                 compensates=operation_id,
                 before_state=original.before_state,
-                deadline_at=self.clock.now() + binding.policy.deadline_secs,
-                lease_owner=self.owner,
-                lease_secs=self.lease_secs,
+                deadline_at=self._clock.now() + binding.policy.deadline_secs,
+                lease_owner=self._owner,
+                lease_secs=self._lease_secs,
                 actor=actor,
                 detail={"reason": reason},
             )
         )
         comp = admitted.operation
         if not admitted.created:
-            return await self.wait(comp.operation_id)
+            return await self._operations.wait(comp.operation_id)
         tracked = Tracked(
             comp.operation_id,
-            self._compensation_binding(binding),
+            self.binding_for(binding),
             comp.fence,
             asyncio.get_running_loop().create_future(),
         )
-        self._tracked[comp.operation_id] = tracked
+        self._operations.track(tracked)
         if original.status is S.COMMITTED:
-            await self.ledger.transition(
+            await self._ledger.transition(
                 operation_id,
                 expected=S.COMMITTED,
                 to=S.COMPENSATING,
@@ -102,16 +118,17 @@ class CompensationMixin(RuntimeBase):
                 actor=actor,
                 detail={"reason": reason, "compensation": comp.operation_id},
             )
-        self.watchdog.arm(comp.operation_id, comp.deadline_at or self.clock.now())
-        await self._execute(comp, tracked)
+        self._watchdog.arm(comp.operation_id, comp.deadline_at or self._clock.now())
+        await self._runner.execute(comp, tracked)
         final = await asyncio.shield(tracked.done)
-        await self._settle_original(final)
+        await self.settle_original(final)
         return final
 
-    def _compensation_binding(self, binding: Binding) -> Binding:
+    def binding_for(self, binding: Binding) -> Binding:
+        """The binding a compensation of ``binding``'s action runs with (its ``compensate``)."""
         hook = binding.action.compensate
         assert hook is not None
-        ledger = self.ledger
+        ledger = self._ledger
 
         async def effect(ctx: ActionContext, **_: Any) -> Any:
             # The hook reverses the original: it gets the original operation (its result and
@@ -131,10 +148,11 @@ class CompensationMixin(RuntimeBase):
             binding.policy,
         )
 
-    async def _settle_original(self, compensation: Operation) -> None:
+    async def settle_original(self, compensation: Operation) -> None:
+        """Move the original of a compensation that has an outcome (or escalate it)."""
         if compensation.compensates is None:
             return
-        original = await self.ledger.get(compensation.compensates)
+        original = await self._ledger.get(compensation.compensates)
         if compensation.status is S.COMMITTED:
             steps = {S.COMMITTED: [S.COMPENSATING, S.COMPENSATED], S.COMPENSATING: [S.COMPENSATED]}
         elif compensation.status in (S.FAILED_FINAL, S.CANCELLED):
@@ -148,12 +166,12 @@ class CompensationMixin(RuntimeBase):
             return  # still unknown: recovery or reconciliation settles it later
         current = original
         for to in steps.get(original.status, []):
-            current = await self.ledger.transition(
+            current = await self._ledger.transition(
                 original.operation_id,
                 expected=current.status,
                 to=to,
                 fence=current.fence,
-                actor=self.actor,
+                actor=self._actor,
                 detail={
                     "compensation": compensation.operation_id,
                     "reason": (
@@ -166,12 +184,12 @@ class CompensationMixin(RuntimeBase):
     async def _escalate_original(self, original: Operation, compensation: Operation) -> None:
         if original.status is not S.COMPENSATING or original.escalated_at is not None:
             return
-        await self.ledger.annotate(
+        await self._ledger.annotate(
             original.operation_id,
-            actor=self.actor,
+            actor=self._actor,
             detail={
                 "escalated": f"its compensation {compensation.operation_id} has an unknown outcome",
                 "compensation": compensation.operation_id,
             },
-            changes={"escalated_at": self.clock.now()},
+            changes={"escalated_at": self._clock.now()},
         )

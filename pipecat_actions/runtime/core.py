@@ -12,75 +12,78 @@ Wiring into Pipecat::
     session = SessionState(session_id="call-1", principal="alice")
     runtime.attach(llm, session)                  # one handler per action (+ confirm_action)
     context = LLMContext(messages, tools=runtime.tools_schema())
+
+`ActionRuntime` is a facade: each method hands the call to the part that does the work
+(`pipecat_actions.runtime._parts` builds them), the way DBOS's ``DBOS`` fronts its core and
+recovery modules.
 """
 
 from __future__ import annotations
 
-import asyncio
+__all__ = ["ActionRuntime"]
+
 import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from loguru import logger
-
-from pipecat_actions.actions import ActionDefinition
-from pipecat_actions.admission.admitter import (
-    Admission,
-    Admitter,
-    Joined,
-    ReadAdmission,
-    Refusal,
-    Shared,
-)
+from pipecat_actions.actions import ActionDefinition, Binding
 from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.clock import Clock, SystemClock
-from pipecat_actions.errors import (
-    ConfigurationError,
-    LedgerError,
-)
-from pipecat_actions.execution.executor import (
-    Binding,
-    ReconcileSchedule,
-    Tracked,
-)
-from pipecat_actions.execution.results import refusal_result, render, render_operation
-from pipecat_actions.ledger import (
-    Ledger,
-    SqlLedger,
-)
+from pipecat_actions.errors import ConfigurationError
+from pipecat_actions.execution.executor import ReconcileSchedule
+from pipecat_actions.ledger import Ledger, Operation, SqlLedger
+from pipecat_actions.observability.metrics import ActionMetrics
 from pipecat_actions.observability.redaction import install_log_redaction
-from pipecat_actions.policy import AdmitWhen, OnInterruption, PolicySet, ToolKind, load_policy
-from pipecat_actions.runtime.decisions import DecisionsMixin
-from pipecat_actions.runtime.reads import ReadsMixin
-from pipecat_actions.runtime.recovery import RecoveryMixin
+from pipecat_actions.policy import OnInterruption, PolicySet, load_policy
+from pipecat_actions.runtime._operations import Listener
+from pipecat_actions.runtime._parts import RuntimeParts, build_parts
+from pipecat_actions.runtime.recovery import RecoverUnsent
 from pipecat_actions.session import SessionState
-from pipecat_actions.status import IN_FLIGHT_STATUSES, ActionStatus
-
-S = ActionStatus
 
 
-class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
+class ActionRuntime:
     """Runs the tool calls of every session of one process against one ledger.
 
     Build it with `ActionRuntime.create`; stop it with `close`.
+
+    Attributes:
+        policy: The loaded tool policies.
+        ledger: The ledger, as this runtime writes it (each write reported to ``telemetry``).
+        telemetry: Metrics and spans of this runtime.
+        clock: The time source.
+        owner: This process's name in leases; ``actor`` is ``runtime:<owner>``.
+        limiter: Call budgets, rates and concurrency.
+        executor: Runs and reconciles operations.
+        watchdog: Enforces deadlines.
+        admitter: Runs the admission checks.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.admitter = Admitter(
-            bindings=self._bindings,
-            ledger=self.ledger,
-            clock=self.clock,
-            authorizer=self._authorizer,
-            limiter=self.limiter,
-            executor=self.executor,
-            owner=self.owner,
-            lease_secs=self.lease_secs,
-            cancel=lambda op: self.cancel(op.operation_id, reason="replaced by a newer request"),
-        )
+    def __init__(self, parts: RuntimeParts, *, owns_ledger: bool) -> None:
+        self.policy = parts.policy
+        self.ledger = parts.ledger
+        self.telemetry = parts.telemetry
+        self.clock = parts.clock
+        self.owner = parts.owner
+        self.actor = parts.actor
+        self.lease_secs = parts.lease_secs
+        self.limiter = parts.limiter
+        self.executor = parts.executor
+        self.watchdog = parts.watchdog
+        self.admitter = parts.admitter
+        self._bindings = parts.bindings
+        self._operations = parts.operations
+        self._runner = parts.runner
+        self._reads = parts.reads
+        self._decisions = parts.decisions
+        self._compensator = parts.compensator
+        self._recovery = parts.recovery
+        self._proposals = parts.proposals
+        self._join_notes = parts.join_notes
+        self._elsewhere = parts.elsewhere
+        self._owns_ledger = owns_ledger
 
     @classmethod
     async def create(
@@ -95,7 +98,7 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
         owner: str | None = None,
         lease_secs: float = 30.0,
         recover: bool = True,
-        recover_unsent: Literal["run", "fail"] = "run",
+        recover_unsent: RecoverUnsent = "run",
         schedule: ReconcileSchedule | None = None,
     ) -> ActionRuntime:
         """Load the policy, open the ledger, register ``actions`` and recover leftover work.
@@ -124,31 +127,30 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
         # must be in place, with this policy's redact paths, before the first call.
         install_log_redaction(policy=policies)
         clock = clock or SystemClock()
-        owns = ledger is None
         opened = ledger or await SqlLedger.create(ledger_url, clock=clock)
-        runtime = cls(
+        parts = build_parts(
             policy=policies,
             ledger=opened,
             authorizer=authorizer,
             clock=clock,
             owner=owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
             lease_secs=lease_secs,
-            owns_ledger=owns,
+            recover_unsent=recover_unsent,
             schedule=schedule,
         )
-        runtime.recover_unsent = recover_unsent
+        runtime = cls(parts, owns_ledger=ledger is None)
         try:
             runtime.register(*actions)
             runtime.watchdog.start()
-            runtime._heartbeat = asyncio.get_running_loop().create_task(
-                runtime._heartbeat_loop(), name="pipecat_actions.heartbeat"
-            )
+            runtime._recovery.start()
             if recover:
                 await runtime.recover()
         except BaseException:
             await runtime.close()
             raise
         return runtime
+
+    # --- actions and the Pipecat binding ---------------------------------------------------
 
     def register(self, *definitions: ActionDefinition) -> None:
         """Register actions; each needs an entry in the policy.
@@ -170,48 +172,21 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
                 )
             self._bindings[definition.name] = Binding(definition, policy)
 
-    async def close(self, *, grace_secs: float = 5.0) -> None:
-        """Stop: wait up to ``grace_secs`` for running operations, then leave them to recovery.
-
-        An operation still running at the end keeps its ledger status (RUNNING, ...); the next
-        runtime to claim its lease reconciles it.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        pending = [
-            t.done
-            for t in self._tracked.values()
-            if t.operation_id in self._executing and not t.done.done()
-        ]
-        if pending and grace_secs > 0:
-            await asyncio.wait(pending, timeout=grace_secs)
-        await self.flush()
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            await asyncio.gather(self._heartbeat, return_exceptions=True)
-        await self.watchdog.stop()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for tracked in self._tracked.values():
-            if tracked.effect_task is not None and not tracked.effect_task.done():
-                tracked.effect_task.cancel()
-        if self._owns_ledger:
-            await self.ledger.close()
+    @property
+    def bindings(self) -> Mapping[str, Binding]:
+        """The registered actions with their policies, by tool name."""
+        return self._bindings
 
     def attach(self, llm: Any, session: SessionState) -> None:
         """Register a handler on a Pipecat ``llm`` for every action, bound to ``session``."""
         from pipecat_actions.binding import attach
 
-        self._sessions[session.session_id] = session
         attach(self, llm, session)
 
     def instrument(self, llm: Any, session: SessionState) -> None:
         """Route handlers the application registers on ``llm`` through this runtime."""
         from pipecat_actions.binding import instrument
 
-        self._sessions[session.session_id] = session
         instrument(self, llm, session)
 
     def tools_schema(self) -> Any:
@@ -219,6 +194,13 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
         from pipecat_actions.binding import tools_schema
 
         return tools_schema(self)
+
+    @property
+    def metrics(self) -> ActionMetrics:
+        """This process's metrics per tool; ``runtime.metrics.snapshot()`` reads them."""
+        return self.telemetry.metrics
+
+    # --- calls -----------------------------------------------------------------------------
 
     async def propose(
         self,
@@ -244,178 +226,147 @@ class ActionRuntime(ReadsMixin, DecisionsMixin, RecoveryMixin):
             on_started: Called with the operation id once a new mutation was admitted and
                 started (not for refusals, duplicates or calls waiting for a person).
         """
-        with logger.contextualize(
-            session_id=session.session_id,
-            turn_id=str(session.user_turn),
-            generation=session.generation,
-            tool_call_id=tool_call_id,
-            tool=tool,
-        ):
-            try:
-                result = await self._propose(
-                    tool, arguments, session, tool_call_id, wait=wait, on_started=on_started
-                )
-            except LedgerError as exc:
-                result = self._ledger_failed(tool, tool_call_id, exc)
-            logger.bind(operation_id=result.get("operation_id")).debug(
-                "tool call {} of {}: {}", tool_call_id, tool, result.get("status")
-            )
-            return result
+        return await self._proposals.propose(
+            tool, arguments, session, tool_call_id=tool_call_id, wait=wait, on_started=on_started
+        )
 
-    def _ledger_failed(
-        self, tool: str, tool_call_id: str | None, exc: LedgerError
-    ) -> dict[str, Any]:
-        """The truthful answer to a call whose ledger work failed (never Pipecat's "failed").
+    async def wait(self, operation_id: str) -> Operation:
+        """Wait for the outcome of an operation this runtime runs; else return its record."""
+        return await self._operations.wait(operation_id)
 
-        With no operation known for the call, nothing was started by it; a repeat of the same
-        intent is safe (it has the same idempotency key, so it joins the operation if the
-        insert did commit after all). With one, it exists and its outcome is not known here.
+    def operation_for_call(self, tool_call_id: str) -> str | None:
+        """Return the operation a Pipecat ``tool_call_id`` was admitted as (or joined), if any."""
+        return self._operations.operation_for_call(tool_call_id)
+
+    def listen(self, session_id: str, listener: Listener) -> None:
+        """Call ``listener`` with each operation of ``session_id`` when it gets an outcome."""
+        self._operations.listen(session_id, listener)
+
+    def unlisten(self, session_id: str, listener: Listener) -> None:
+        """Stop calling ``listener``."""
+        self._operations.unlisten(session_id, listener)
+
+    async def flush(self) -> None:
+        """Write the audit records of finished reads now, and wait until they are written."""
+        await self._reads.flush()
+        await self._join_notes.flush()
+        await self._operations.flush_audits()
+
+    # --- decisions about admitted operations -----------------------------------------------
+
+    async def cancel(
+        self, operation_id: str, *, reason: str, only_if_not_started: bool = False
+    ) -> Operation:
+        """Cancel an operation as far as the truth allows; return what the ledger then says.
+
+        Nothing sent yet: CANCELLED. Sent, with a ``cancel`` hook and unless
+        ``only_if_not_started``: CANCEL_REQUESTED, then CANCELLED only when the provider
+        confirms; otherwise the operation goes on and its real outcome is recorded.
         """
-        operation_id = self._calls.get(tool_call_id) if tool_call_id else None
-        logger.bind(operation_id=operation_id).warning(
-            "tool call {} of {}: the ledger failed: {}", tool_call_id, tool, exc
-        )
-        if operation_id is None:
-            if exc.retryable:
-                return refusal_result(
-                    f"{tool} could not be recorded because the action ledger is unavailable, "
-                    "so this call did not carry it out. It is safe to ask again in a moment.",
-                    code="ledger_unavailable",
-                )
-            return refusal_result(
-                f"{tool} could not be recorded (the action ledger refused it), so this call "
-                "did not carry it out.",
-                code="ledger_error",
-            )
-        return render(
-            S.UNKNOWN,
-            tool=tool,
-            operation_id=operation_id,
-            note="Its record could not be read just now; the outcome will be told when known.",
+        return await self._decisions.cancel(
+            operation_id, reason=reason, only_if_not_started=only_if_not_started
         )
 
-    async def _propose(
-        self,
-        tool: str,
-        arguments: Mapping[str, Any] | str,
-        session: SessionState,
-        tool_call_id: str | None,
-        *,
-        wait: bool,
-        on_started: Callable[[str], Awaitable[None]] | None,
-    ) -> dict[str, Any]:
-        self._sessions[session.session_id] = session
-        binding = self._bindings.get(tool)
-        if binding is not None and binding.policy.kind is ToolKind.READ:
-            # A read writes nothing before its effect, so it is admitted and run in the
-            # caller's own task: no hand-off to another task on the hot path.
-            with self.telemetry.admission(tool, session, tool_call_id) as scope:
-                read = await self.admitter.admit(
-                    tool, arguments, session, tool_call_id=tool_call_id
-                )
-                scope.decided(read)
-            if isinstance(read, ReadAdmission):
-                return await self._read(tool, read, session, tool_call_id)
-            if isinstance(read, Refusal):
-                return read.result
-            if isinstance(read, Shared):
-                return await self._shared(read)
-        # Admission runs to its end even when the caller is cancelled meanwhile (a barge-in):
-        # an operation it inserted must be started and bounded, never left behind.
-        admitting = asyncio.ensure_future(
-            self._admit_and_start(tool, arguments, session, tool_call_id)
+    async def confirm(self, operation_id: str, token: str, session: SessionState) -> dict[str, Any]:
+        """Apply the user's verbal confirmation (the ``confirm_action`` tool)."""
+        return await self._decisions.confirm(operation_id, token, session)
+
+    async def approve(
+        self, operation_id: str, *, approver: str, reason: str, args_hash: str | None = None
+    ) -> Operation:
+        """Approve an operation waiting for approval; it then runs.
+
+        Raises:
+            ApprovalRefused: Not waiting for approval, expired, or approved for other
+                arguments than the ones it holds.
+        """
+        return await self._decisions.approve(
+            operation_id, approver=approver, reason=reason, args_hash=args_hash
         )
-        try:
-            admitted = await asyncio.shield(admitting)
-        except asyncio.CancelledError:
-            admitting.add_done_callback(self._interrupted_during_admission)
-            raise
-        if isinstance(admitted, dict):
-            return admitted
-        if isinstance(admitted, ReadAdmission):
-            return await self._read(tool, admitted, session, tool_call_id)
-        if isinstance(admitted, Shared):
-            return await self._shared(admitted)
-        if isinstance(admitted, Joined):
-            op = admitted.operation
-            note = "This request was already made; this is its outcome."
-            if wait and op.status in IN_FLIGHT_STATUSES:
-                if op.operation_id in self._tracked:
-                    op = await asyncio.shield(self._tracked[op.operation_id].done)
-                else:
-                    op = await self._elsewhere.wait(op)
-            return render_operation(op, note=note)
-        tracked = admitted
-        if on_started is not None:
-            await on_started(tracked.operation_id)
-        if not wait:
-            return render_operation(await self.ledger.get(tracked.operation_id))
-        try:
-            final = await asyncio.shield(tracked.done)
-        except asyncio.CancelledError:
-            self._spawn(self._interrupted(tracked.operation_id))
-            raise
-        return render_operation(final)
 
-    async def _admit_and_start(
-        self,
-        tool: str,
-        arguments: Mapping[str, Any] | str,
-        session: SessionState,
-        tool_call_id: str | None,
-    ) -> dict[str, Any] | ReadAdmission | Shared | Joined | Tracked:
-        with self.telemetry.admission(tool, session, tool_call_id) as scope:
-            admitted = await self.admitter.admit(
-                tool, arguments, session, tool_call_id=tool_call_id
-            )
-            scope.decided(admitted)
-        if isinstance(admitted, Refusal):
-            return admitted.result
-        if isinstance(admitted, Joined):
-            # Recorded so that an operator can tell a repeated request from a retry of ours;
-            # in batches, off the caller's path (a burst of duplicates is one write or a few).
-            self._join_notes.note(
-                admitted.operation.operation_id,
-                tool_call_id=tool_call_id,
-                turn_id=str(session.user_turn),
-                session_id=session.session_id,
-            )
-        if isinstance(admitted, Joined) and tool_call_id:
-            self._calls[tool_call_id] = admitted.operation.operation_id
-        if not isinstance(admitted, Admission):
-            return admitted
-        if tool_call_id:
-            self._calls[tool_call_id] = admitted.operation.operation_id
-        tracked = self._start(admitted, session)
-        if admitted.operation.status in (S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION):
-            return render_operation(admitted.operation)
-        return tracked
+    async def reject(self, operation_id: str, *, approver: str, reason: str) -> Operation:
+        """Reject an operation waiting for approval (REJECTED; nothing runs)."""
+        return await self._decisions.reject(operation_id, approver=approver, reason=reason)
 
-    def _interrupted_during_admission(self, admitting: asyncio.Future[Any]) -> None:
-        if admitting.cancelled() or admitting.exception() is not None:
+    async def pending_approvals(self) -> list[Operation]:
+        """Operations waiting for a person's approval, oldest first."""
+        return await self._decisions.pending_approvals()
+
+    async def compensate(self, operation_id: str, *, actor: str, reason: str) -> Operation:
+        """Reverse a committed operation by running its ``compensate`` hook as a new operation.
+
+        The compensation is admitted first, under the key ``compensate|<operation>``, so
+        concurrent requests join one compensation; the original then goes COMMITTED →
+        COMPENSATING → COMPENSATED, or back to COMMITTED when the compensation fails for good
+        (a later call may then try again under a new key). When nobody can tell whether the
+        compensation happened (it stays UNKNOWN and is escalated, e.g. after a crash cut it
+        off), the original stays COMPENSATING and is escalated with it. The hook's context
+        carries the original operation (``ctx.operation``: its result and before-state).
+
+        Returns:
+            The compensation operation, once it has an outcome.
+
+        Raises:
+            ConfigurationError: The action has no compensate hook.
+            UnexpectedStatus: The original is not COMMITTED (nor being compensated).
+        """
+        return await self._compensator.compensate(operation_id, actor=actor, reason=reason)
+
+    # --- recovery --------------------------------------------------------------------------
+
+    @property
+    def recover_unsent(self) -> RecoverUnsent:
+        """What recovery does with an operation admitted but never sent (``run``, ``fail``)."""
+        return self._recovery.recover_unsent
+
+    async def recover(self) -> list[Operation]:
+        """Claim operations whose owner's lease expired and finish them; return them."""
+        return await self._recovery.recover()
+
+    async def reconcile_unknown(
+        self, operation_id: str, *, actor: str | None = None, probes: int = 1
+    ) -> Operation:
+        """Ask the system of record about an UNKNOWN operation now, and record what it says.
+
+        The entry point of ``pipecat-actions reconcile``: the action's ``reconcile`` hook is
+        asked up to ``probes`` times; COMMITTED or FAILED_FINAL is written through the same
+        conditional transition (and audit event) as the runtime's own reconciliation, with
+        ``actor`` recorded; an answer that settles nothing leaves the operation UNKNOWN and
+        escalated. A concurrent writer (the owner finishing it) wins and is reported as is.
+
+        Args:
+            operation_id: The operation.
+            actor: Who asks, for the audit trail (default: this runtime).
+            probes: How many times the hook is asked before giving up.
+
+        Returns:
+            The operation afterwards.
+
+        Raises:
+            OperationNotFound: No such operation.
+            ConfigurationError: Not UNKNOWN, or its tool is not loaded or has no reconcile hook.
+        """
+        return await self._recovery.reconcile_unknown(operation_id, actor=actor, probes=probes)
+
+    async def undelivered(self) -> list[Operation]:
+        """Committed operations whose result never reached a conversation."""
+        return await self._recovery.undelivered()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def close(self, *, grace_secs: float = 5.0) -> None:
+        """Stop: wait up to ``grace_secs`` for running operations, then leave them to recovery.
+
+        An operation still running at the end keeps its ledger status (RUNNING, ...); the next
+        runtime to claim its lease reconciles it.
+        """
+        if self._operations.closing:
             return
-        if isinstance(admitting.result(), Tracked):
-            self._spawn(self._interrupted(admitting.result().operation_id))
-
-    def _start(self, admission: Admission, session: SessionState) -> Tracked:
-        op = admission.operation
-        tracked = Tracked(
-            operation_id=op.operation_id,
-            binding=admission.binding,
-            fence=op.fence,
-            done=asyncio.get_running_loop().create_future(),
-        )
-        self._track(tracked, admission.slot)
-        if op.deadline_at is not None:
-            self.watchdog.arm(op.operation_id, op.deadline_at)
-        if op.status in (S.RUNNING, S.ADMITTED):
-            wait_for = (
-                admission.generation
-                if op.status is S.ADMITTED
-                and admission.binding.policy.admit_when is AdmitWhen.TURN_CONFIRMED
-                else None
-            )
-            with logger.contextualize(operation_id=op.operation_id):
-                # The execution task copies this context: its lines name the operation.
-                self._spawn(self._execute(op, tracked, session=session, wait_generation=wait_for))
-        return tracked
+        self._operations.close()
+        await self._runner.drain(grace_secs)
+        await self.flush()
+        await self._recovery.stop()
+        await self.watchdog.stop()
+        await self._operations.stop()
+        if self._owns_ledger:
+            await self.ledger.close()

@@ -1,53 +1,98 @@
-"""Reads: no write-ahead, run in the caller's task, audited in batches after the answer."""
+"""`Reads`: no write-ahead, run in the caller's task, audited in batches after the answer."""
 
 from __future__ import annotations
 
+__all__ = ["Reads"]
+
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from loguru import logger
 
 from pipecat_actions.actions import ActionContext
-from pipecat_actions.admission.admitter import (
-    ReadAdmission,
-    Shared,
-)
-from pipecat_actions.execution.executor import (
-    retry_delay,
-)
+from pipecat_actions.admission.decisions import ReadAdmission, Shared
+from pipecat_actions.admission.limits import Limiter
+from pipecat_actions.clock import Clock
+from pipecat_actions.execution.executor import retry_delay
 from pipecat_actions.execution.outcomes import Outcome, classify
-from pipecat_actions.execution.results import render
-from pipecat_actions.ledger import (
-    NewOperation,
-    new_operation_id,
-)
+from pipecat_actions.execution.watchdog import Watchdog
+from pipecat_actions.ledger import Ledger, NewOperation, new_operation_id
+from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.observability.tracing import SpanIds
 from pipecat_actions.policy import ToolKind
-from pipecat_actions.runtime.base import RuntimeBase
+from pipecat_actions.results import render
+from pipecat_actions.runtime._operations import Operations
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
 
 S = ActionStatus
 
 
-class ReadsMixin(RuntimeBase):
-    """Reads: admitted in memory, run in the caller's task, audited after the answer."""
+class Reads:
+    """Reads: admitted in memory, run in the caller's task, audited after the answer.
 
-    def _record_read(self, record: NewOperation) -> None:
+    Args:
+        ledger: Where the reads are recorded, after their answers.
+        clock: The runtime's clock (deadlines, retry pauses).
+        operations: Starts the audit writes (so that a flush waits for them).
+        limiter: Told about each running read (identical reads may share its outcome).
+        watchdog: Bounds each read by its deadline.
+        telemetry: Spans of each attempt.
+        rand: Source of retry jitter in [0, 1).
+        actor: Recorded on each read's audit record.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        clock: Clock,
+        operations: Operations,
+        limiter: Limiter,
+        watchdog: Watchdog,
+        telemetry: Telemetry,
+        rand: Callable[[], float],
+        actor: str,
+    ) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._operations = operations
+        self._limiter = limiter
+        self._watchdog = watchdog
+        self._telemetry = telemetry
+        self._rand = rand
+        self._actor = actor
+        self._running: dict[str, asyncio.Task[Any]] = {}
+        self._expired: set[str] = set()
+        self._records: list[NewOperation] = []
+        self._flusher: asyncio.Task[Any] | None = None
+
+    def stop(self, operation_id: str) -> bool:
+        """Stop the read running as ``operation_id`` (its deadline passed); False if none is."""
+        read = self._running.get(operation_id)
+        if read is None:
+            return False
+        self._expired.add(operation_id)
+        read.cancel()
+        return True
+
+    def _record(self, record: NewOperation) -> None:
         # Reads are audited in batches a moment after their answers: one task and one
         # group-committed write for many reads, instead of a task and a write each on the hot
         # path. The short real-time pause batches I/O; it decides nothing about the call.
-        self._read_records.append(record)
-        if self._read_flusher is None or self._read_flusher.done():
-            self._read_flusher = self._spawn(self._flush_reads(pause_secs=0.02), audit=True)
+        self._records.append(record)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = self._operations.spawn(self.flush(pause_secs=0.02), audit=True)
 
-    async def _flush_reads(self, *, pause_secs: float = 0.0) -> None:
+    async def flush(self, *, pause_secs: float = 0.0) -> None:
+        """Write the audit records of the reads answered so far (after ``pause_secs``)."""
         if pause_secs:
             await asyncio.sleep(pause_secs)
-        while self._read_records:
-            batch, self._read_records = self._read_records, []
+        while self._records:
+            batch, self._records = self._records, []
             results = await asyncio.gather(
-                *(self.ledger.record_completed(record) for record in batch),
+                *(self._ledger.record_completed(record) for record in batch),
                 return_exceptions=True,
             )
             for record, result in zip(batch, results, strict=True):
@@ -60,19 +105,13 @@ class ReadsMixin(RuntimeBase):
                         tool=record.tool,
                     ).warning("read {} not audited: {}", record.operation_id, result)
 
-    async def flush(self) -> None:
-        """Write the audit records of finished reads now, and wait until they are written."""
-        await self._flush_reads()
-        await self._join_notes.flush()
-        if self._audits:
-            await asyncio.gather(*self._audits, return_exceptions=True)
-
-    async def _shared(self, shared: Shared) -> dict[str, Any]:
+    async def shared(self, shared: Shared) -> dict[str, Any]:
+        """The answer of a call that shares another read's outcome, or a degraded one."""
         if shared.pending is not None:
             return dict(await asyncio.shield(shared.pending.result))
         return {"status": "degraded", "message": "A fallback answer.", "result": shared.result}
 
-    async def _read(
+    async def read(
         self,
         tool: str,
         admission: ReadAdmission,
@@ -82,18 +121,18 @@ class ReadsMixin(RuntimeBase):
         """Run an admitted read in the caller's task, bounded by the watchdog."""
         operation_id = new_operation_id()
         policy = admission.binding.policy
-        deadline_at = self.clock.now() + policy.deadline_secs
+        deadline_at = self._clock.now() + policy.deadline_secs
         outcome: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.limiter.register_read(tool, admission.key, outcome)
+        self._limiter.register_read(tool, admission.key, outcome)
         task = asyncio.current_task()
         assert task is not None
-        self._reads[operation_id] = task
-        self.watchdog.arm(operation_id, deadline_at)
+        self._running[operation_id] = task
+        self._watchdog.arm(operation_id, deadline_at)
         status, value, error, attempt = S.FAILED_FINAL, None, None, 0
         timed_out = False
         ids = (
             None  # built only for spans: this is the hot path of every read
-            if self.telemetry.tracer is None
+            if self._telemetry.tracer is None
             else SpanIds(
                 session.session_id,
                 tool,
@@ -118,12 +157,12 @@ class ReadsMixin(RuntimeBase):
                     deadline_at=deadline_at,
                 )
                 try:
-                    with self.telemetry.read_attempt(ids, attempt):
+                    with self._telemetry.read_attempt(ids, attempt):
                         value = await admission.binding.action.run(ctx)
                     status, error = S.COMMITTED, None
                     break
                 except asyncio.CancelledError:
-                    if operation_id not in self._expired_reads:
+                    if operation_id not in self._expired:
                         raise  # the caller was cancelled: a read may simply stop
                     task.uncancel()
                     error = "deadline passed"
@@ -139,26 +178,26 @@ class ReadsMixin(RuntimeBase):
                             policy,
                             attempt=attempt,
                             outcome=failure,
-                            now=self.clock.now(),
+                            now=self._clock.now(),
                             deadline_at=deadline_at,
-                            rand=self.executor.rand(),
+                            rand=self._rand(),
                         )
                     )
                     if delay is None:
                         break
-                    await self.clock.sleep(delay)
+                    await self._clock.sleep(delay)
         finally:
             admission.slot.release()
-            self.watchdog.disarm(operation_id)
-            self._reads.pop(operation_id, None)
-            self._expired_reads.discard(operation_id)
+            self._watchdog.disarm(operation_id)
+            self._running.pop(operation_id, None)
+            self._expired.discard(operation_id)
             if status is not S.COMMITTED and error is None:
                 error = "the caller stopped waiting"
             result = render(status, tool=tool, operation_id=operation_id, value=value, error=error)
             if not outcome.done():
                 outcome.set_result(result)
             # Recorded after the answer, off the critical path: a read needs no write-ahead.
-            self._record_read(
+            self._record(
                 NewOperation(
                     tool=tool,
                     kind=ToolKind.READ.value,
@@ -175,7 +214,7 @@ class ReadsMixin(RuntimeBase):
                     agent=session.active_agent,
                     error=error,
                     result=value,
-                    actor=self.actor,
+                    actor=self._actor,
                     detail={
                         "attempts": attempt,
                         "timed_out": timed_out,

@@ -1,36 +1,116 @@
-"""Recovery: lease heartbeat, a dead owner's operations, approvals given elsewhere."""
+"""`Recovery`: the lease heartbeat, a dead owner's operations, approvals given elsewhere.
+
+Continuously (the heartbeat), not only at start, the runtime renews its lease and picks up the
+operations another process approved for it; `Recovery.recover` claims the operations whose
+owner's lease expired and finishes them: waiting for a person → re-arm the deadline; maybe sent
+→ UNKNOWN, reconciled; never sent → run again or fail (``recover_unsent``).
+"""
 
 from __future__ import annotations
 
+__all__ = ["RecoverUnsent", "Recovery"]
+
 import asyncio
+from collections.abc import Mapping
+from typing import Literal
 
 from loguru import logger
 
+from pipecat_actions.actions import Binding
+from pipecat_actions.admission.authorization import Authorizer
+from pipecat_actions.clock import Clock
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.execution.executor import (
-    Executor,
-    ReconcileSchedule,
-    Tracked,
-)
-from pipecat_actions.ledger import (
-    Operation,
-    OperationFilter,
-)
+from pipecat_actions.execution.executor import Executor, ReconcileSchedule
+from pipecat_actions.execution.tracked import Tracked
+from pipecat_actions.execution.watchdog import Watchdog
+from pipecat_actions.ledger import Ledger, Operation, OperationFilter
 from pipecat_actions.observability.correlation import operation_ids, operation_logger
-from pipecat_actions.runtime.compensation import CompensationMixin
-from pipecat_actions.status import ActionStatus
+from pipecat_actions.runtime._operations import Operations
+from pipecat_actions.runtime._runner import Runner
+from pipecat_actions.runtime.compensation import Compensator
+from pipecat_actions.status import (
+    AWAITING_PERSON_STATUSES,
+    MAYBE_SENT_STATUSES,
+    UNSENT_STATUSES,
+    ActionStatus,
+)
 
 S = ActionStatus
 
+RecoverUnsent = Literal["run", "fail"]
+"""What recovery does with an operation admitted but never sent: run it, or fail it."""
 
-class RecoveryMixin(CompensationMixin):
-    """Leases, recovery of a dead owner's operations, approvals made elsewhere."""
+
+class Recovery:
+    """Leases, recovery of a dead owner's operations, approvals made elsewhere.
+
+    Args:
+        ledger: Where leases are renewed and stale operations claimed.
+        clock: The runtime's clock (the heartbeat's pace).
+        authorizer: Asked again before a recovered operation runs.
+        bindings: The registered actions, by tool name.
+        operations: The registry recovered operations are tracked in.
+        runner: Runs what was approved elsewhere.
+        executor: Runs and reconciles recovered operations.
+        compensator: Builds a recovered compensation's binding and settles its original.
+        watchdog: Re-armed with recovered deadlines.
+        owner: This process's name in leases.
+        lease_secs: How long this owner may stay silent before others take over its work.
+        actor: Recorded on the runtime's own writes.
+        recover_unsent: See `RecoverUnsent`.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        clock: Clock,
+        authorizer: Authorizer,
+        bindings: Mapping[str, Binding],
+        operations: Operations,
+        runner: Runner,
+        executor: Executor,
+        compensator: Compensator,
+        watchdog: Watchdog,
+        owner: str,
+        lease_secs: float,
+        actor: str,
+        recover_unsent: RecoverUnsent,
+    ) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._authorizer = authorizer
+        self._bindings = bindings
+        self._operations = operations
+        self._runner = runner
+        self._executor = executor
+        self._compensator = compensator
+        self._watchdog = watchdog
+        self._owner = owner
+        self._lease_secs = lease_secs
+        self._actor = actor
+        self.recover_unsent: RecoverUnsent = recover_unsent
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the lease heartbeat."""
+        self._heartbeat = asyncio.get_running_loop().create_task(
+            self._heartbeat_loop(), name="pipecat_actions.heartbeat"
+        )
+
+    async def stop(self) -> None:
+        """Stop the heartbeat (the lease then expires unless another runtime renews it)."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
 
     async def recover(self) -> list[Operation]:
         """Claim operations whose owner's lease expired and finish them; return them."""
         claimed: list[Operation] = []
         while True:
-            batch = await self.ledger.claim_stale(self.owner, lease_secs=self.lease_secs, limit=50)
+            batch = await self._ledger.claim_stale(
+                self._owner, lease_secs=self._lease_secs, limit=50
+            )
             if not batch:
                 break
             claimed.extend(batch)
@@ -38,9 +118,19 @@ class RecoveryMixin(CompensationMixin):
                 self._resume(op)
         return claimed
 
+    def _binding_of(self, op: Operation) -> Binding | None:
+        """The binding ``op`` runs with: its action's, or its compensation's."""
+        binding = self._bindings.get(op.tool.removesuffix(".compensate"))
+        if (
+            binding is not None
+            and op.tool.endswith(".compensate")
+            and binding.action.compensate is not None
+        ):
+            return self._compensator.binding_for(binding)
+        return binding
+
     def _resume(self, op: Operation) -> None:
-        tool = op.tool.removesuffix(".compensate")
-        binding = self._bindings.get(tool)
+        binding = self._binding_of(op)
         if binding is None:
             operation_logger(op).warning(
                 "recovered operation {} of unknown tool {}", op.operation_id, op.tool
@@ -49,90 +139,64 @@ class RecoveryMixin(CompensationMixin):
         tracked = Tracked(
             op.operation_id, binding, op.fence, asyncio.get_running_loop().create_future()
         )
-        if op.tool.endswith(".compensate") and binding.action.compensate is not None:
-            tracked = Tracked(
-                op.operation_id, self._compensation_binding(binding), op.fence, tracked.done
-            )
-        self._tracked[op.operation_id] = tracked
-        if op.deadline_at is not None and op.status in (
-            S.AWAITING_APPROVAL,
-            S.AWAITING_CONFIRMATION,
-        ):
-            self.watchdog.arm(op.operation_id, op.deadline_at)
+        self._operations.track(tracked)
+        if op.deadline_at is not None and op.status in AWAITING_PERSON_STATUSES:
+            self._watchdog.arm(op.operation_id, op.deadline_at)
             return
-        self._spawn(self._recover_one(op, tracked))
+        self._operations.spawn(self._recover_one(op, tracked))
 
     async def _recover_one(self, op: Operation, tracked: Tracked) -> None:
-        if op.status in (S.RUNNING, S.CANCEL_REQUESTED):
-            op = await self._move(op, tracked, S.UNKNOWN, "recovered after its owner stopped")
+        if op.status in MAYBE_SENT_STATUSES:
+            op = await self._operations.move(
+                op, tracked, S.UNKNOWN, "recovered after its owner stopped"
+            )
         if op.status is S.UNKNOWN:
-            final = await self.executor.reconcile(op, tracked)
-        elif op.status in (S.ADMITTED, S.FAILED_RETRYABLE) and self.recover_unsent == "fail":
-            final = await self._move(
+            final = await self._executor.reconcile(op, tracked)
+        elif op.status in UNSENT_STATUSES and self.recover_unsent == "fail":
+            final = await self._operations.move(
                 op,
                 tracked,
                 S.FAILED_FINAL,
                 "recovered unsent; recover_unsent is fail",
                 error="its owner stopped before sending it; not retried by policy",
             )
-        elif op.status in (S.ADMITTED, S.FAILED_RETRYABLE):
+        elif op.status in UNSENT_STATUSES:
             if op.deadline_at is not None:
-                self.watchdog.arm(op.operation_id, op.deadline_at)
-            final = await self.executor.run(op, tracked, stage="recovery")
+                self._watchdog.arm(op.operation_id, op.deadline_at)
+            final = await self._executor.run(op, tracked, stage="recovery")
         else:
             final = op
         try:
             # The original is settled first, so whoever waits for the compensation then
             # finds both in their final state.
-            await self._settle_original(final)
+            await self._compensator.settle_original(final)
         finally:
-            self._finish(tracked, final)
+            self._operations.finish(tracked, final)
 
     async def reconcile_unknown(
         self, operation_id: str, *, actor: str | None = None, probes: int = 1
     ) -> Operation:
-        """Ask the system of record about an UNKNOWN operation now, and record what it says.
-
-        The entry point of ``pipecat-actions reconcile``: the action's ``reconcile`` hook is
-        asked up to ``probes`` times; COMMITTED or FAILED_FINAL is written through the same
-        conditional transition (and audit event) as the runtime's own reconciliation, with
-        ``actor`` recorded; an answer that settles nothing leaves the operation UNKNOWN and
-        escalated. A concurrent writer (the owner finishing it) wins and is reported as is.
-
-        Args:
-            operation_id: The operation.
-            actor: Who asks, for the audit trail (default: this runtime).
-            probes: How many times the hook is asked before giving up.
-
-        Returns:
-            The operation afterwards.
-
-        Raises:
-            OperationNotFound: No such operation.
-            ConfigurationError: Not UNKNOWN, or its tool is not loaded or has no reconcile hook.
-        """
-        op = await self.ledger.get(operation_id)
+        """Ask the system of record about an UNKNOWN operation now; see the runtime's method."""
+        op = await self._ledger.get(operation_id)
         if op.status is not S.UNKNOWN:
             raise ConfigurationError(
                 f"operation {operation_id} is {op.status.value}, not UNKNOWN: nothing to reconcile"
             )
         tool = op.tool.removesuffix(".compensate")
-        binding = self._bindings.get(tool)
+        binding = self._binding_of(op)
         if binding is None:
             raise ConfigurationError(
                 f"operation {operation_id}: its tool {op.tool} is not among the loaded actions"
             )
-        if op.tool.endswith(".compensate") and binding.action.compensate is not None:
-            binding = self._compensation_binding(binding)
         if binding.action.reconcile is None:
             raise ConfigurationError(
                 f"operation {operation_id}: the action {tool} has no reconcile hook"
             )
         executor = Executor(
-            self.ledger,
-            self.clock,
+            self._ledger,
+            self._clock,
             self._authorizer,
-            actor=actor or self.actor,
+            actor=actor or self._actor,
             schedule=ReconcileSchedule(initial_secs=0.0, max_probes=probes),
         )
         tracked = Tracked(
@@ -147,30 +211,31 @@ class RecoveryMixin(CompensationMixin):
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await self.clock.sleep(self.lease_secs / 3)
+            await self._clock.sleep(self._lease_secs / 3)
             try:
-                await self.ledger.renew_lease(self.owner, lease_secs=self.lease_secs)
+                await self._ledger.renew_lease(self._owner, lease_secs=self._lease_secs)
                 await self._pick_up_approved()
             except Exception as exc:
                 logger.warning("lease heartbeat failed: {}", exc)
 
     async def _pick_up_approved(self) -> None:
-        for op in await self.ledger.list(OperationFilter(status=[S.ADMITTED])):
-            tracked = self._tracked.get(op.operation_id)
-            if op.lease_owner != self.owner or tracked is None or tracked.done.done():
+        for op in await self._ledger.list(OperationFilter(status=[S.ADMITTED])):
+            tracked = self._operations.get(op.operation_id)
+            if op.lease_owner != self._owner or tracked is None or tracked.done.done():
                 continue
-            if op.operation_id not in self._executing:
+            if not self._runner.is_executing(op.operation_id):
                 if op.deadline_at is None:
-                    op = await self.ledger.annotate(
+                    deadline_at = self._clock.now() + self._runner.deadline_secs(op.tool)
+                    op = await self._ledger.annotate(
                         op.operation_id,
-                        actor=self.actor,
+                        actor=self._actor,
                         fence=tracked.fence,
                         detail={"reason": "approved elsewhere; deadline set by its owner"},
-                        changes={"deadline_at": self.clock.now() + self._deadline(op.tool)},
+                        changes={"deadline_at": deadline_at},
                     )
-                self.watchdog.arm(op.operation_id, op.deadline_at or self.clock.now())
-                self._spawn(self._execute(op, tracked, take_slot=True))
+                self._watchdog.arm(op.operation_id, op.deadline_at or self._clock.now())
+                self._operations.spawn(self._runner.execute(op, tracked, take_slot=True))
 
     async def undelivered(self) -> list[Operation]:
         """Committed operations whose result never reached a conversation."""
-        return await self.ledger.list(OperationFilter(status=[S.COMMITTED], undelivered=True))
+        return await self._ledger.list(OperationFilter(status=[S.COMMITTED], undelivered=True))

@@ -1,0 +1,1 @@
+"""Execution: running admitted operations, reconciling UNKNOWN ones, and enforcing deadlines."""

@@ -1,0 +1,34 @@
+"""`Tracked`: what this process keeps in memory about an operation it owns.
+
+The runtime's registry of operations holds one per operation it runs; the executor, the expiry
+rule, cancellation and recovery read and signal through it (its ``takeover`` event, its effect
+task, its ``done`` future).
+"""
+
+from __future__ import annotations
+
+__all__ = ["Tracked"]
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipecat_actions.actions import Binding
+from pipecat_actions.ledger.records import Operation
+from pipecat_actions.status import ActionStatus
+
+
+@dataclass(eq=False)
+class Tracked:
+    """What the runtime keeps in memory about an operation it owns."""
+
+    operation_id: str
+    binding: Binding
+    fence: int
+    done: asyncio.Future[Operation]
+    takeover: asyncio.Event = field(default_factory=asyncio.Event)
+    effect_task: asyncio.Task[Any] | None = None
+    on_finish: list[Callable[[], None]] = field(default_factory=list)
+    reported: ActionStatus | None = None
+    """The last outcome listeners were told (UNKNOWN first, then what reconciliation found)."""

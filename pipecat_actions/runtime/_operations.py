@@ -1,0 +1,178 @@
+"""`Operations`: the one registry of what this process tracks about the operations it runs.
+
+Every part of the runtime is built with it instead of sharing private attributes: it holds the
+`Tracked` record of each operation this process owns, which operation each Pipecat tool call
+became, the listeners told about outcomes, and the runtime's own tasks. Its verbs are the ones
+every part needs: ``track`` an operation, ``move`` it under its owner's fence, ``finish`` it
+(tell its waiters and listeners), ``wait`` for it, and ``spawn`` a task closing will wait for.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Listener", "Operations"]
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from pipecat_actions.admission.limits import Slot
+from pipecat_actions.errors import TransitionRefused
+from pipecat_actions.execution.tracked import Tracked
+from pipecat_actions.execution.watchdog import Watchdog
+from pipecat_actions.ledger import Ledger, Operation
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
+
+Listener = Callable[[Operation], None]
+"""Called with an operation of the session it listens to, each time it gets an outcome."""
+
+
+class Operations:
+    """The operations this process tracks, with the tasks and listeners around them.
+
+    Args:
+        ledger: Where moves are written, and where an operation not tracked here is read.
+        watchdog: Disarmed for an operation once it has an outcome.
+        actor: Recorded on every move (``runtime:<owner>``).
+    """
+
+    def __init__(self, ledger: Ledger, watchdog: Watchdog, *, actor: str) -> None:
+        self._ledger = ledger
+        self._watchdog = watchdog
+        self._actor = actor
+        self._tracked: dict[str, Tracked] = {}
+        self._calls: dict[str, str] = {}
+        self._listeners: dict[str, list[Listener]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._audits: set[asyncio.Task[Any]] = set()
+        self._closing = False
+
+    # --- tracking --------------------------------------------------------------------------
+
+    def track(self, tracked: Tracked, slot: Slot | None = None) -> None:
+        """Track ``tracked``; its limiter ``slot``, if any, is released when it finishes."""
+        self._tracked[tracked.operation_id] = tracked
+        if slot is not None:
+            tracked.on_finish.append(slot.release)
+
+    def get(self, operation_id: str) -> Tracked | None:
+        """Return what is kept about ``operation_id``, if this process tracks it."""
+        return self._tracked.get(operation_id)
+
+    def note_call(self, tool_call_id: str, operation_id: str) -> None:
+        """Remember that the Pipecat call ``tool_call_id`` was admitted as (or joined) it."""
+        self._calls[tool_call_id] = operation_id
+
+    def operation_for_call(self, tool_call_id: str) -> str | None:
+        """Return the operation a Pipecat ``tool_call_id`` was admitted as (or joined), if any."""
+        return self._calls.get(tool_call_id)
+
+    # --- outcomes --------------------------------------------------------------------------
+
+    def finish(self, tracked: Tracked, final: Operation) -> None:
+        """Tell the waiters of ``tracked`` (once) and its session's listeners its outcome."""
+        self._watchdog.disarm(tracked.operation_id)
+        for callback in tracked.on_finish:
+            callback()
+        tracked.on_finish.clear()
+        if not tracked.done.done():
+            # Waiters get the first truthful outcome: UNKNOWN ends a wait at the deadline.
+            tracked.done.set_result(final)
+        if final.status is not tracked.reported:
+            # Listeners (the gate) also hear what reconciliation finds afterwards.
+            tracked.reported = final.status
+            for listener in list(self._listeners.get(final.session_id, ())):
+                listener(final)
+
+    async def move(
+        self,
+        op: Operation,
+        tracked: Tracked,
+        to: ActionStatus,
+        reason: str,
+        finish: bool = False,
+        *,
+        error: str | None = None,
+    ) -> Operation:
+        """Move ``op`` under its owner's fence; if it moved meanwhile, return it as it is now.
+
+        A terminal status records ``error`` (default: ``reason``) as the operation's error.
+        With ``finish``, a successful move is told to waiters and listeners (`finish`).
+        """
+        try:
+            moved = await self._ledger.transition(
+                op.operation_id,
+                expected=op.status,
+                to=to,
+                fence=tracked.fence,
+                actor=self._actor,
+                detail={"reason": reason},
+                changes={"error": error or reason} if to in TERMINAL_STATUSES else None,
+            )
+        except TransitionRefused:
+            return await self._ledger.get(op.operation_id)
+        if finish:
+            self.finish(tracked, moved)
+        return moved
+
+    async def cancel_not_started(self, op: Operation, tracked: Tracked, reason: str) -> Operation:
+        """Withdraw ``op`` before anything was sent: take it over and move it to CANCELLED."""
+        tracked.takeover.set()
+        return await self.move(op, tracked, ActionStatus.CANCELLED, reason, finish=True)
+
+    async def wait(self, operation_id: str) -> Operation:
+        """Wait for the outcome of an operation tracked here; else return its record."""
+        tracked = self._tracked.get(operation_id)
+        if tracked is None:
+            return await self._ledger.get(operation_id)
+        return await asyncio.shield(tracked.done)
+
+    def listen(self, session_id: str, listener: Listener) -> None:
+        """Call ``listener`` with each operation of ``session_id`` when it gets an outcome."""
+        self._listeners.setdefault(session_id, []).append(listener)
+
+    def unlisten(self, session_id: str, listener: Listener) -> None:
+        """Stop calling ``listener``."""
+        listeners = self._listeners.get(session_id, [])
+        if listener in listeners:
+            listeners.remove(listener)
+
+    # --- tasks -----------------------------------------------------------------------------
+
+    def spawn(
+        self, coroutine: Coroutine[Any, Any, Any], *, audit: bool = False
+    ) -> asyncio.Task[Any]:
+        """Start a task of the runtime; ``audit``: an audit write, awaited by `flush_audits`.
+
+        Closing cancels the other tasks, and waits for audit writes through the flush.
+        """
+        task = asyncio.get_running_loop().create_task(coroutine)
+        tasks = self._audits if audit else self._tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return task
+
+    async def flush_audits(self) -> None:
+        """Wait for the audit writes started so far."""
+        if self._audits:
+            await asyncio.gather(*self._audits, return_exceptions=True)
+
+    @property
+    def closing(self) -> bool:
+        """Whether the runtime is closing: what stops from now on is left to recovery."""
+        return self._closing
+
+    def close(self) -> None:
+        """Mark the runtime as closing (see `closing`)."""
+        self._closing = True
+
+    async def stop(self) -> None:
+        """Cancel the runtime's tasks and the effects still running, and wait for the tasks.
+
+        The effects' operations keep their ledger status; the next owner recovers them.
+        """
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for tracked in self._tracked.values():
+            if tracked.effect_task is not None and not tracked.effect_task.done():
+                tracked.effect_task.cancel()

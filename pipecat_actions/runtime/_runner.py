@@ -1,0 +1,168 @@
+"""`Runner`: starting and running the operations this process admitted, released or recovered.
+
+An admitted operation runs in a task of the runtime (never in Pipecat's handler coroutine), under
+a deadline the watchdog enforces. A turn-confirmed mutation first waits for the reply that
+proposed it to end unbroken; an operation released by a person first takes a limiter slot.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_DEADLINE_SECS", "Runner"]
+
+import asyncio
+
+from loguru import logger
+
+from pipecat_actions.admission.decisions import Admission
+from pipecat_actions.admission.limits import Limiter
+from pipecat_actions.execution.executor import Executor
+from pipecat_actions.execution.tracked import Tracked
+from pipecat_actions.execution.watchdog import Watchdog
+from pipecat_actions.ledger import Ledger, Operation
+from pipecat_actions.observability.correlation import operation_logger
+from pipecat_actions.policy import AdmitWhen, PolicySet
+from pipecat_actions.runtime._operations import Operations
+from pipecat_actions.session import SessionState
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
+
+S = ActionStatus
+
+DEFAULT_DEADLINE_SECS = 30.0
+"""The deadline of an operation whose tool has no policy loaded here."""
+
+
+class Runner:
+    """Starts operations and drives each to an outcome with the executor.
+
+    Args:
+        ledger: Read for the outcome when execution fails.
+        policy: The loaded policies (deadlines).
+        operations: The registry the operations are tracked and finished in.
+        executor: Runs each operation.
+        limiter: Slots for operations released after admission.
+        watchdog: Armed with each started operation's deadline.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        policy: PolicySet,
+        operations: Operations,
+        executor: Executor,
+        limiter: Limiter,
+        watchdog: Watchdog,
+    ) -> None:
+        self._ledger = ledger
+        self._policy = policy
+        self._operations = operations
+        self._executor = executor
+        self._limiter = limiter
+        self._watchdog = watchdog
+        self._executing: dict[str, Tracked] = {}
+
+    def deadline_secs(self, tool: str) -> float:
+        """How long an operation of ``tool`` may take, from its policy."""
+        policy = self._policy.get(tool)
+        return policy.deadline_secs if policy is not None else DEFAULT_DEADLINE_SECS
+
+    def is_executing(self, operation_id: str) -> bool:
+        """Whether an execution task of this runner drives ``operation_id`` now."""
+        return operation_id in self._executing
+
+    def start(self, admission: Admission, session: SessionState) -> Tracked:
+        """Track an admitted operation, arm its deadline and, unless it waits, start it."""
+        op = admission.operation
+        tracked = Tracked(
+            operation_id=op.operation_id,
+            binding=admission.binding,
+            fence=op.fence,
+            done=asyncio.get_running_loop().create_future(),
+        )
+        self._operations.track(tracked, admission.slot)
+        if op.deadline_at is not None:
+            self._watchdog.arm(op.operation_id, op.deadline_at)
+        if op.status in (S.RUNNING, S.ADMITTED):
+            wait_for = (
+                admission.generation
+                if op.status is S.ADMITTED
+                and admission.binding.policy.admit_when is AdmitWhen.TURN_CONFIRMED
+                else None
+            )
+            with logger.contextualize(operation_id=op.operation_id):
+                # The execution task copies this context: its lines name the operation.
+                self._operations.spawn(
+                    self.execute(op, tracked, session=session, wait_generation=wait_for)
+                )
+        return tracked
+
+    async def execute(
+        self,
+        op: Operation,
+        tracked: Tracked,
+        *,
+        session: SessionState | None = None,
+        wait_generation: int | None = None,
+        stage: str = "admission",
+        take_slot: bool = False,
+    ) -> None:
+        """Drive ``op`` to an outcome, then finish it (an UNKNOWN outcome too).
+
+        Args:
+            op: The operation, as last read.
+            tracked: Its record in the registry.
+            session: The proposing session, for ``wait_generation``.
+            wait_generation: Start only once this reply of ``session`` ended unbroken;
+                cancelled if the user interrupted it.
+            stage: What the authorizer is told when asked again (``recovery``, ...).
+            take_slot: Wait for a limiter slot first (released by a person, recovered).
+        """
+        final = op
+        self._executing[op.operation_id] = tracked
+        try:
+            if take_slot:
+                policy = tracked.binding.policy
+                slot = await self._limiter.wait_for_slot(op.tool, policy, op.principal)
+                tracked.on_finish.append(slot.release)
+            if wait_generation is not None and session is not None:
+                settled = await self._wait_generation(session, wait_generation, tracked)
+                if not settled:
+                    await self._operations.cancel_not_started(
+                        op, tracked, "the user interrupted the reply that proposed it"
+                    )
+                    final = await self._ledger.get(op.operation_id)
+                    return
+            final = await self._executor.run(op, tracked, stage=stage)
+        except Exception as exc:
+            if self._operations.closing:
+                # Stopped mid-flight: the ledger keeps the last status written; the next owner
+                # of the lease recovers the operation.
+                operation_logger(op).info("operation {} left to recovery: {}", op.operation_id, exc)
+                return
+            operation_logger(op).exception(
+                "operation {}: execution failed: {}", op.operation_id, exc
+            )
+            final = await self._ledger.get(op.operation_id)
+        finally:
+            self._executing.pop(op.operation_id, None)
+            if final.status in TERMINAL_STATUSES or final.status is S.UNKNOWN:
+                self._operations.finish(tracked, final)
+
+    async def drain(self, grace_secs: float) -> None:
+        """Wait up to ``grace_secs`` for the operations being executed to get an outcome."""
+        pending = [t.done for t in self._executing.values() if not t.done.done()]
+        if pending and grace_secs > 0:
+            await asyncio.wait(pending, timeout=grace_secs)
+
+    async def _wait_generation(
+        self, session: SessionState, generation: int, tracked: Tracked
+    ) -> bool:
+        outcome = asyncio.ensure_future(session.wait_generation_outcome(generation))
+        takeover = asyncio.ensure_future(tracked.takeover.wait())
+        try:
+            await asyncio.wait({outcome, takeover}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            takeover.cancel()
+            if not outcome.done():
+                outcome.cancel()
+        return outcome.done() and not outcome.cancelled() and outcome.result()

@@ -1,0 +1,247 @@
+"""`Proposals`: one proposed tool call, from admission to the tool result the model reads.
+
+A read is admitted and run in the caller's task. A mutation is admitted in a task of its own
+that runs to its end even when the caller is cancelled (a barge-in), then started by the
+`Runner`; a duplicate joins the operation it repeats (waiting for it here, or through the ledger
+when another process runs it); a refusal is answered at once. Whatever the ledger does, the
+answer is truthful: a ledger failure is told as such, never as Pipecat's generic "failed".
+"""
+
+from __future__ import annotations
+
+__all__ = ["Proposals"]
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from loguru import logger
+
+from pipecat_actions.actions import Binding
+from pipecat_actions.admission.admitter import Admitter
+from pipecat_actions.admission.decisions import Admission, Joined, ReadAdmission, Refusal, Shared
+from pipecat_actions.errors import LedgerError
+from pipecat_actions.execution.tracked import Tracked
+from pipecat_actions.ledger import Ledger
+from pipecat_actions.observability.telemetry import Telemetry
+from pipecat_actions.policy import ToolKind
+from pipecat_actions.results import refusal_result, render, render_operation
+from pipecat_actions.runtime._joins import JoinNotes, SharedWaits
+from pipecat_actions.runtime._operations import Operations
+from pipecat_actions.runtime._runner import Runner
+from pipecat_actions.runtime.decisions import Decisions
+from pipecat_actions.runtime.reads import Reads
+from pipecat_actions.session import SessionState
+from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES, ActionStatus
+
+S = ActionStatus
+
+_Started = dict[str, Any] | ReadAdmission | Shared | Joined | Tracked
+"""What admitting a mutation leads to: an answer, a read or shared answer, a join, or a run."""
+
+
+class Proposals:
+    """Admits proposed calls and answers each with a truthful tool result.
+
+    Args:
+        ledger: Read for the state of an operation a caller does not wait for.
+        bindings: The registered actions, by tool name.
+        admitter: Decides about each call.
+        telemetry: Scopes each admission.
+        operations: The registry of the operations this process owns.
+        runner: Starts admitted operations.
+        reads: Runs admitted reads.
+        decisions: Applies ``on_interruption`` when the caller is cancelled.
+        join_notes: Records the calls that joined an operation.
+        elsewhere: Waits for operations another process runs.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        bindings: Mapping[str, Binding],
+        admitter: Admitter,
+        telemetry: Telemetry,
+        operations: Operations,
+        runner: Runner,
+        reads: Reads,
+        decisions: Decisions,
+        join_notes: JoinNotes,
+        elsewhere: SharedWaits,
+    ) -> None:
+        self._ledger = ledger
+        self._bindings = bindings
+        self._admitter = admitter
+        self._telemetry = telemetry
+        self._operations = operations
+        self._runner = runner
+        self._reads = reads
+        self._decisions = decisions
+        self._join_notes = join_notes
+        self._elsewhere = elsewhere
+
+    async def propose(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | str,
+        session: SessionState,
+        *,
+        tool_call_id: str | None,
+        wait: bool,
+        on_started: Callable[[str], Awaitable[None]] | None,
+    ) -> dict[str, Any]:
+        """Admit a proposed call and answer it; see `ActionRuntime.propose`."""
+        with logger.contextualize(
+            session_id=session.session_id,
+            turn_id=str(session.user_turn),
+            generation=session.generation,
+            tool_call_id=tool_call_id,
+            tool=tool,
+        ):
+            try:
+                result = await self._propose(
+                    tool, arguments, session, tool_call_id, wait=wait, on_started=on_started
+                )
+            except LedgerError as exc:
+                result = self._ledger_failed(tool, tool_call_id, exc)
+            logger.bind(operation_id=result.get("operation_id")).debug(
+                "tool call {} of {}: {}", tool_call_id, tool, result.get("status")
+            )
+            return result
+
+    def _ledger_failed(
+        self, tool: str, tool_call_id: str | None, exc: LedgerError
+    ) -> dict[str, Any]:
+        """The truthful answer to a call whose ledger work failed (never Pipecat's "failed").
+
+        With no operation known for the call, nothing was started by it; a repeat of the same
+        intent is safe (it has the same idempotency key, so it joins the operation if the
+        insert did commit after all). With one, it exists and its outcome is not known here.
+        """
+        operation_id = self._operations.operation_for_call(tool_call_id) if tool_call_id else None
+        logger.bind(operation_id=operation_id).warning(
+            "tool call {} of {}: the ledger failed: {}", tool_call_id, tool, exc
+        )
+        if operation_id is None:
+            if exc.retryable:
+                return refusal_result(
+                    f"{tool} could not be recorded because the action ledger is unavailable, "
+                    "so this call did not carry it out. It is safe to ask again in a moment.",
+                    code="ledger_unavailable",
+                )
+            return refusal_result(
+                f"{tool} could not be recorded (the action ledger refused it), so this call "
+                "did not carry it out.",
+                code="ledger_error",
+            )
+        return render(
+            S.UNKNOWN,
+            tool=tool,
+            operation_id=operation_id,
+            note="Its record could not be read just now; the outcome will be told when known.",
+        )
+
+    async def _propose(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | str,
+        session: SessionState,
+        tool_call_id: str | None,
+        *,
+        wait: bool,
+        on_started: Callable[[str], Awaitable[None]] | None,
+    ) -> dict[str, Any]:
+        binding = self._bindings.get(tool)
+        if binding is not None and binding.policy.kind is ToolKind.READ:
+            # A read writes nothing before its effect, so it is admitted and run in the
+            # caller's own task: no hand-off to another task on the hot path.
+            with self._telemetry.admission(tool, session, tool_call_id) as scope:
+                read = await self._admitter.admit(
+                    tool, arguments, session, tool_call_id=tool_call_id
+                )
+                scope.decided(read)
+            if isinstance(read, ReadAdmission):
+                return await self._reads.read(tool, read, session, tool_call_id)
+            if isinstance(read, Refusal):
+                return read.result
+            if isinstance(read, Shared):
+                return await self._reads.shared(read)
+        # Admission runs to its end even when the caller is cancelled meanwhile (a barge-in):
+        # an operation it inserted must be started and bounded, never left behind.
+        admitting = asyncio.ensure_future(
+            self._admit_and_start(tool, arguments, session, tool_call_id)
+        )
+        try:
+            admitted = await asyncio.shield(admitting)
+        except asyncio.CancelledError:
+            admitting.add_done_callback(self._interrupted_during_admission)
+            raise
+        if isinstance(admitted, dict):
+            return admitted
+        if isinstance(admitted, ReadAdmission):
+            return await self._reads.read(tool, admitted, session, tool_call_id)
+        if isinstance(admitted, Shared):
+            return await self._reads.shared(admitted)
+        if isinstance(admitted, Joined):
+            op = admitted.operation
+            note = "This request was already made; this is its outcome."
+            if wait and op.status in IN_FLIGHT_STATUSES:
+                tracked = self._operations.get(op.operation_id)
+                if tracked is not None:
+                    op = await asyncio.shield(tracked.done)
+                else:
+                    op = await self._elsewhere.wait(op)
+            return render_operation(op, note=note)
+        tracked = admitted
+        if on_started is not None:
+            await on_started(tracked.operation_id)
+        if not wait:
+            return render_operation(await self._ledger.get(tracked.operation_id))
+        try:
+            final = await asyncio.shield(tracked.done)
+        except asyncio.CancelledError:
+            self._operations.spawn(self._decisions.interrupted(tracked.operation_id))
+            raise
+        return render_operation(final)
+
+    async def _admit_and_start(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | str,
+        session: SessionState,
+        tool_call_id: str | None,
+    ) -> _Started:
+        with self._telemetry.admission(tool, session, tool_call_id) as scope:
+            admitted = await self._admitter.admit(
+                tool, arguments, session, tool_call_id=tool_call_id
+            )
+            scope.decided(admitted)
+        if isinstance(admitted, Refusal):
+            return admitted.result
+        if isinstance(admitted, Joined):
+            # Recorded so that an operator can tell a repeated request from a retry of ours;
+            # in batches, off the caller's path (a burst of duplicates is one write or a few).
+            self._join_notes.note(
+                admitted.operation.operation_id,
+                tool_call_id=tool_call_id,
+                turn_id=str(session.user_turn),
+                session_id=session.session_id,
+            )
+            if tool_call_id:
+                self._operations.note_call(tool_call_id, admitted.operation.operation_id)
+        if not isinstance(admitted, Admission):
+            return admitted
+        if tool_call_id:
+            self._operations.note_call(tool_call_id, admitted.operation.operation_id)
+        tracked = self._runner.start(admitted, session)
+        if admitted.operation.status in AWAITING_PERSON_STATUSES:
+            return render_operation(admitted.operation)
+        return tracked
+
+    def _interrupted_during_admission(self, admitting: asyncio.Future[_Started]) -> None:
+        if admitting.cancelled() or admitting.exception() is not None:
+            return
+        started = admitting.result()
+        if isinstance(started, Tracked):
+            self._operations.spawn(self._decisions.interrupted(started.operation_id))
