@@ -22,7 +22,7 @@ from typing import Any
 
 from loguru import logger
 
-from pipecat_actions.actions import ActionContext, Binding, ReconcileState
+from pipecat_actions.actions import ActionContext, Binding, ReconcileState, Reconciliation
 from pipecat_actions.admission.authorization import AuthorizationRequest, Authorizer
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import TransitionRefused
@@ -39,12 +39,22 @@ S = ActionStatus
 
 @dataclass(frozen=True)
 class ReconcileSchedule:
-    """How often an UNKNOWN operation is checked before it is escalated."""
+    """How often an UNKNOWN operation is checked before it is escalated.
+
+    Attributes:
+        initial_secs: The pause after the first probe.
+        multiplier: How much each pause grows.
+        max_secs: The longest pause.
+        max_probes: How many probes before the operation is escalated.
+        probe_timeout_secs: How long one probe (the ``reconcile`` hook) may take; a probe that
+            has not answered by then counts as "cannot tell yet" (it is abandoned).
+    """
 
     initial_secs: float = 0.5
     multiplier: float = 2.0
     max_secs: float = 30.0
     max_probes: int = 8
+    probe_timeout_secs: float = 10.0
 
 
 class Executor:
@@ -58,6 +68,9 @@ class Executor:
         schedule: Reconciliation probe schedule.
         rand: Source of jitter in [0, 1).
         telemetry: Given the span of each attempt and reconciliation (none: no spans).
+        on_late_outcome: Told each outcome that a late answer of an effect wrote after the
+            operation was taken over (UNKNOWN → COMMITTED), so that it reaches the
+            conversation like any other outcome.
     """
 
     def __init__(
@@ -70,8 +83,10 @@ class Executor:
         schedule: ReconcileSchedule | None = None,
         rand: Callable[[], float] = random.random,
         telemetry: Telemetry | None = None,
+        on_late_outcome: Callable[[Tracked, Operation], None] | None = None,
     ) -> None:
         self.telemetry = telemetry if telemetry is not None else Telemetry()
+        self._on_late_outcome = on_late_outcome
         self.ledger = ledger
         self.clock = clock
         self.authorizer = authorizer
@@ -176,7 +191,11 @@ class Executor:
         try:
             op = await self.ledger.annotate(operation_id, actor=self.actor, detail=detail)
             if error is None and op.status is S.UNKNOWN:
-                await self._settle(op, tracked, S.COMMITTED, result=value, reason="late answer")
+                settled = await self._settle(
+                    op, tracked, S.COMMITTED, result=value, reason="late answer"
+                )
+                if settled.status is S.COMMITTED and self._on_late_outcome is not None:
+                    self._on_late_outcome(tracked, settled)
             elif error is None and op.status is S.FAILED_FINAL:
                 # The effect says it happened, the ledger says it did not (reconciliation
                 # found nothing, or the deadline failed it): a person must look.
@@ -207,7 +226,7 @@ class Executor:
                 return current
             try:
                 with logger.contextualize(**operation_ids(current)):
-                    answer = await hook(ActionContext.of(current))
+                    answer = await self._probe(hook, ActionContext.of(current))
                 state, result = answer.state, answer.result
             except Exception as exc:
                 await self.ledger.annotate(
@@ -216,6 +235,19 @@ class Executor:
                     detail={"reconcile_error": f"{type(exc).__name__}: {exc}", "probe": probe},
                 )
                 state, result = ReconcileState.PENDING, None
+            if state is ReconcileState.NOT_FOUND and _still_running(tracked):
+                # No trace yet, but the effect may still be working on it (the deadline only
+                # stopped the waiting): "it did not happen" would be a guess. Ask again later;
+                # its late answer settles the operation if it comes first.
+                await self.ledger.annotate(
+                    op.operation_id,
+                    actor=self.actor,
+                    detail={
+                        "reconcile_not_final": "no trace yet, but the effect is still running",
+                        "probe": probe,
+                    },
+                )
+                state = ReconcileState.PENDING
             if state is ReconcileState.COMMITTED:
                 return await self._settle(
                     current, tracked, S.COMMITTED, result=result, reason="reconciled"
@@ -231,6 +263,23 @@ class Executor:
             await self.clock.sleep(delay)
             delay = min(delay * self.schedule.multiplier, self.schedule.max_secs)
         return await self.escalate(op, f"still unknown after {self.schedule.max_probes} checks")
+
+    async def _probe(self, hook: Any, ctx: ActionContext) -> Reconciliation:
+        """Ask the reconcile hook once, within the schedule's time limit on the clock."""
+        asking = asyncio.ensure_future(hook(ctx))
+        limit = asyncio.ensure_future(self.clock.sleep(self.schedule.probe_timeout_secs))
+        try:
+            await asyncio.wait({asking, limit}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            limit.cancel()
+        if not asking.done():
+            asking.cancel()  # abandoned, not awaited: a hook may ignore cancellation
+            asking.add_done_callback(_consume)
+            raise TimeoutError(
+                f"the reconcile hook gave no answer within {self.schedule.probe_timeout_secs} s"
+            )
+        answer: Reconciliation = asking.result()
+        return answer
 
     async def escalate(self, op: Operation, why: str) -> Operation:
         """Mark an UNKNOWN operation as needing a person; it stays UNKNOWN."""
@@ -350,3 +399,13 @@ def retry_delay(
 
 
 _TAKEN_OVER: Any = object()
+
+
+def _still_running(tracked: Tracked) -> bool:
+    """Whether the effect of ``tracked`` was started and has not ended (it may still commit)."""
+    return tracked.effect_task is not None and not tracked.effect_task.done()
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -18,8 +18,9 @@ from pipecat_actions.admission.limits import Limiter
 from pipecat_actions.clock import Clock
 from pipecat_actions.execution.executor import Executor, ReconcileSchedule
 from pipecat_actions.execution.expiry import Expiry
+from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.execution.watchdog import Watchdog
-from pipecat_actions.ledger import Ledger
+from pipecat_actions.ledger import Ledger, Operation
 from pipecat_actions.observability.ledger import ObservedLedger
 from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import PolicySet
@@ -80,8 +81,20 @@ def build_parts(
     actor = f"runtime:{owner}"
     bindings: dict[str, Binding] = {}
     limiter = Limiter(clock.now)
+
+    def told_late(tracked: Tracked, final: Operation) -> None:
+        # A late answer settles an operation already finished as UNKNOWN: its waiters and
+        # listeners hear the truth too. The registry is built below.
+        operations.finish(tracked, final)
+
     executor = Executor(
-        observed, clock, authorizer, actor=actor, schedule=schedule, telemetry=telemetry
+        observed,
+        clock,
+        authorizer,
+        actor=actor,
+        schedule=schedule,
+        telemetry=telemetry,
+        on_late_outcome=told_late,
     )
     expiry: Expiry
 
