@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -30,14 +30,12 @@ from pipecat_actions.policy import PolicySet, load_policy_text
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import FakeSystemOfRecord, ProviderRejected
+from tests.runtime._waiting import eventually as eventually
+from tests.runtime._waiting import guarded as guarded
 
 S = ActionStatus
 RESTAURANT = "trattoria"
 DATE = "2030-05-01"
-WAIT_SECS = 10.0
-"""Upper bound on any real-time wait for the runtime's background work; it takes milliseconds."""
-PROMPT_SECS = 2.0
-"""Real time within which a call that must not wait for anyone has to answer."""
 
 
 @dataclass(frozen=True)
@@ -259,16 +257,6 @@ def booking_args(time: str = "20:00", party_size: int = 2, **overrides: Any) -> 
     return args
 
 
-async def eventually(check: Callable[[], Any], *, what: str, timeout: float = WAIT_SECS) -> None:
-    """Wait (yielding to the loop) until ``check()`` is true; fail naming ``what`` otherwise."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while not check():
-        if loop.time() > give_up:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.002)
-
-
 async def status_of(runtime: ActionRuntime, operation_id: str) -> ActionStatus:
     """Return the ledger status of an operation."""
     return (await runtime.ledger.get(operation_id)).status
@@ -277,16 +265,19 @@ async def status_of(runtime: ActionRuntime, operation_id: str) -> ActionStatus:
 async def wait_for_status(
     runtime: ActionRuntime, operation_id: str, *statuses: ActionStatus
 ) -> Operation:
-    """Poll the ledger until the operation is in one of ``statuses``; return it."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + WAIT_SECS
-    while True:
-        op = await runtime.ledger.get(operation_id)
-        if op.status in statuses:
-            return op
-        if loop.time() > give_up:
-            raise AssertionError(f"{operation_id} stayed {op.status}, expected one of {statuses}")
-        await asyncio.sleep(0.002)
+    """Poll the ledger until the operation is in one of ``statuses`` (only a hang guard limits
+    the wait); return it."""
+    seen: list[Operation] = []
+
+    async def check() -> bool:
+        seen[:] = [await runtime.ledger.get(operation_id)]
+        return seen[0].status in statuses
+
+    names = ", ".join(status.value for status in statuses)
+    await eventually(
+        check, what=lambda: f"{operation_id} to reach {names} (it is {seen[0].status.value})"
+    )
+    return seen[0]
 
 
 async def assert_refusal_audited(
@@ -327,24 +318,3 @@ async def assert_refusal_audited(
 def sqlite_url(directory: Any) -> str:
     """Return the URL of a SQLite ledger file in ``directory`` (a test's ``tmp_path``)."""
     return f"sqlite:///{directory / 'ledger.db'}"
-
-
-async def drive_clock_until(
-    clock: ManualClock,
-    runtime: ActionRuntime,
-    operation_id: str,
-    *statuses: ActionStatus,
-    step_secs: float = 0.25,
-    limit_secs: float = 20.0,
-) -> Operation:
-    """Advance ``clock`` in small steps until the operation reaches one of ``statuses``."""
-    moved = 0.0
-    while True:
-        op = await runtime.ledger.get(operation_id)
-        if op.status in statuses:
-            return op
-        if moved >= limit_secs:
-            raise AssertionError(f"{operation_id} stayed {op.status} after {moved}s of clock time")
-        clock.advance(step_secs)
-        moved += step_secs
-        await asyncio.sleep(0.005)

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import sys
 import textwrap
-import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,6 +60,9 @@ from pipecat_actions.testing import (
     ToolCalls,
 )
 from tests._file_system_of_record import FileSystemOfRecord as FileSystemOfRecord
+from tests.runtime._waiting import HANG_GUARD_SECS
+from tests.runtime._waiting import eventually as eventually
+from tests.runtime._waiting import guarded as guarded
 
 S = ActionStatus
 T0 = ManualClock().now()
@@ -115,8 +116,9 @@ class Bookings:
         seen: The contexts each hook was called with, by hook name.
         status_at_send: The ledger status of the operation each time the effect was about
             to call the provider.
-        client_timeout_secs: When set, the effect gives up on the provider after this many
-            real seconds (``TimeoutError``: the outcome is unknown).
+        client_gives_up: When set, the effect stops waiting for the provider once the test
+            sets this event, as a client-side timeout would (``TimeoutError``: the outcome is
+            unknown; the request the effect stops waiting for is abandoned).
     """
 
     def __init__(self, sor: FakeSystemOfRecord) -> None:
@@ -124,7 +126,7 @@ class Bookings:
         self.ledger: Ledger | None = None
         self.seen: dict[str, list[ActionContext]] = defaultdict(list)
         self.status_at_send: list[tuple[ActionStatus, float | None]] = []
-        self.client_timeout_secs: float | None = None
+        self.client_gives_up: asyncio.Event | None = None
 
     def action(
         self,
@@ -177,13 +179,29 @@ class Bookings:
             idempotency_key=ctx.idempotency_key,
         )
         try:
-            if self.client_timeout_secs is None:
+            if self.client_gives_up is None:
                 made = await request
-            else:  # a client-side timeout (real time): the outcome is then unknown
-                made = await asyncio.wait_for(request, self.client_timeout_secs)
+            else:
+                made = await self._unless_the_client_gives_up(request, self.client_gives_up)
         except (ProviderRejected, ProviderCancelled) as exc:
             raise EffectFailed(str(exc)) from exc
         return {"booking_id": made.booking_id, "time": made.time}
+
+    @staticmethod
+    async def _unless_the_client_gives_up(request: Awaitable[Any], gives_up: asyncio.Event) -> Any:
+        """Await ``request`` until ``gives_up`` is set; then abandon it and raise TimeoutError."""
+        answer = asyncio.ensure_future(request)
+        giving_up = asyncio.ensure_future(gives_up.wait())
+        try:
+            await asyncio.wait({answer, giving_up}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            giving_up.cancel()
+            if not answer.done():
+                answer.cancel()
+                await asyncio.gather(answer, return_exceptions=True)
+        if answer.cancelled():
+            raise TimeoutError("the client gave up waiting for the provider")
+        return answer.result()
 
     async def find(self, ctx: ActionContext) -> Reconciliation:
         """Ask the provider by idempotency key: committed or not found."""
@@ -260,34 +278,21 @@ async def running(
         await runtime.close()
 
 
-async def eventually(check: Callable[[], Any], *, what: str, timeout_secs: float = 5.0) -> None:
-    """Poll ``check`` (sync or async) until it is truthy; fail after ``timeout_secs``."""
-    limit = time.monotonic() + timeout_secs
-    while True:
-        value = check()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > limit:
-            raise AssertionError(f"timed out after {timeout_secs} s waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 async def status_of(runtime: ActionRuntime, operation_id: str) -> ActionStatus:
     """Return the ledger status of an operation."""
     return (await runtime.ledger.get(operation_id)).status
 
 
-async def reaches(
-    runtime: ActionRuntime, operation_id: str, *statuses: ActionStatus, timeout_secs: float = 5.0
-) -> Operation:
-    """Wait until the operation is in one of ``statuses``; return it."""
+async def reaches(runtime: ActionRuntime, operation_id: str, *statuses: ActionStatus) -> Operation:
+    """Wait until the operation is in one of ``statuses`` (only a hang guard limits it)."""
+    seen: list[ActionStatus] = []
 
     async def check() -> bool:
-        return await status_of(runtime, operation_id) in statuses
+        seen[:] = [await status_of(runtime, operation_id)]
+        return seen[0] in statuses
 
-    await eventually(check, what=f"{operation_id} in {statuses}", timeout_secs=timeout_secs)
+    names = ", ".join(status.value for status in statuses)
+    await eventually(check, what=lambda: f"{operation_id} to reach {names} (it is {seen[0].value})")
     return await runtime.ledger.get(operation_id)
 
 
@@ -478,14 +483,14 @@ class RuntimeChild:
         except OSError:
             return "<no stderr>"
 
-    async def read(self, timeout_secs: float = 60.0) -> dict[str, Any]:
-        """Return the child's next JSON line; fail when it ends or stays silent."""
+    async def read(self) -> dict[str, Any]:
+        """Return the child's next JSON line; fail when it ends or stays silent (a hang)."""
         assert self.process.stdout is not None
         try:
-            line = await asyncio.wait_for(self.process.stdout.readline(), timeout_secs)
+            line = await asyncio.wait_for(self.process.stdout.readline(), HANG_GUARD_SECS)
         except TimeoutError:
             raise AssertionError(
-                f"the child said nothing for {timeout_secs} s:\n{self.stderr()}"
+                f"the child said nothing for {HANG_GUARD_SECS:g} s:\n{self.stderr()}"
             ) from None
         if not line:
             raise AssertionError(f"the child ended early:\n{self.stderr()}")
@@ -521,6 +526,6 @@ async def runtime_child(
         await process.wait()
 
 
-async def gather_all(*awaitables: Awaitable[Any], timeout_secs: float = 10.0) -> list[Any]:
-    """Await every awaitable together, failing after ``timeout_secs``."""
-    return list(await asyncio.wait_for(asyncio.gather(*awaitables), timeout_secs))
+async def gather_all(*awaitables: Awaitable[Any]) -> list[Any]:
+    """Await every awaitable together (only a hang guard limits the wait)."""
+    return list(await guarded(asyncio.gather(*awaitables), what=f"{len(awaitables)} awaitables"))

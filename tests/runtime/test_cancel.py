@@ -7,11 +7,11 @@ A barge-in is simulated here the way Pipecat does it: the task awaiting `ActionR
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from pipecat_actions.actions import ActionContext, action
 from pipecat_actions.clock import ManualClock
+from pipecat_actions.ledger.records import Operation
 from pipecat_actions.testing import FakeSystemOfRecord
 from tests.runtime._execution_support import (
     T0,
@@ -90,13 +90,29 @@ async def test_a_barge_in_during_admission_still_settles_the_admitted_operation(
         )
         await asyncio.gather(handler["call"], return_exceptions=True)
         assert handler["call"].cancelled()
+
+        # The handler is gone before the shielded insert has committed: wait for its row.
+        async def admitted() -> bool:
+            return any(op.tool == "book_anyway" for op in await runtime.ledger.list())
+
+        await eventually(admitted, what="the insert of the call cancelled during admission")
         op = await only_operation(runtime, "book_anyway")
+        seen: list[Operation] = [op]
 
         async def settled() -> bool:
-            return is_settled(await runtime.ledger.get(op.operation_id))
+            seen[0] = await runtime.ledger.get(op.operation_id)
+            return is_settled(seen[0])
 
-        with contextlib.suppress(AssertionError):
-            await eventually(settled, what="the admitted operation to settle", timeout_secs=2.0)
+        # Nothing else moves it (the clock stands still): if it is left RUNNING with nothing
+        # running, only the hang guard ends this wait, with the state it was left in.
+        await eventually(
+            settled,
+            what=lambda: (
+                f"the admitted operation to settle; left {seen[0].status} (attempt "
+                f"{seen[0].attempt}, sent_at {seen[0].sent_at}) with {sor.calls['book']} "
+                "provider calls"
+            ),
+        )
         final = await runtime.ledger.get(op.operation_id)
 
     assert final.status is Status.COMMITTED, (

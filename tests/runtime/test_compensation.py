@@ -14,13 +14,16 @@ import pytest
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.errors import UnexpectedStatus
+from pipecat_actions.ledger import ForwardingLedger, Ledger, Operation, SqlLedger
 from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import FakeSystemOfRecord
 from tests.runtime._execution_support import (
     Bookings,
     booking,
     eventually,
     gather_all,
+    guarded,
     new_session,
     policy,
     running,
@@ -41,6 +44,24 @@ def fake(clock: ManualClock) -> FakeSystemOfRecord:
     sor = FakeSystemOfRecord(clock=clock)
     sor.add_restaurant("r1", tables=3)
     return sor
+
+
+class KeyLookups(ForwardingLedger):
+    """The real ledger, recording what each look-up of a compensation key answered, in order.
+
+    ``compensate`` looks its key up before anything else: a call that found the compensation
+    already RUNNING has joined it while it was in flight.
+    """
+
+    def __init__(self, inner: Ledger) -> None:
+        super().__init__(inner)
+        self.compensation_lookups: list[ActionStatus | None] = []
+
+    async def find_by_key(self, tenant: str, idempotency_key: str) -> Operation | None:
+        found = await super().find_by_key(tenant, idempotency_key)
+        if idempotency_key.startswith("compensate|"):
+            self.compensation_lookups.append(None if found is None else found.status)
+        return found
 
 
 async def committed_booking(runtime: ActionRuntime, bookings: Bookings) -> str:
@@ -115,28 +136,33 @@ async def test_compensating_twice_joins_the_first_compensation(
 
 
 async def test_a_compensation_asked_while_the_first_runs_joins_it(
-    ledger_url: str, clock: ManualClock
+    ledger_url: str, ledger: SqlLedger, clock: ManualClock
 ) -> None:
     sor = fake(clock)
     bookings = Bookings(sor)
     action = bookings.action(snapshot=True, compensate=True)
-    async with running(REVERSIBLE, [action], ledger_url=ledger_url, clock=clock) as runtime:
+    lookups = KeyLookups(ledger)
+    async with running(
+        REVERSIBLE, [action], ledger_url=ledger_url, clock=clock, ledger=lookups
+    ) as runtime:
         bookings.ledger = runtime.ledger
         op_id = await committed_booking(runtime, bookings)
-        sor.faults.set_latency(1.0, kind="cancel")
+        sor.faults.set_latency(1.0, kind="cancel")  # on the manual clock: held until advanced
 
         first = asyncio.ensure_future(
             runtime.compensate(op_id, actor="operator:bob", reason="wrong day")
         )
         await eventually(
-            lambda: sor.calls["cancel"] == 1,
-            what="the first compensation to call the provider",
-            timeout_secs=2.0,
+            lambda: sor.calls["cancel"] == 1, what="the first compensation to call the provider"
         )
         second = asyncio.ensure_future(
             runtime.compensate(op_id, actor="user:alice", reason="cancel it")
         )
-        await asyncio.sleep(0.05)  # the second call has looked the compensation up by now
+        await eventually(
+            lambda: len(lookups.compensation_lookups) == 2,
+            what="the second call to look the compensation up",
+        )
+        assert lookups.compensation_lookups == [None, Status.RUNNING]
         assert not second.done()
         clock.advance(1.0)
         answers = await gather_all(first, second)
@@ -163,7 +189,7 @@ async def test_compensations_asked_at_the_same_time_join_one(
             told = await runtime.propose("book_table", booking(time), new_session())
             op_ids.append(told["operation_id"])
 
-        answers = await asyncio.wait_for(
+        answers = await guarded(
             asyncio.gather(
                 *(
                     runtime.compensate(op_id, actor=actor, reason="cancel it")
@@ -172,7 +198,7 @@ async def test_compensations_asked_at_the_same_time_join_one(
                 ),
                 return_exceptions=True,
             ),
-            10,
+            what="ten compensations asked at the same time",
         )
         originals = [await runtime.ledger.get(op_id) for op_id in op_ids]
 

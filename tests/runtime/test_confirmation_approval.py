@@ -5,8 +5,6 @@ While it waits the conversation goes on; the approval, a rejection or the expiry
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from pipecat_actions.clock import ManualClock
@@ -15,7 +13,7 @@ from pipecat_actions.runtime import ActionRuntime, ApprovalRefused
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
 
-from ._admission_support import PROMPT_SECS, Restaurant, booking_args, running
+from ._admission_support import Restaurant, booking_args, guarded, running
 
 S = ActionStatus
 
@@ -158,11 +156,14 @@ async def test_repeating_a_call_that_awaits_approval_answers_at_once(
         session = SessionState("call-1", principal="alice")
         operation_id = await _ask(rt, session)
 
-        again = await asyncio.wait_for(
+        # Nothing settles the request while it answers (the clock stands still, nobody
+        # decides): a repeat that waited for the outcome would hang until the hang guard.
+        again = await guarded(
             rt.propose("book_table", booking_args(party_size=4), session, tool_call_id="call_2"),
-            PROMPT_SECS,
+            what="the repeated call to answer without waiting for the approval",
         )
 
         assert again["status"] == "awaiting_approval", again
         assert again["operation_id"] == operation_id
+        assert (await rt.ledger.get(operation_id)).status is S.AWAITING_APPROVAL
         assert restaurant.bookings_made == 0

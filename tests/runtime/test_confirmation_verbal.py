@@ -7,13 +7,11 @@ the same user turn as the proposal is the model talking to itself, not the user.
 
 from __future__ import annotations
 
-import asyncio
-
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
 
-from ._admission_support import PROMPT_SECS, Restaurant, booking_args, running
+from ._admission_support import Restaurant, booking_args, guarded, running
 
 S = ActionStatus
 
@@ -147,13 +145,15 @@ async def test_repeating_a_call_that_awaits_confirmation_answers_at_once_with_th
         asked = await rt.propose("book_table", booking_args(), session, tool_call_id="call_1")
 
         # The model calls the tool again instead of asking: it must not hang the conversation
-        # until the question expires.
-        again = await asyncio.wait_for(
+        # until the question expires. The clock stands still, so the question never expires
+        # here: a repeat that waited for it would hang until the hang guard.
+        again = await guarded(
             rt.propose("book_table", booking_args(), session, tool_call_id="call_2"),
-            PROMPT_SECS,
+            what="the repeated call to answer without waiting for the question to expire",
         )
 
         assert again["status"] == "awaiting_confirmation", again
         assert again["operation_id"] == asked["operation_id"]
         assert again["confirmation_token"] == asked["confirmation_token"]
+        assert (await rt.ledger.get(asked["operation_id"])).status is S.AWAITING_CONFIRMATION
         assert restaurant.bookings_made == 0

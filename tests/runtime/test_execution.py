@@ -18,6 +18,7 @@ from tests.runtime._execution_support import (
     annotations,
     booking,
     eventually,
+    guarded,
     new_session,
     only_operation,
     policy,
@@ -124,11 +125,14 @@ async def test_a_lost_answer_the_provider_never_committed_is_reconciled_to_faile
     sor = fake(clock, honours_keys=False)
     sor.faults.set_latency(10.0)
     bookings = Bookings(sor)
-    bookings.client_timeout_secs = 0.05
+    bookings.client_gives_up = asyncio.Event()
     async with running(
         NON_IDEMPOTENT, [bookings.action()], ledger_url=ledger_url, clock=clock
     ) as runtime:
-        told = await runtime.propose("book_table", booking(), new_session())
+        call = asyncio.ensure_future(runtime.propose("book_table", booking(), new_session()))
+        await eventually(lambda: sor.calls["book"] == 1, what="the request to be sent")
+        bookings.client_gives_up.set()  # the client's own timeout, while the provider works
+        told = await guarded(call, what="the answer after the client gave up")
         op = await only_operation(runtime)
 
     assert op.status is Status.FAILED_FINAL
@@ -184,7 +188,7 @@ async def test_transient_failures_of_an_idempotent_tool_are_retried_on_the_polic
             assert sor.calls["book"] == attempt
             clock.advance(2**-10)
             assert clock.sleepers == waiting - 1
-        told = await asyncio.wait_for(call, 5)
+        told = await guarded(call, what="the booking's outcome")
 
         op = await only_operation(runtime)
         trail = await runtime.ledger.events(op.operation_id)
@@ -226,7 +230,7 @@ async def test_retries_stop_at_max_attempts_and_the_failure_is_final(ledger_url:
                 what=f"the backoff after attempt {attempt}",
             )
             clock.advance(delay)
-        told = await asyncio.wait_for(call, 5)
+        told = await guarded(call, what="the booking's outcome")
         op = await only_operation(runtime)
 
     assert sor.calls["book"] == 3

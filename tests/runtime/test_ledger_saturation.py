@@ -31,7 +31,7 @@ from pipecat_actions.ledger.records import (
 )
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
-from tests.runtime._execution_support import policy
+from tests.runtime._execution_support import eventually, gather_all, guarded, policy
 
 SHARED_INTENT = """
     version: 1
@@ -97,9 +97,9 @@ async def test_a_burst_of_duplicates_on_a_tiny_pool_waits_its_turn_and_every_cal
             )
             for i, s in enumerate(callers(BURST))
         ]
-        await gate.started.wait()
+        await guarded(gate.started.wait(), what="the booking to start")
         gate.release.set()
-        results = await asyncio.gather(*calls)
+        results = await gather_all(*calls)
         await runtime.flush()
         op_id = results[0]["operation_id"]
         trail = await ledger.events(op_id)
@@ -146,27 +146,32 @@ async def test_callers_waiting_for_another_processs_operation_share_one_poller(
         first = asyncio.ensure_future(
             runner.propose("book_table", {"time": "21:00"}, SessionState("s-run", "p"))
         )
-        await gate.started.wait()
+        await guarded(gate.started.wait(), what="the booking to start")
         joiners = [
             asyncio.ensure_future(waiter.propose("book_table", {"time": "21:00"}, s))
             for s in callers(50)
         ]
-        while waiter._elsewhere.pollers == 0 or clock.sleepers == 0:
-            await asyncio.sleep(0)
-        assert waiter._elsewhere.pollers == 1
+        # Every joiner joined the booking in flight and waits on the ledger; the clock has
+        # not moved, so their poller is still in its first pause.
+        await eventually(
+            lambda: waiter._elsewhere.waiting == len(joiners),
+            what="the 50 joiners to wait for the booking",
+        )
+        pollers = waiter._elsewhere.pollers
         gets_while_waiting = sum(waiter_ledger.gets.values())
         gate.release.set()
-        committed = await first
-        while not all(j.done() for j in joiners):
-            clock.advance(1.0)
-            await asyncio.sleep(0.01)
-        results = [j.result() for j in joiners]
+        committed = await guarded(first, what="the booking to commit")
+        # One step of the clock (a pause is at most 1 s) wakes the poller once, long before
+        # the deadline: its read finds the booking committed, and every joiner hears it.
+        clock.advance(1.0)
+        results = await gather_all(*joiners)
     finally:
         await waiter.close()
         await runner.close()
         await waiter_ledger.inner.close()
         await runner_ledger.close()
 
+    assert pollers == 1
     assert committed["status"] == "committed"
     assert {r["status"] for r in results} == {"committed"}
     assert {r["operation_id"] for r in results} == {committed["operation_id"]}
@@ -232,17 +237,20 @@ async def test_a_joined_call_that_cannot_read_the_outcome_is_told_it_is_not_yet_
         first = asyncio.ensure_future(
             runner.propose("book_table", {"time": "21:00"}, SessionState("s-run", "p"))
         )
-        await gate.started.wait()
+        await guarded(gate.started.wait(), what="the booking to start")
         failing.fail.add("get")  # the reads fail from now on: the join itself was admitted
         joined = asyncio.ensure_future(
             waiter.propose("book_table", {"time": "21:00"}, SessionState("s-join", "q"))
         )
-        while not joined.done():
-            clock.advance(5.0)  # past the deadline and its second of grace
-            await asyncio.sleep(0.01)
-        told = joined.result()
+        await eventually(
+            lambda: waiter._elsewhere.pollers > 0, what="the joined call to wait on the ledger"
+        )
+        # Past the deadline (60 s) and its second of grace, in one step of the clock: the
+        # poller wakes, its read fails, and the deadline is over.
+        clock.advance(62.0)
+        told = await guarded(joined, what="the joined call's answer after the deadline")
         gate.release.set()
-        await first
+        await guarded(first, what="the booking to commit")
     finally:
         await waiter.close()
         await runner.close()

@@ -14,9 +14,12 @@ checks it against a small reference model after every step:
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import tempfile
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +37,11 @@ from pipecat_actions import (
     action,
 )
 from pipecat_actions.clock import ManualClock
+from pipecat_actions.ledger import ForwardingLedger, Ledger, SqlLedger
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus
 from pipecat_actions.testing import FakeSystemOfRecord, ProviderRejected
+from tests.runtime import _waiting
 
 S = ActionStatus
 POLICY = """
@@ -52,6 +57,37 @@ tools:
 TIMES = ["19:00", "19:30", "20:00", "20:30"]
 _runs = itertools.count()
 
+QUIET_TURNS = 50
+"""Loop turns in a row with no ledger call in flight after which the runtime is at rest."""
+
+
+class CountingLedger(ForwardingLedger):
+    """The real ledger, counting the calls in flight (a write waits for the writer thread).
+
+    Every wait of the runtime is on the manual clock, on the session, on the provider (whose
+    latency runs on the same clock) or on the ledger. With no ledger call in flight for many
+    loop turns in a row, nothing is left that real time would move: the runtime is at rest
+    until the model moves the clock or acts.
+    """
+
+    def __init__(self, inner: Ledger) -> None:
+        super().__init__(inner)
+        self.in_flight = 0
+        for name in Ledger.__abstractmethods__:
+            if name != "close":
+                setattr(self, name, self._counted(getattr(inner, name)))
+
+    def _counted(self, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        @functools.wraps(call)
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.in_flight += 1
+            try:
+                return await call(*args, **kwargs)
+            finally:
+                self.in_flight -= 1
+
+        return counted
+
 
 class RuntimeModel(RuleBasedStateMachine):
     def __init__(self) -> None:
@@ -66,6 +102,7 @@ class RuntimeModel(RuleBasedStateMachine):
         self.admit_when = "immediately"
         self.session = SessionState(session_id="call-1", principal="alice")
         self.runtime: ActionRuntime | None = None
+        self.ledger: CountingLedger | None = None
         self.restarts = 0
         self.run(self._open())
 
@@ -75,9 +112,25 @@ class RuntimeModel(RuleBasedStateMachine):
         return self.loop.run_until_complete(coroutine)
 
     def settle(self) -> None:
-        # Ledger writes finish in the writer thread: give them real time, not just loop turns.
-        for _ in range(4):
-            self.loop.run_until_complete(asyncio.sleep(0.02))
+        """Run the loop until the runtime is at rest (see `CountingLedger`)."""
+        self.run(self._at_rest())
+
+    async def _at_rest(self) -> None:
+        # Ledger writes finish in the writer thread: wait for them, then let every task
+        # woken by them run on, until no ledger call starts again for QUIET_TURNS turns. The
+        # hang guard only turns a runtime that never comes to rest into a clear failure.
+        give_up = time.monotonic() + _waiting.HANG_GUARD_SECS
+        quiet = 0
+        while quiet < QUIET_TURNS:
+            assert self.ledger is not None
+            if self.ledger.in_flight:
+                quiet = 0
+                if time.monotonic() > give_up:
+                    raise _waiting.hung("the runtime to come to rest")
+                await asyncio.sleep(0.001)
+            else:
+                quiet += 1
+                await asyncio.sleep(0)
 
     def actions(self) -> list[Any]:
         sor = self.sor
@@ -102,15 +155,32 @@ class RuntimeModel(RuleBasedStateMachine):
         return [book_table]
 
     async def _open(self) -> None:
+        # A process of its own: its own ledger connection, closed with it (`_close`).
+        self.ledger = CountingLedger(await SqlLedger.create(self.url, clock=self.clock))
         self.runtime = await ActionRuntime.create(
             load_policy_text(POLICY % self.admit_when),
             authorizer=AllowAll(),
             actions=self.actions(),
-            ledger_url=self.url,
+            ledger=self.ledger,
             clock=self.clock,
             lease_secs=3,
             owner=f"owner-{self.restarts}",
         )
+
+    async def _stop(self) -> None:
+        for task in self._pending:
+            task.cancel()
+        if self.runtime is not None:
+            await self.runtime.close(grace_secs=0)
+        await asyncio.gather(*self._pending, return_exceptions=True)
+        await self._close()
+
+    async def _close(self) -> None:
+        if self.runtime is not None:
+            await self.runtime.close(grace_secs=0)
+        if self.ledger is not None:
+            await self.ledger.close()
+            self.ledger = None
 
     # --- rules -----------------------------------------------------------------------------
 
@@ -147,7 +217,7 @@ class RuntimeModel(RuleBasedStateMachine):
     @rule()
     def restart(self) -> None:
         assert self.runtime is not None
-        self.run(self.runtime.close(grace_secs=0))
+        self.run(self._close())
         self.restarts += 1
         self.clock.advance(4)  # the old owner's lease runs out
         self.run(self._open())
@@ -177,15 +247,36 @@ class RuntimeModel(RuleBasedStateMachine):
                 if event.from_status != event.to_status:
                     assert event.to_status in TRANSITIONS[event.from_status], event
 
+    def by_key(self) -> dict[str, list[Any]]:
+        """The operations that held each idempotency key.
+
+        An operation that ended with nothing standing (FAILED_FINAL, CANCELLED, ...) lets go
+        of its key, and a repeat of the intent is a new operation under the same key (README,
+        "At most once"): the provider's effects of a key are those of all of them.
+        """
+        keys: dict[str, list[Any]] = {}
+        for op in self.operations():
+            keys.setdefault(op.idempotency_key, []).append(op)
+        return keys
+
+    def assert_effects_agree(self, key: str, ops: list[Any], *, maybe: Any) -> None:
+        """The provider (it does not dedupe) made one booking per operation that happened:
+        each COMMITTED one, none of those that did not, and one or none of those ``maybe``
+        says may or may not have happened (in flight, UNKNOWN)."""
+        effects = self.sor.effects_for_key(key)
+        happened = sum(op.status is S.COMMITTED for op in ops)
+        unsure = sum(op.status is not S.COMMITTED and maybe(op) for op in ops)
+        assert effects <= 1, ops
+        assert happened <= effects <= happened + unsure, (effects, ops)
+
     @invariant()
     def at_most_one_booking_per_key_and_statuses_agree_with_the_provider(self) -> None:
-        for op in self.operations():
-            effects = self.sor.effects_for_key(op.idempotency_key)
-            assert effects <= 1, op
-            if op.status is S.COMMITTED:
-                assert effects == 1, op
-            if op.status in (S.CANCELLED, S.REJECTED, S.EXPIRED):
-                assert effects == 0, op
+        # Meanwhile a FAILED_FINAL operation may still be contradicted by a late answer (it is
+        # then escalated); CANCELLED, REJECTED and EXPIRED say for good that nothing happened.
+        for key, ops in self.by_key().items():
+            self.assert_effects_agree(
+                key, ops, maybe=lambda op: op.status not in (S.CANCELLED, S.REJECTED, S.EXPIRED)
+            )
 
     def settled(self) -> bool:
         return all(
@@ -194,8 +285,8 @@ class RuntimeModel(RuleBasedStateMachine):
         )
 
     def run_out_the_clock(self) -> None:
-        # Bounded in steps (each gives the writer thread real time), not in wall-clock terms,
-        # so a slow machine takes longer instead of failing.
+        # Bounded in clock steps, each run until the runtime is at rest: a slow machine takes
+        # longer instead of failing.
         for _ in range(60):
             self.clock.advance(10)
             self.settle()
@@ -212,14 +303,12 @@ class RuntimeModel(RuleBasedStateMachine):
                 assert op.status in TERMINAL_STATUSES or (
                     op.status is S.UNKNOWN and op.escalated_at is not None
                 ), op
-                if op.status is S.FAILED_FINAL and op.escalated_at is None:
-                    assert self.sor.effects_for_key(op.idempotency_key) == 0, op
+            # At rest, only an operation handed to a person may or may not have happened: a
+            # FAILED_FINAL one that nobody escalated did not.
+            for key, ops in self.by_key().items():
+                self.assert_effects_agree(key, ops, maybe=lambda op: op.escalated_at is not None)
         finally:
-            for task in self._pending:
-                task.cancel()
-            if self.runtime is not None:
-                self.run(self.runtime.close(grace_secs=0))
-            self.settle()
+            self.run(self._stop())
             self.loop.close()
             self.tmp.cleanup()
 

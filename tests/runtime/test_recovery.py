@@ -8,7 +8,6 @@ terminal status or an escalated UNKNOWN, without a second side effect for any ke
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from tests.runtime._execution_support import (
     booking,
     file_actions,
     gather_all,
+    guarded,
     is_settled,
     new_session,
     reaches,
@@ -52,7 +52,9 @@ async def test_operations_cut_off_by_sigkill_are_settled_by_the_next_runtimes(
             elif line["event"] == "effect":
                 held[line["name"]] = line["phase"]
         child.process.send_signal(signal.SIGKILL)
-        assert await asyncio.wait_for(child.process.wait(), 10) == -signal.SIGKILL
+        assert await guarded(child.process.wait(), what="the killed child to end") == (
+            -signal.SIGKILL
+        )
     assert held == {
         "a1": "committed",
         "a2": "committed",
@@ -77,7 +79,10 @@ async def test_operations_cut_off_by_sigkill_are_settled_by_the_next_runtimes(
         claimed_first, claimed_second = await gather_all(first.recover(), second.recover())
         owner = {op.operation_id: first for op in claimed_first}
         owner.update({op.operation_id: second for op in claimed_second})
-        finals = {op_id: await asyncio.wait_for(owner[op_id].wait(op_id), 10) for op_id in owner}
+        finals = {
+            op_id: await guarded(owner[op_id].wait(op_id), what=f"the recovery of {op_id}")
+            for op_id in owner
+        }
         ops = {op.operation_id: op for op in await first.ledger.list()}
         trails = {op_id: await first.ledger.events(op_id) for op_id in ops}
     after = sor.effects_by_key()
