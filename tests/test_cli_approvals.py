@@ -1,9 +1,16 @@
-"""`pipecat-actions approvals`: a person approves or rejects from another process."""
+"""`pipecat-actions approvals`: a person approves or rejects from another process.
+
+The owning runtime runs on a `ManualClock`: it picks an approval made elsewhere up at its lease
+heartbeat, which comes round only when the test moves the clock, so "it runs" and "nothing
+runs" are both checked after a heartbeat has certainly come and gone.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +19,7 @@ import pytest
 from pipecat_actions.actions import ActionContext, action
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.cli import main
+from pipecat_actions.clock import ManualClock
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
@@ -25,12 +33,49 @@ tools:
     risk: high
     confirmation: {mode: approval, expires_after_secs: 60}
 """
+LEASE_SECS = 30.0
+HANG_GUARD_SECS = 60.0
+"""Bound on a wait that ends at once when things are right: only a hang gets there."""
 
 
 async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = await asyncio.to_thread(main, list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+async def _until(check: Callable[[], bool], what: str) -> None:
+    try:
+        async with asyncio.timeout(HANG_GUARD_SECS):
+            while not check():
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise AssertionError(f"hung: waiting for {what}") from None
+
+
+class _HeartbeatClock(ManualClock):
+    """A `ManualClock` that counts the lease heartbeat's sleeps (a third of the lease)."""
+
+    def __init__(self, start: float) -> None:
+        super().__init__(start)
+        self.heartbeats = 0
+
+    async def sleep(self, secs: float) -> None:
+        if secs == LEASE_SECS / 3:
+            self.heartbeats += 1  # counted before the first await: the sleep is registered
+        await super().sleep(secs)
+
+
+async def _heartbeat(clock: _HeartbeatClock) -> None:
+    """Let the runtime's lease heartbeat (which picks up approved operations) come round once.
+
+    It is woken by the clock and asks for its next sleep once its round is over; whatever
+    that round started (a refund run) has then begun.
+    """
+    await _until(lambda: clock.heartbeats >= 1, "the heartbeat to wait on the clock")
+    slept = clock.heartbeats
+    clock.advance(LEASE_SECS / 3)
+    await _until(lambda: clock.heartbeats > slept, "the heartbeat round to end")
 
 
 @pytest.fixture
@@ -43,26 +88,29 @@ async def waiting(tmp_path: Path) -> Any:
         return {"refunded_cents": amount_cents}
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    # Near the wall clock: the CLI checks the approval's expiry against real time.
+    clock = _HeartbeatClock(time.time())
     runtime = await ActionRuntime.create(
         load_policy_text(POLICY),
         authorizer=AllowAll(),
         actions=[refund_deposit],
         ledger_url=url,
-        lease_secs=0.3,
+        clock=clock,
+        lease_secs=LEASE_SECS,
     )
     session = SessionState(session_id="call-1", principal="alice")
     result = await runtime.propose(
         "refund_deposit", {"booking_id": "b-1", "amount_cents": 2500}, session
     )
     assert result["status"] == "awaiting_approval"
-    yield runtime, url, result["operation_id"], refunds
+    yield runtime, url, result["operation_id"], refunds, clock
     await runtime.close()
 
 
 async def test_approval_from_the_cli_runs_the_operation_in_the_owning_runtime(
     waiting: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    runtime, url, operation_id, refunds = waiting
+    runtime, url, operation_id, refunds, clock = waiting
     code, out, _ = await _cli(capsys, "approvals", "list", "--ledger", url, "--json")
     assert code == 0
     listed = json.loads(out)
@@ -84,7 +132,8 @@ async def test_approval_from_the_cli_runs_the_operation_in_the_owning_runtime(
     )
     assert code == 0
     assert "ADMITTED" in out
-    final = await asyncio.wait_for(runtime.wait(operation_id), timeout=10)
+    await _heartbeat(clock)
+    final = await asyncio.wait_for(runtime.wait(operation_id), HANG_GUARD_SECS)
     assert final.status is ActionStatus.COMMITTED
     assert refunds == [2500]
     actors = [e.actor for e in await runtime.ledger.events(operation_id)]
@@ -94,7 +143,7 @@ async def test_approval_from_the_cli_runs_the_operation_in_the_owning_runtime(
 async def test_approval_for_other_arguments_is_refused_and_nothing_runs(
     waiting: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    runtime, url, operation_id, refunds = waiting
+    runtime, url, operation_id, refunds, clock = waiting
     code, _, err = await _cli(
         capsys,
         "approvals",
@@ -112,6 +161,7 @@ async def test_approval_for_other_arguments_is_refused_and_nothing_runs(
     assert code == 1
     assert "other arguments" in err
     assert "Traceback" not in err
+    await _heartbeat(clock)  # the owner looked for approved work, and found none
     assert (await runtime.ledger.get(operation_id)).status is ActionStatus.AWAITING_APPROVAL
     assert refunds == []
 
@@ -119,7 +169,7 @@ async def test_approval_for_other_arguments_is_refused_and_nothing_runs(
 async def test_rejection_from_the_cli_is_final_and_nothing_runs(
     waiting: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    runtime, url, operation_id, refunds = waiting
+    runtime, url, operation_id, refunds, clock = waiting
     code, out, _ = await _cli(
         capsys,
         "approvals",
@@ -151,13 +201,15 @@ async def test_rejection_from_the_cli_is_final_and_nothing_runs(
     )
     assert code == 1
     assert "not awaiting approval" in err
+    await _heartbeat(clock)  # the owner looked for approved work, and found none
+    assert (await runtime.ledger.get(operation_id)).status is ActionStatus.REJECTED
     assert refunds == []
 
 
 async def test_show_of_an_unknown_operation_is_a_one_line_error(
     waiting: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, url, _, _ = waiting
+    _, url, _, _, _ = waiting
     code, _, err = await _cli(capsys, "approvals", "show", "op_nope", "--ledger", url)
     assert code == 1
     assert err.strip() == "pipecat-actions: operation op_nope not found"

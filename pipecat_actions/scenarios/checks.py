@@ -80,9 +80,11 @@ def _selected(expectation: OperationExpectation, run: Run) -> tuple[str, list[Op
         for op in run.operations
         if op.tool == expectation.tool
         and all(op.args.get(k) == v for k, v in expectation.args.items())
+        and (expectation.in_status is None or op.status is expectation.in_status)
     ]
     args = f" {json.dumps(expectation.args)}" if expectation.args else ""
-    return f"{expectation.tool}{args}", ops
+    status = f" {expectation.in_status}" if expectation.in_status is not None else ""
+    return f"{expectation.tool}{args}{status}", ops
 
 
 def _operation_checks(expectation: OperationExpectation, run: Run) -> list[Check]:

@@ -188,10 +188,17 @@ class AdvanceStep(_Strict):
 
 
 class UntilStep(_Strict):
-    """Wait (real time) until the labelled operation has a status."""
+    """Wait (real time) until the labelled operation has a status (and, if asked, was told)."""
 
     op: Label
     status: list[ActionStatus] = Field(min_length=1)
+    delivered: bool = Field(
+        default=False,
+        description=(
+            "Also wait until its outcome was told to the conversation (the gate records a "
+            "delivery right after pushing it): what the bot says next is about it."
+        ),
+    )
     timeout_secs: float = Field(default=10, gt=0, le=120)
 
 
@@ -326,6 +333,13 @@ class OperationExpectation(_Strict):
     args: dict[str, Any] = Field(
         default_factory=dict, description="... whose arguments include these values."
     )
+    in_status: ActionStatus | None = Field(
+        default=None,
+        description=(
+            "... that ended in this status: of calls racing for one resource, how many won "
+            "and how many were refused, whichever of them did."
+        ),
+    )
     count: int | None = Field(
         default=None, ge=0, description="How many operations match (default 1 for op/tool)."
     )
@@ -348,8 +362,10 @@ class OperationExpectation(_Strict):
     def _selector(self) -> OperationExpectation:
         if (self.op is None) == (self.tool is None):
             raise ValueError("select the operations with op (a call label) or tool, not both")
-        if self.op is not None and self.args:
-            raise ValueError("args narrow a tool selector; an op label is one operation")
+        if self.op is not None and (self.args or self.in_status is not None):
+            raise ValueError(
+                "args and in_status narrow a tool selector; an op label is one operation"
+            )
         return self
 
 

@@ -27,7 +27,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat_actions.actions import ActionDefinition
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.clock import ManualClock
-from pipecat_actions.ledger import Ledger, Operation, OperationEvent, OperationFilter, SqlLedger
+from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
 from pipecat_actions.ledger.records import hash_arguments
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.runtime import ActionRuntime
@@ -71,7 +71,13 @@ from pipecat_actions.testing.restaurant import build_actions
 
 S = ActionStatus
 _ADVANCE_SLICE_SECS = 0.25
-"""`advance` moves the clock in slices this long, letting work run between them."""
+"""`advance` moves the clock in slices this long, letting work settle between them."""
+_SETTLE_TURNS = 20
+"""Event-loop turns without a ledger call or a new clock sleeper that make the runtime's work
+settled: between two ledger calls (the runtime's only real I/O here) its work takes a few
+turns of plain asyncio hops, however long a turn takes on a busy machine."""
+_SETTLE_HANG_SECS = 60.0
+"""Bound on one settle: work that never stops calling the ledger is a hang, not load."""
 
 
 @dataclass
@@ -149,7 +155,7 @@ class _Scene:
         self.actions = [a for a in _load_app(self.spec.app)(self.sor) if a.name in loaded.policy]
         self.script = model_script(loaded)
         self.runtime: ActionRuntime | None = None
-        self.ledger: Ledger | None = None
+        self.ledger: TimelineLedger | None = None
         self.run_id = uuid.uuid4().hex[:8]
         self.session = self._new_session()
         self.gate: ActionResultGate | None = None
@@ -274,6 +280,7 @@ class _Scene:
         return []  # llm steps are the model's script
 
     async def ledger_quiet(self, step: IdleStep) -> None:
+        await self.settle()
         deadline = time.monotonic() + step.timeout_secs
         while True:
             last = max((e.at for e in self.run.timeline if e.operation_id), default=0.0)
@@ -284,17 +291,42 @@ class _Scene:
                 raise TimeoutError(f"the ledger was not quiet for {step.quiet_secs}s")
             await asyncio.sleep(step.quiet_secs - quiet_for)
 
+    async def settle(self) -> None:
+        """Return once the runtime's work waits on the clock, on a person or on nothing.
+
+        That is: no ledger call in flight, and for `_SETTLE_TURNS` turns of the event loop
+        neither a new ledger call nor a change in the clock's sleepers. Work in progress (a
+        compensation just started, a deadline that just fired) thus reaches its next clock
+        wait before the clock moves on, however slow the machine: what happens at which
+        clock time never depends on how fast the real I/O was.
+        """
+        ledger = self.ledger
+        if ledger is None:
+            return
+        seen: tuple[int, int] | None = None
+        quiet = 0
+        async with asyncio.timeout(_SETTLE_HANG_SECS):
+            while quiet < _SETTLE_TURNS:
+                if ledger.in_flight:
+                    await ledger.wait_idle()
+                    seen, quiet = None, 0
+                    continue
+                await asyncio.sleep(0)
+                now = (ledger.calls, self.clock.sleepers)
+                seen, quiet = now, (quiet + 1 if now == seen else 0)
+
     async def advance(self, secs: float) -> None:
         # Small slices let chained timers (a deadline, then a probe) fire in turn; a long
-        # advance takes at most about 40 of them.
+        # advance takes at most about 40 of them. Before each, the work that is running
+        # settles: it reaches its next clock wait, so the slice that is due wakes it.
         slice_secs = max(_ADVANCE_SLICE_SECS, secs / 40)
         left = secs
-        while left > 0:
+        await self.settle()
+        while left > 1e-9:
             stride = min(slice_secs, left)
             self.clock.advance(stride)
             left -= stride
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
+            await self.settle()
 
     async def until(self, step: UntilStep) -> None:
         deadline = time.monotonic() + step.timeout_secs
@@ -302,13 +334,15 @@ class _Scene:
         assert self.runtime is not None
         while True:
             op = await self.runtime.ledger.get(op_id)
-            if op.status in step.status:
+            told = op.delivered_at is not None or not step.delivered
+            if op.status in step.status and told:
                 return
             if time.monotonic() > deadline:
                 wanted = " or ".join(s.value for s in step.status)
                 raise TimeoutError(
-                    f"{step.op} ({op_id}) did not reach {wanted} in {step.timeout_secs}s: "
-                    f"it is {op.status.value}"
+                    f"{step.op} ({op_id}) did not reach {wanted}"
+                    f"{', told,' if step.delivered else ''} in {step.timeout_secs}s: "
+                    f"it is {op.status.value}{'' if told else ', not told'}"
                 )
             await asyncio.sleep(0.02)
 

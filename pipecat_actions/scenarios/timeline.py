@@ -9,10 +9,13 @@ from __future__ import annotations
 
 __all__ = ["DeliveryWatch", "TimelineEntry", "TimelineLedger"]
 
+import asyncio
+import builtins
 import re
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pipecat.frames.frames import FunctionCallResultFrame, LLMMessagesAppendFrame
 from pipecat.observers.base_observer import BaseObserver, FramePushed
@@ -23,9 +26,13 @@ from pipecat_actions.ledger import (
     Ledger,
     NewOperation,
     Operation,
+    OperationEvent,
+    OperationFilter,
 )
 from pipecat_actions.processors import ActionResultGate
 from pipecat_actions.status import ActionStatus
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,11 @@ class TimelineEntry:
 class TimelineLedger(ForwardingLedger):
     """A ledger wrapper that notes each write on the timeline once it is committed.
 
+    It also counts the calls in flight (`in_flight`, `calls`): the ledger is the only real
+    I/O the runtime does in a scenario (the provider and every timer run on the manual
+    clock), so with no call in flight and none started for a while, the runtime's work is
+    waiting on the clock, on a person or on nothing (see `wait_idle`).
+
     Args:
         inner: The ledger that stores everything.
         timeline: Where the notes go.
@@ -50,41 +62,88 @@ class TimelineLedger(ForwardingLedger):
     def __init__(self, inner: Ledger, timeline: list[TimelineEntry]) -> None:
         super().__init__(inner)
         self.timeline = timeline
+        self.calls = 0
+        """Ledger calls started so far, of every kind."""
+        self.in_flight = 0
+        """Ledger calls started and not yet returned."""
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no ledger call is in flight (at once if none is)."""
+        await self._idle.wait()
+
+    async def _counted(self, call: Awaitable[T]) -> T:
+        self.calls += 1
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            return await call
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
 
     async def admit(self, new: NewOperation) -> AdmitResult:
         """Forward; note a new operation."""
-        result = await super().admit(new)
+        result = await self._counted(super().admit(new))
         if result.created:
             self._note(result.operation, f"admitted {result.operation.tool}")
         return result
 
     async def record_refusal(self, new: NewOperation) -> Operation:
         """Forward; note the refusal."""
-        op = await super().record_refusal(new)
+        op = await self._counted(super().record_refusal(new))
         self._note(op, f"refused {op.tool}: {op.error}")
         return op
 
     async def record_completed(self, new: NewOperation) -> Operation:
         """Forward; note the recorded read."""
-        op = await super().record_completed(new)
+        op = await self._counted(super().record_completed(new))
         self._note(op, f"recorded {op.tool}")
         return op
 
     async def transition(self, operation_id: str, **kwargs: Any) -> Operation:
         """Forward; note the status change."""
-        op = await super().transition(operation_id, **kwargs)
+        op = await self._counted(super().transition(operation_id, **kwargs))
         self._note(op, f"{kwargs.get('expected')} -> {op.status} by {kwargs.get('actor')}")
         return op
 
     async def annotate(self, operation_id: str, **kwargs: Any) -> Operation:
         """Forward; note a recorded delivery, stamped when it was asked for."""
         asked_at = time.monotonic()  # the gate records a delivery right after pushing it
-        op = await super().annotate(operation_id, **kwargs)
+        op = await self._counted(super().annotate(operation_id, **kwargs))
         if "delivered_at" in (kwargs.get("changes") or {}):
             self.timeline.append(
                 TimelineEntry(asked_at, f"{op.operation_id} ({op.tool}) recorded as told")
             )
         return op
+
+    async def get(self, operation_id: str) -> Operation:
+        """Forward (counted)."""
+        return await self._counted(super().get(operation_id))
+
+    async def find_by_key(self, tenant: str, idempotency_key: str) -> Operation | None:
+        """Forward (counted)."""
+        return await self._counted(super().find_by_key(tenant, idempotency_key))
+
+    async def list(self, filters: OperationFilter | None = None) -> builtins.list[Operation]:
+        """Forward (counted)."""
+        return await self._counted(super().list(filters))
+
+    async def events(self, operation_id: str) -> builtins.list[OperationEvent]:
+        """Forward (counted)."""
+        return await self._counted(super().events(operation_id))
+
+    async def claim_stale(
+        self, owner: str, *, lease_secs: float, limit: int
+    ) -> builtins.list[Operation]:
+        """Forward (counted)."""
+        return await self._counted(super().claim_stale(owner, lease_secs=lease_secs, limit=limit))
+
+    async def renew_lease(self, owner: str, *, lease_secs: float) -> int:
+        """Forward (counted)."""
+        return await self._counted(super().renew_lease(owner, lease_secs=lease_secs))
 
     def _note(self, op: Operation, what: str) -> None:
         self.timeline.append(

@@ -24,8 +24,13 @@ strategies and output transport::
 After the script the conversation settles (the bot silent, no tool call open, nothing
 happening for a moment), then ends with an ``EndFrame``.
 
-Timing is real: a step waits on the wall clock and the bot speaks for as long as its audio
-lasts, so keep utterances short (``FakeTTS(secs_per_char=...)``) to keep tests fast.
+The conversation runs in real time: the bot speaks for as long as its audio lasts (keep
+utterances short, ``FakeTTS(secs_per_char=...)``, to keep tests fast) and Pipecat's own turn
+timers are real. The script's own steps wait for causes where they can: a `BargeIn` starts
+once the bot has played ``after_secs`` of audio (however long that took), `WaitUntilIdle` once
+nothing is busy and nothing moves. `Wait` and `UserSays.at_secs` wait on the ``clock`` given
+to `run_conversation` (real time by default; a `pipecat_actions.clock.ManualClock` lets a test
+decide when they are over).
 """
 
 from __future__ import annotations
@@ -77,9 +82,12 @@ from pipecat.services.llm_service import LLMService
 from pipecat.services.tts_service import TTSService
 from pipecat.workers.runner import WorkerRunner
 
+from pipecat_actions.clock import Clock
 from pipecat_actions.testing.transport import (
+    FakeOutputTransport,
     FakeTransport,
     HeardUtterance,
+    _MonotonicClock,
     offline_user_params,
     user_starts_speaking,
     user_stops_speaking,
@@ -89,6 +97,10 @@ from pipecat_actions.testing.tts import FakeTTS
 _FrameT = TypeVar("_FrameT", bound=Frame)
 
 _SAMPLE_RATE = 16_000
+_SETTLE_TURNS = 20
+"""Event-loop turns an idle conversation must stay idle for: the hops of a frame already on
+its way (an observer's queue, the next push of the same processor) take a few turns, however
+long a turn takes on a busy machine."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +113,9 @@ class UserSays:
 
     Attributes:
         text: What the user says.
-        at_secs: If set, the step first waits until this many seconds after the start.
-        speech_secs: How long the user talks.
+        at_secs: If set, the step first waits until this many seconds after the pipeline
+            started, on `run_conversation`'s ``clock``.
+        speech_secs: How long the user talks (real time: the conversation's own).
     """
 
     text: str
@@ -114,15 +127,17 @@ class UserSays:
 class BargeIn:
     """A script step: the user talks over the bot.
 
-    It waits until the bot is speaking (at most ``timeout_secs``), lets it speak for
-    ``after_secs`` more, then the user speaks as in `UserSays`. ``text=None`` is speech with
+    It waits until the bot is speaking (at most ``timeout_secs``), lets it play ``after_secs``
+    more of its audio (or finish, if it stops first), then the user speaks as in `UserSays`.
+    The wait is for audio the output transport has played, not for the clock: on a busy
+    machine the bot has still said as much when the user cuts in. ``text=None`` is speech with
     no words (a cough): it interrupts, the turn stays open until the user aggregator's
     ``user_turn_stop_timeout`` (see `offline_user_params`), and Pipecat's empty-turn handling
     decides what follows (by default it asks the LLM to have the user repeat).
 
     Attributes:
         text: What the user says, or ``None``.
-        after_secs: Seconds of bot speech before the user starts.
+        after_secs: Seconds of bot audio played before the user starts.
         speech_secs: How long the user talks.
         timeout_secs: How long to wait for the bot to speak before failing.
     """
@@ -135,7 +150,7 @@ class BargeIn:
 
 @dataclass(frozen=True)
 class Wait:
-    """A script step: let ``secs`` seconds pass."""
+    """A script step: let ``secs`` seconds of `run_conversation`'s ``clock`` pass."""
 
     secs: float
 
@@ -146,7 +161,8 @@ class WaitUntilIdle:
 
     Idle means no user turn open, no LLM response or TTS context open, the bot not speaking,
     no function call in progress in the assistant aggregator, and no frame pushed for
-    ``quiet_secs``.
+    ``quiet_secs``; all of which then still holds after a few more turns of the event loop, so
+    a frame already on its way is seen even if the process was starved meanwhile.
 
     Attributes:
         quiet_secs: How long nothing must happen.
@@ -256,6 +272,8 @@ class _Recorder(BaseObserver):
         self.frames: list[ObservedFrame] = []
         self.last_push = time.monotonic()
         self.changed = asyncio.Event()
+        self.bot_stopped = 0
+        """How many times the bot stopped speaking."""
 
     @property
     def bot_speaking(self) -> bool:
@@ -267,6 +285,11 @@ class _Recorder(BaseObserver):
             ObservedFrame(data.timestamp / 1e9, data.source.name, data.direction, frame)
         )
         self.last_push = time.monotonic()
+        if (
+            isinstance(frame, BotStoppedSpeakingFrame)
+            and data.direction is FrameDirection.DOWNSTREAM
+        ):
+            self.bot_stopped += 1
         for frame_type, name, on in _BUSY_SWITCHES:
             if isinstance(frame, frame_type):
                 self._busy[name] = on
@@ -280,11 +303,19 @@ class _Recorder(BaseObserver):
         return busy
 
     async def wait_for(
-        self, condition: str, check: Callable[[], bool], timeout_secs: float
+        self,
+        condition: str,
+        check: Callable[[], bool],
+        timeout_secs: float,
+        *,
+        left: float | None = None,
     ) -> None:
-        """Wait until ``check()`` is true, failing with `TimeoutError` after the timeout."""
+        """Wait until ``check()`` is true, failing with `TimeoutError` after the timeout.
+
+        ``left`` is what remains of ``timeout_secs`` when part of it was spent already.
+        """
         try:
-            async with asyncio.timeout(timeout_secs):
+            async with asyncio.timeout(max(0.0, timeout_secs if left is None else left)):
                 while not check():
                     self.changed.clear()
                     # Re-check at least every 50 ms: quietness is a matter of time passing.
@@ -303,34 +334,52 @@ class _Recorder(BaseObserver):
 class _Driver:
     """Runs the script steps against a started worker."""
 
-    def __init__(self, worker: PipelineWorker, recorder: _Recorder, clock: FrameProcessor):
+    def __init__(
+        self,
+        worker: PipelineWorker,
+        recorder: _Recorder,
+        output: FakeOutputTransport,
+        clock: Clock,
+    ) -> None:
         self._worker = worker
         self._recorder = recorder
+        self._output = output
         self._clock = clock
+        self._started_at = clock.now()
 
-    def _now_secs(self) -> float:
-        return self._clock.get_clock().get_time() / 1e9
+    def started(self) -> None:
+        """The pipeline has started: ``at_secs`` counts from now."""
+        self._started_at = self._clock.now()
 
     async def run(self, step: Step) -> None:
         if isinstance(step, UserSays):
             if step.at_secs is not None:
-                await asyncio.sleep(max(0.0, step.at_secs - self._now_secs()))
+                await self._clock.sleep(step.at_secs - (self._clock.now() - self._started_at))
             await self._speak(step.text, step.speech_secs)
         elif isinstance(step, BargeIn):
-            recorder = self._recorder
-            await recorder.wait_for(
-                "bot speaking", lambda: recorder.bot_speaking, step.timeout_secs
-            )
-            await asyncio.sleep(step.after_secs)
-            await self._speak(step.text, step.speech_secs)
+            await self._barge_in(step)
         elif isinstance(step, Wait):
-            await asyncio.sleep(step.secs)
+            await self._clock.sleep(step.secs)
         elif isinstance(step, WaitUntilIdle):
             await self._wait_until_idle(step)
         elif isinstance(step, Call):
             await step.fn()
         else:
             await self._worker.queue_frames(step.frames)
+
+    async def _barge_in(self, step: BargeIn) -> None:
+        recorder, output = self._recorder, self._output
+        await recorder.wait_for("bot speaking", lambda: recorder.bot_speaking, step.timeout_secs)
+        played_until = output.audio_secs_played + step.after_secs
+        stopped = recorder.bot_stopped
+
+        def spoken() -> bool:
+            # A hair short of the mark counts: chunk lengths need not add up to it exactly.
+            played = output.audio_secs_played >= played_until - 1e-6
+            return played or recorder.bot_stopped > stopped
+
+        await recorder.wait_for(f"{step.after_secs}s of bot audio", spoken, step.timeout_secs)
+        await self._speak(step.text, step.speech_secs)
 
     async def _speak(self, text: str | None, speech_secs: float) -> None:
         await self._worker.queue_frames(user_starts_speaking())
@@ -344,7 +393,17 @@ class _Driver:
             quiet = time.monotonic() - recorder.last_push >= step.quiet_secs
             return quiet and not recorder.busy_with(function_calls=step.function_calls)
 
-        await recorder.wait_for("idle", idle, step.timeout_secs)
+        deadline = time.monotonic() + step.timeout_secs
+        while True:
+            await recorder.wait_for(
+                "idle", idle, step.timeout_secs, left=deadline - time.monotonic()
+            )
+            # Still idle, with not one frame more, after a few turns of the loop.
+            pushed = len(recorder.frames)
+            for _ in range(_SETTLE_TURNS):
+                await asyncio.sleep(0)
+            if len(recorder.frames) == pushed and idle():
+                return
 
 
 async def run_conversation(
@@ -363,6 +422,7 @@ async def run_conversation(
     settle: WaitUntilIdle | None = WaitUntilIdle(),
     timeout_secs: float = 30.0,
     enable_tracing: bool = False,
+    clock: Clock | None = None,
 ) -> ConversationResult:
     """Run ``script`` against a voice pipeline built around ``llm`` and return what happened.
 
@@ -383,6 +443,8 @@ async def run_conversation(
         timeout_secs: Bound on the whole run; the pipeline is cancelled if it is exceeded.
         enable_tracing: Run with Pipecat's OpenTelemetry tracing (conversation and turn
             spans, on the global tracer provider).
+        clock: What `Wait` and `UserSays.at_secs` wait on; real (monotonic) time if
+            omitted. Everything else in the conversation runs in real time.
 
     Returns:
         What was heard, the final context messages and every frame pushed.
@@ -421,7 +483,15 @@ async def run_conversation(
     )
     started = asyncio.Event()
 
+    driver = _Driver(
+        worker,
+        recorder,
+        output,
+        clock if clock is not None else _MonotonicClock(),
+    )
+
     async def _on_pipeline_started(worker: PipelineWorker, frame: StartFrame) -> None:
+        driver.started()
         started.set()
 
     worker.add_event_handler("on_pipeline_started", _on_pipeline_started)
@@ -429,7 +499,6 @@ async def run_conversation(
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(worker)
     run_task = asyncio.create_task(runner.run())
-    driver = _Driver(worker, recorder, output)
     try:
         async with asyncio.timeout(timeout_secs):
             await started.wait()

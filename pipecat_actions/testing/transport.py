@@ -6,6 +6,17 @@ non-system frame (``TTSTextFrame``, function-call results, ...) until the audio 
 it has played, and drops unplayed audio on an interruption. `FakeOutputTransport` only writes
 the audio nowhere, sleeping for its duration as a sound card would, and records each utterance
 the user heard (`HeardUtterance`): finished, or cut by a barge-in after part of it played.
+It also keeps an ordered record of what it did (`PlaybackEvent`: each chunk once played, each
+interruption once handled, the end of the stream), so a test can check by causality, not by
+the clock, that the audio queued before an ``EndFrame`` all played before it, or that no audio
+of a cut utterance played after the interruption (but the chunk being written)::
+
+    kinds = [e.kind for e in transport.output().playback]
+    assert kinds[-1] == "ended" and kinds.count("played") == chunks_queued
+
+Playback is paced by real time unless the transport is given a clock (``FakeTransport(
+clock=ManualClock())``): each chunk then takes its length of that clock to play, so a test
+decides exactly how much audio has played when the next frame arrives.
 
 The input side carries no audio. A user turn is fed as the frames a voice pipeline produces
 for it (`user_says`): VAD start, the final transcript, VAD stop. Queued into the pipeline
@@ -28,6 +39,8 @@ __all__ = [
     "FakeOutputTransport",
     "FakeTransport",
     "HeardUtterance",
+    "PlaybackEvent",
+    "PlaybackKind",
     "default_transport_params",
     "offline_user_params",
     "user_says",
@@ -38,12 +51,13 @@ __all__ = [
 import asyncio
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from pipecat.audio.vad.vad_analyzer import VAD_START_SECS, VAD_STOP_SECS
 from pipecat.frames.frames import (
     AggregatedTextFrame,
     CancelFrame,
+    EndFrame,
     Frame,
     InterruptionFrame,
     OutputAudioRawFrame,
@@ -63,7 +77,19 @@ from pipecat.turns.user_stop import SpeechTimeoutUserTurnStopStrategy
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
 from pipecat.utils.time import time_now_iso8601
 
+from pipecat_actions.clock import Clock
+
 _BYTES_PER_SAMPLE = 2  # 16-bit PCM
+
+
+class _MonotonicClock:
+    """Real time for playback: ``time.monotonic`` (never jumps) and ``asyncio.sleep``."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, secs: float) -> None:
+        await asyncio.sleep(max(0.0, secs))
 
 
 @dataclass(frozen=True)
@@ -74,8 +100,10 @@ class HeardUtterance:
         text: The text the TTS spoke (one aggregated sentence).
         interrupted: True if an interruption cut it before all of its audio played.
         started_at_secs: Pipeline-clock time its first audio chunk was played.
-        ended_at_secs: Pipeline-clock time its last chunk finished, or it was cut.
-        played_secs: Seconds of its audio that were played.
+        ended_at_secs: Pipeline-clock time its last chunk finished playing (for a cut one:
+            the chunk being written when the interruption came, or the cut if none was).
+        played_secs: Seconds of its audio that were played (a cut one's include the chunk
+            being written when the interruption came: it still plays out).
         started_monotonic: ``time.monotonic()`` when its first audio played, to order it
             against other events of the process.
     """
@@ -86,6 +114,32 @@ class HeardUtterance:
     ended_at_secs: float
     played_secs: float
     started_monotonic: float = 0.0
+
+
+PlaybackKind: TypeAlias = Literal["played", "interrupted", "ended", "cancelled"]
+"""What a `PlaybackEvent` records."""
+
+
+@dataclass(frozen=True)
+class PlaybackEvent:
+    """One thing the output transport did, in `FakeOutputTransport.playback` (in order).
+
+    Attributes:
+        kind: ``played``: an audio chunk finished playing. ``interrupted``: an
+            ``InterruptionFrame`` was handled, so the interruptible audio still queued was
+            dropped (the chunk being written, if any, still plays after it). ``ended``: the
+            ``EndFrame`` was handled, which Pipecat does once every chunk queued before it
+            has played. ``cancelled``: a ``CancelFrame`` stopped the transport at once.
+        secs: For ``played``: the chunk's length in seconds; else 0.
+        text: For ``played``: the sentence the chunk belongs to (the last one announced
+            before it, as `HeardUtterance.text`), or ``None`` if no sentence was announced.
+        interruptible: For ``played``: whether an interruption could drop the chunk.
+    """
+
+    kind: PlaybackKind
+    secs: float = 0.0
+    text: str | None = None
+    interruptible: bool = True
 
 
 def default_transport_params() -> TransportParams:
@@ -156,6 +210,10 @@ class _Playing:
     played_secs: float = 0.0
     tail_of: int | None = None
     """Index in ``heard`` of the sentence that just ended, whose last chunk may still come."""
+    cut: bool = False
+    """An interruption cut it: only the chunk being written then may still finish."""
+    cut_as: int | None = None
+    """Index in ``heard`` of its record as cut, once some of it has been heard."""
 
 
 class FakeOutputTransport(BaseOutputTransport):
@@ -168,15 +226,23 @@ class FakeOutputTransport(BaseOutputTransport):
 
     Args:
         params: Transport parameters; `default_transport_params` if omitted.
+        clock: What playback waits on: a chunk takes its length of this clock to play. Real
+            (monotonic) time if omitted; a `pipecat_actions.clock.ManualClock` lets a test
+            play the audio chunk by chunk.
         **kwargs: Passed to `BaseOutputTransport` (``name``, ...).
     """
 
-    def __init__(self, params: TransportParams | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, params: TransportParams | None = None, *, clock: Clock | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(params or default_transport_params(), **kwargs)
+        self._playback_clock: Clock = clock if clock is not None else _MonotonicClock()
         self.heard: list[HeardUtterance] = []
         """What the user heard, in order; utterances an interruption cut are marked."""
         self.audio_secs_played = 0.0
         """Seconds of audio played in total."""
+        self.playback: list[PlaybackEvent] = []
+        """What the transport did, in order: chunks played, interruptions, the end."""
         self._playing = _Playing()
         self._next_write_time = 0.0
 
@@ -190,10 +256,16 @@ class FakeOutputTransport(BaseOutputTransport):
         await super().start(frame)
         await self.set_transport_ready(frame)
 
+    async def stop(self, frame: EndFrame) -> None:
+        """Stop once the audio queued before the ``EndFrame`` has played; record ``ended``."""
+        await super().stop(frame)
+        self.playback.append(PlaybackEvent("ended"))
+
     async def cancel(self, frame: CancelFrame) -> None:
         """Stop at once; an utterance being played counts as cut."""
         await super().cancel(frame)
         self._cut_playing()
+        self.playback.append(PlaybackEvent("cancelled"))
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         """Let the base class handle the frame, then close an utterance an interruption cut."""
@@ -204,6 +276,7 @@ class FakeOutputTransport(BaseOutputTransport):
             if self._playing.interruptible:
                 self._cut_playing()
             self._next_write_time = 0.0
+            self.playback.append(PlaybackEvent("interrupted"))
 
     async def write_audio_frame(self, frame: OutputAudioRawFrame) -> bool:
         """Play a chunk: wait for its duration, as an audio device would block."""
@@ -214,6 +287,11 @@ class FakeOutputTransport(BaseOutputTransport):
         playing = self._playing
         await self._sleep_until_played(secs)
         self.audio_secs_played += secs
+        if playing.cut and playing.text is not None:
+            # The chunk being written when the interruption came: the user heard it too.
+            self._extend_cut(playing, playing.text, secs, handed_over)
+            self._record_played(frame, secs, playing.text.strip())
+            return True
         if playing.text is None and playing.tail_of is not None:
             # The transport holds a sentence's last partial chunk until the TTSStoppedFrame,
             # so it plays after the sentence's TTSTextFrame.
@@ -221,7 +299,9 @@ class FakeOutputTransport(BaseOutputTransport):
             self.heard[playing.tail_of] = replace(
                 ended, played_secs=ended.played_secs + secs, ended_at_secs=self._now_secs()
             )
+            self._record_played(frame, secs, ended.text)
             return True
+        self._record_played(frame, secs, None if playing.text is None else playing.text.strip())
         if playing.started_at_secs is None:
             playing.started_at_secs = self._now_secs() - secs
             playing.started_monotonic = max(handed_over, time.monotonic() - secs)
@@ -247,13 +327,18 @@ class FakeOutputTransport(BaseOutputTransport):
     def _now_secs(self) -> float:
         return self.get_clock().get_time() / 1e9
 
+    def _record_played(self, frame: OutputAudioRawFrame, secs: float, text: str | None) -> None:
+        self.playback.append(
+            PlaybackEvent("played", secs=secs, text=text, interruptible=frame.interruptible)
+        )
+
     async def _sleep_until_played(self, secs: float) -> None:
         # A running deadline, so time spent outside the sleep does not slow playback down.
-        now = time.monotonic()
+        now = self._playback_clock.now()
         if self._next_write_time <= now:
             self._next_write_time = now
         self._next_write_time += secs
-        await asyncio.sleep(self._next_write_time - now)
+        await self._playback_clock.sleep(self._next_write_time - now)
 
     def _finish_playing(self, text: str) -> None:
         playing, self._playing = self._playing, _Playing(tail_of=len(self.heard))
@@ -270,10 +355,32 @@ class FakeOutputTransport(BaseOutputTransport):
             )
         )
 
+    def _extend_cut(self, playing: _Playing, text: str, secs: float, handed_over: float) -> None:
+        now = self._now_secs()
+        if playing.cut_as is None:  # its first chunk, finished after the cut
+            playing.cut_as = len(self.heard)
+            self.heard.append(
+                HeardUtterance(
+                    text=text.strip(),
+                    interrupted=True,
+                    started_at_secs=now - secs,
+                    ended_at_secs=now,
+                    played_secs=secs,
+                    started_monotonic=max(handed_over, time.monotonic() - secs),
+                )
+            )
+            return
+        cut = self.heard[playing.cut_as]
+        self.heard[playing.cut_as] = replace(
+            cut, played_secs=cut.played_secs + secs, ended_at_secs=now
+        )
+
     def _cut_playing(self) -> None:
         playing, self._playing = self._playing, _Playing()
+        playing.cut = True
         if playing.text is None or playing.started_at_secs is None:
             return  # nothing announced was heard
+        playing.cut_as = len(self.heard)
         self.heard.append(
             HeardUtterance(
                 text=playing.text.strip(),
@@ -308,12 +415,16 @@ class FakeTransport(BaseTransport):
 
     Args:
         params: Parameters of both sides; `default_transport_params` if omitted.
+        clock: What the output's playback waits on (see `FakeOutputTransport`).
         **kwargs: Passed to `BaseTransport` (``name``, ``input_name``, ``output_name``).
     """
 
-    def __init__(self, params: TransportParams | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, params: TransportParams | None = None, *, clock: Clock | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self._params = params or default_transport_params()
+        self._clock = clock
         self._input: FakeInputTransport | None = None
         self._output: FakeOutputTransport | None = None
 
@@ -326,7 +437,9 @@ class FakeTransport(BaseTransport):
     def output(self) -> FakeOutputTransport:
         """The output processor (created on first use)."""
         if self._output is None:
-            self._output = FakeOutputTransport(self._params, name=self._output_name)
+            self._output = FakeOutputTransport(
+                self._params, clock=self._clock, name=self._output_name
+            )
         return self._output
 
     @property

@@ -26,11 +26,11 @@ package knows it is being crashed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -53,11 +53,10 @@ from tests._file_system_of_record import FileSystemOfRecord
 from tests.crash._actions import Faults, crash_actions, policy_for
 from tests.crash._plan import OpSpec, Plan, Point
 
-MAX_RUN_SECS = 60.0
-"""The child exits by itself after this long, so an orphan never lingers."""
 CHILD_LEASE_SECS = 30.0
-PIPELINE_SECS = 10.0
-"""How long the pipeline runs before it ends (the crash comes well before)."""
+HANG_GUARD_SECS = 600.0
+"""Bounds on the child's own real-time waits (the pipeline's start, its run): the crash point
+ends it long before, and the parent's own hang guard kills a child that goes quiet sooner."""
 SESSION_ID = "call-crash"
 
 
@@ -238,10 +237,13 @@ class Child:
         pipeline = Pipeline(
             [pair.user(), ActionTurnTracker(self.session), llm, gate, pair.assistant()]
         )
+        # The pipeline runs until the crash point kills the process: it is never ended on a
+        # timer the plan might outlast on a busy machine.
         await run_test(
             pipeline,
-            frames_to_send=[LLMRunFrame(), SleepFrame(sleep=PIPELINE_SECS)],
+            frames_to_send=[LLMRunFrame(), SleepFrame(sleep=HANG_GUARD_SECS)],
             observers=[ContextTap(gate, say)],
+            start_timeout=HANG_GUARD_SECS,
         )
 
 
@@ -254,7 +256,7 @@ async def main(plan_json: str, ledger_url: str, sor_path: str) -> None:
 
     async def hold(**detail: Any) -> None:
         say(event="crash_point", **detail)
-        await asyncio.sleep(MAX_RUN_SECS)
+        await asyncio.Event().wait()  # until the parent's SIGKILL
 
     async def status_of(operation_id: str) -> str:
         return (await inner.get(operation_id)).status.value
@@ -277,12 +279,22 @@ async def main(plan_json: str, ledger_url: str, sor_path: str) -> None:
     else:
         await child.run_direct()
     say(event="done")
-    await asyncio.sleep(MAX_RUN_SECS)
+    await asyncio.Event().wait()  # until the parent's SIGKILL
+
+
+def exit_when_stdin_closes() -> None:
+    """Exit at once when stdin reaches its end: the parent is gone (or let go of this child)."""
+
+    def watch() -> None:
+        sys.stdin.read()
+        os._exit(0)
+
+    threading.Thread(target=watch, name="stdin-watch", daemon=True).start()
 
 
 if __name__ == "__main__":
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
-    with contextlib.suppress(TimeoutError):
-        asyncio.run(asyncio.wait_for(main(*sys.argv[1:4]), MAX_RUN_SECS))
+    exit_when_stdin_closes()
+    asyncio.run(main(*sys.argv[1:4]))
     os._exit(0)

@@ -5,10 +5,13 @@
    says it is waiting there (a request in flight, an approval pending).
 2. One or two fresh runtimes open the same ledger with a clock past the dead owner's leases
    and ``recover()`` at the same moment; the provider file is the same one.
-3. The recovery window: the runtimes get real time while anything still runs, and the clock
-   jumps to the next deadline once only people are awaited (an approval that nobody gives
-   expires there); the operator approves or rejects per the plan. It ends when nothing is
-   left to do or after `WINDOW_SECS` of clock time.
+3. The recovery window: whenever the runtimes' work has settled (no ledger call in flight and
+   nothing new for a few turns of the event loop: it waits on the clock, on a person or on
+   nothing), the clock moves a second while anything still runs, so heartbeats, backoffs and
+   probes come round, and jumps to the next deadline once only people are awaited (an
+   approval that nobody gives expires there); the operator approves or rejects per the plan.
+   It ends when nothing is left to do or after `WINDOW_SECS` of clock time. What happens at
+   which clock time never depends on how fast the machine is; real time only bounds a hang.
 4. The checker (``_checker.py``) judges the ledger and the provider.
 """
 
@@ -30,6 +33,7 @@ from pipecat_actions.clock import ManualClock
 from pipecat_actions.execution.executor import ReconcileSchedule
 from pipecat_actions.ledger import Operation, SqlLedger
 from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.scenarios.timeline import TimelineLedger
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 from tests._file_system_of_record import FileSystemOfRecord
 from tests.crash._actions import crash_actions, policy_for
@@ -42,8 +46,13 @@ CLOCK_SKIP_SECS = 120.0
 """How far ahead of the dead child the recoverers' clock starts: its 30 s leases are over."""
 WINDOW_SECS = 3600.0
 """The longest recovery window, in clock time."""
-WINDOW_REAL_SECS = 30.0
-"""The longest recovery window, in real time (a hang, not a slow machine, gets this far)."""
+HANG_GUARD_SECS = 120.0
+"""Bound on any real-time wait here (the child's next line, recovery, the whole window): far
+beyond what a busy machine takes, it only turns a hang into a reported problem."""
+SETTLE_TURNS = 20
+"""Event-loop turns without a ledger call or a new clock sleeper that make the runtimes' work
+settled: between two ledger calls it is a few turns of plain asyncio hops (the provider file is
+written synchronously), however long a turn takes."""
 LEASE_SECS = 30.0
 _WAITING_FOR_PEOPLE = frozenset({S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION})
 _STATUS_AT_POINT = {
@@ -104,12 +113,17 @@ async def run_case(plan: Plan, ledger_url: str, workdir: Path) -> Case:
     if case.problems:
         return case
     clock = ManualClock(time.time() + CLOCK_SKIP_SECS)
+    # Each recoverer's ledger counts its calls in flight, for `_settle`.
+    ledgers = [
+        TimelineLedger(await SqlLedger.create(ledger_url, clock=clock), [])
+        for _ in range(plan.recoverers)
+    ]
     runtimes = [
         await ActionRuntime.create(
             policy_for(plan.dedupes),
             authorizer=AllowAll(),
             actions=crash_actions(sor),
-            ledger_url=ledger_url,
+            ledger=ledgers[index],
             clock=clock,
             owner=f"recoverer-{index}",
             lease_secs=LEASE_SECS,
@@ -124,10 +138,15 @@ async def run_case(plan: Plan, ledger_url: str, workdir: Path) -> Case:
         first = runtimes[0]
         case.left = {op.operation_id: op.status.value for op in await first.ledger.list()}
         claimed = await asyncio.wait_for(
-            asyncio.gather(*(runtime.recover() for runtime in runtimes)), 20
+            asyncio.gather(*(runtime.recover() for runtime in runtimes)), HANG_GUARD_SECS
         )
         _check_claims(case, claimed)
-        await _recovery_window(case, first, operator, clock)
+        try:
+            await asyncio.wait_for(
+                _recovery_window(case, first, operator, clock, ledgers), HANG_GUARD_SECS
+            )
+        except TimeoutError:
+            case.problems.append(f"the recovery window hung ({HANG_GUARD_SECS:g} s real time)")
         evidence = await gather(
             first.ledger, sor, case.lines, undelivered=await first.undelivered(), gate=plan.pipeline
         )
@@ -137,6 +156,8 @@ async def run_case(plan: Plan, ledger_url: str, workdir: Path) -> Case:
         await operator.close()
         for runtime in runtimes:
             await runtime.close(grace_secs=1.0)
+        for ledger in ledgers:
+            await ledger.close()
     return case
 
 
@@ -153,7 +174,9 @@ async def _crash_child(case: Case, ledger_url: str, sor_path: Path, workdir: Pat
             ledger_url,
             str(sor_path),
             cwd=REPO_ROOT,
-            stdin=asyncio.subprocess.DEVNULL,
+            # Held open until the child is reaped: the child exits once it closes (an orphan
+            # of a dead test never lingers), never after some time of its own.
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=stderr,
         )
@@ -161,9 +184,9 @@ async def _crash_child(case: Case, ledger_url: str, sor_path: Path, workdir: Pat
     try:
         while True:
             try:
-                raw = await asyncio.wait_for(child.stdout.readline(), 30)
+                raw = await asyncio.wait_for(child.stdout.readline(), HANG_GUARD_SECS)
             except TimeoutError:
-                case.problems.append("the child said nothing for 30 s")
+                case.problems.append(f"the child said nothing for {HANG_GUARD_SECS:g} s (hung)")
                 child.send_signal(signal.SIGKILL)
                 break
             if not raw:
@@ -184,11 +207,13 @@ async def _crash_child(case: Case, ledger_url: str, sor_path: Path, workdir: Pat
         # Never kill() a child that may be dead already: Popen polls (and reaps) it first,
         # and asyncio's watcher then reports 255 instead of the signal that killed it.
         try:
-            code = await asyncio.wait_for(child.wait(), 10)
+            code = await asyncio.wait_for(child.wait(), HANG_GUARD_SECS)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 child.kill()
             code = await child.wait()
+        if child.stdin is not None:
+            child.stdin.close()
         case.stderr = stderr_path.read_text(errors="replace")
     if code != -signal.SIGKILL:
         case.problems.append(f"the child ended with {code}, not by SIGKILL")
@@ -248,15 +273,37 @@ def _check_claims(case: Case, claimed: list[list[Operation]]) -> None:
         case.problems.append(f"left non-terminal by the crash but claimed by nobody: {unclaimed}")
 
 
+async def _settle(clock: ManualClock, ledgers: list[TimelineLedger]) -> None:
+    """Return once no ledger call is in flight and nothing new started for `SETTLE_TURNS`."""
+    seen: tuple[int, ...] | None = None
+    quiet = 0
+    while quiet < SETTLE_TURNS:
+        busy = [ledger for ledger in ledgers if ledger.in_flight]
+        if busy:
+            await asyncio.gather(*(ledger.wait_idle() for ledger in busy))
+            seen, quiet = None, 0
+            continue
+        await asyncio.sleep(0)
+        now = (*(ledger.calls for ledger in ledgers), clock.sleepers)
+        seen, quiet = now, (quiet + 1 if now == seen else 0)
+
+
 async def _recovery_window(
-    case: Case, runtime: ActionRuntime, operator: SqlLedger, clock: ManualClock
+    case: Case,
+    runtime: ActionRuntime,
+    operator: SqlLedger,
+    clock: ManualClock,
+    ledgers: list[TimelineLedger],
 ) -> None:
     plan = case.plan
     decision = {"approve_after": "approve", "reject_after": "reject"}.get(plan.variant)
     pending_decision = plan.point is Point.AWAITING_APPROVAL and decision is not None
-    start, real_start = clock.now(), time.monotonic()
-    while clock.now() - start < WINDOW_SECS and time.monotonic() - real_start < WINDOW_REAL_SECS:
+    start = clock.now()
+    stride, last_seen = 1.0, None
+    while clock.now() - start < WINDOW_SECS:
+        await _settle(clock, ledgers)
         ops = await runtime.ledger.list()
+        seen = sorted((op.operation_id, op.event_seq) for op in ops)
         if pending_decision:
             assert decision is not None
             target = str(case.crash["operation_id"])
@@ -268,13 +315,15 @@ async def _recovery_window(
         if not busy and not waiting:
             return
         if busy:
-            # Something runs (or waits for a heartbeat or a backoff): give it real time, and
-            # move the clock a little so heartbeats and retry backoffs come round.
-            await asyncio.sleep(0.02)
-            clock.advance(1.0)
+            # Something still runs, and has settled: it waits for a heartbeat, a backoff or a
+            # probe. Move the clock a little, so they come round one after the other; while
+            # nothing is written, a little more each time (a stuck operation reaches the end
+            # of the window in a few dozen steps, not thousands).
+            stride = 1.0 if seen != last_seen else min(stride * 2, 64.0)
+            last_seen = seen
+            clock.advance(stride)
         else:
             deadlines = [op.deadline_at for op in waiting if op.deadline_at is not None]
             if not deadlines:
                 return
             clock.set(max(clock.now(), min(deadlines)) + 1.0)
-            await asyncio.sleep(0.02)

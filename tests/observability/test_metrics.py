@@ -154,7 +154,7 @@ async def test_a_transient_failure_retried_counts_two_attempts_and_one_retry(
         call = asyncio.ensure_future(rt.propose("book_retrying", booking(), new_session()))
         await eventually(lambda: 1.0 in clock.requested, what="the backoff")
         clock.advance(1.0)
-        told = await asyncio.wait_for(call, 5)
+        told = await asyncio.wait_for(call, 60)  # a hang guard
         seen = tool(rt, "book_retrying")
 
     assert told["status"] == "committed"

@@ -54,7 +54,7 @@ async def _story(ledger_url: str) -> dict[str, Any]:
         call = asyncio.ensure_future(rt.propose("book_retrying", booking("22:00"), session))
         await eventually(lambda: 1.0 in clock.requested, what="the backoff")
         clock.advance(1.0)
-        await asyncio.wait_for(call, 5)
+        await asyncio.wait_for(call, 60)  # a hang guard
 
         waiting = await rt.propose("book_later", booking("23:00"), session, wait=False)
         await rt.cancel(waiting["operation_id"], reason="changed their mind")

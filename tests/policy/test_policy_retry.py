@@ -5,10 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipecat_actions.policy import RetryPolicy
+
+UNTIMED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+"""Hypothesis without its wall-clock checks (a 200 ms deadline per example, the too-slow
+health check): on a busy machine they fail a correct property at random."""
 
 
 @st.composite
@@ -47,6 +51,7 @@ def test_zero_jitter_ignores_the_random_input() -> None:
     assert {retry.delay_for(3, rand=r) for r in (0.0, 0.3, 0.99)} == {4}
 
 
+@UNTIMED
 @given(retry_policies(), attempts)
 def test_delay_without_jitter_never_decreases_with_the_attempt(
     retry: RetryPolicy, attempt: int
@@ -54,6 +59,7 @@ def test_delay_without_jitter_never_decreases_with_the_attempt(
     assert retry.delay_for(attempt) <= retry.delay_for(attempt + 1)
 
 
+@UNTIMED
 @given(retry_policies(), attempts)
 def test_delay_at_half_rand_is_the_capped_exponential_backoff(
     retry: RetryPolicy, attempt: int
@@ -65,6 +71,7 @@ def test_delay_at_half_rand_is_the_capped_exponential_backoff(
     assert retry.delay_for(attempt, rand=0.5) == min(expected, retry.max_backoff_secs)
 
 
+@UNTIMED
 @given(retry_policies(), attempts, rands)
 def test_delay_is_never_negative_nor_above_the_jittered_cap(
     retry: RetryPolicy, attempt: int, rand: float
@@ -75,6 +82,7 @@ def test_delay_is_never_negative_nor_above_the_jittered_cap(
     assert math.isfinite(delay)
 
 
+@UNTIMED
 @given(retry_policies(), attempts, rands)
 def test_delay_stays_within_jitter_of_the_unjittered_backoff(
     retry: RetryPolicy, attempt: int, rand: float
@@ -87,6 +95,7 @@ def test_delay_stays_within_jitter_of_the_unjittered_backoff(
     assert low - 1e-9 * base <= delay <= high + 1e-9 * base
 
 
+@UNTIMED
 @given(retry_policies(), attempts, rands)
 def test_delay_is_a_pure_function_of_its_inputs(
     retry: RetryPolicy, attempt: int, rand: float
