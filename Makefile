@@ -30,8 +30,11 @@ imports: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two workers (pytest-xdist) on the two cores; each has a PostgreSQL database of its own.
+# PYTEST_WORKERS=0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
