@@ -1,0 +1,166 @@
+"""Reconciliation is bounded, and never concludes "it did not happen" while the effect still runs.
+
+A reconcile hook that never answered left the operation UNKNOWN forever, never escalated. And a
+deadline that fell while the provider was still working on a booking led to "no trace of it"
+3 ms later, FAILED_FINAL ("it did not happen"), and then the provider booked it after all.
+Both run on the manual clock: the probe's time limit and the deadline fall when the test says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipecat_actions.actions import ActionContext, Reconciliation, action
+from pipecat_actions.clock import ManualClock
+from pipecat_actions.execution.executor import ReconcileSchedule
+from pipecat_actions.testing import FakeSystemOfRecord
+from tests.runtime._execution_support import (
+    Bookings,
+    annotations,
+    booking,
+    new_session,
+    only_operation,
+    reaches,
+    running,
+    transitions,
+)
+from tests.runtime._execution_support import S as Status
+from tests.runtime._waiting import eventually, guarded
+
+DEADLINE_SECS = 5.0
+POLICY = f"""
+    version: 1
+    tools:
+      book_table:
+        kind: mutation
+        deadline_secs: {DEADLINE_SECS}
+"""
+SCHEDULE = ReconcileSchedule(
+    initial_secs=1.0, multiplier=1.0, max_secs=1.0, max_probes=3, probe_timeout_secs=2.0
+)
+LONG_LEASE = 3600.0
+
+
+def fake(clock: ManualClock) -> FakeSystemOfRecord:
+    sor = FakeSystemOfRecord(clock=clock)
+    sor.add_restaurant("r1", tables=3)
+    return sor
+
+
+async def test_a_reconcile_hook_that_never_answers_is_abandoned_and_the_operation_escalated(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    sor = fake(clock)
+    sor.faults.lose_response_after_commit("book")  # committed, answer lost: UNKNOWN
+    asked: list[str] = []
+    never = asyncio.Event()
+
+    async def silent(ctx: ActionContext) -> Reconciliation:
+        asked.append(ctx.operation_id)
+        await never.wait()  # the system of record never answers
+        raise AssertionError("not reached")
+
+    definition = action(name="book_table", reconcile=silent)(Bookings(sor).book)
+    async with running(
+        POLICY,
+        [definition],
+        ledger_url=ledger_url,
+        clock=clock,
+        schedule=SCHEDULE,
+        lease_secs=LONG_LEASE,
+    ) as runtime:
+        call = asyncio.ensure_future(runtime.propose("book_table", booking(), new_session()))
+        await eventually(lambda: asked, what="the first probe")
+        op_id = asked[0]
+
+        async def escalated() -> bool:
+            return (await runtime.ledger.get(op_id)).escalated_at is not None
+
+        # Each probe waits at most 2 s of clock time, then 1 s until the next: 3 probes.
+        while not await escalated():
+            await eventually(lambda: clock.sleepers > 0, what="the reconciler to wait")
+            clock.advance(1.0)
+            await asyncio.sleep(0)
+        told = await guarded(call, what="the booking's answer")
+        final = await runtime.ledger.get(op_id)
+        trail = await runtime.ledger.events(op_id)
+
+    assert told["status"] == "unknown"
+    assert "not yet known" in told["message"]
+    assert final.status is Status.UNKNOWN
+    assert len(asked) == SCHEDULE.max_probes
+    errors = [a["reconcile_error"] for a in annotations(trail) if "reconcile_error" in a]
+    assert errors == ["TimeoutError: the reconcile hook gave no answer within 2.0 s"] * 3
+    assert any(
+        "still unknown after 3 checks" in str(a.get("escalated")) for a in annotations(trail)
+    )
+
+
+async def test_no_trace_while_the_effect_still_runs_is_not_final_and_its_late_success_commits(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    sor = fake(clock)
+    sor.faults.hang("book", ignore_cancellation=True)  # still working after the deadline
+    bookings = Bookings(sor)
+    async with running(
+        POLICY,
+        [bookings.action(reconcile="lookup")],  # the provider has no trace while it works
+        ledger_url=ledger_url,
+        clock=clock,
+        schedule=SCHEDULE,
+        lease_secs=LONG_LEASE,
+    ) as runtime:
+        session = new_session()
+        heard: list[Status] = []
+        runtime.listen(session.session_id, lambda op: heard.append(op.status))
+        call = asyncio.ensure_future(runtime.propose("book_table", booking(), session))
+        await eventually(lambda: sor.calls["book"] == 1, what="the booking to be sent")
+        op = await only_operation(runtime)
+        clock.advance(DEADLINE_SECS)
+        told = await guarded(call, what="the answer at the deadline")
+        # Reconciliation asks while the effect is still running: no trace, yet not final.
+        for _ in range(SCHEDULE.max_probes + 1):
+            await eventually(lambda: clock.sleepers > 0, what="the reconciler to wait")
+            clock.advance(1.0)
+            await asyncio.sleep(0)
+        while_running = await runtime.ledger.get(op.operation_id)
+        sor.release_hung()  # the provider finishes: the booking happened after all
+        final = await reaches(runtime, op.operation_id, Status.COMMITTED)
+        await eventually(lambda: Status.COMMITTED in heard, what="the conversation to be told")
+        trail = await runtime.ledger.events(op.operation_id)
+
+    assert told["status"] == "unknown"
+    assert heard == [Status.UNKNOWN, Status.COMMITTED]  # the late truth reaches the listeners
+    assert while_running.status is Status.UNKNOWN
+    assert Status.FAILED_FINAL not in transitions(trail)
+    assert any("reconcile_not_final" in a for a in annotations(trail))
+    assert final.status is Status.COMMITTED
+    assert final.result == {"booking_id": "bk_0001", "time": "21:00"}
+    assert sor.side_effects["book"] == 1
+
+
+async def test_no_trace_after_the_effect_ended_is_final(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    # The effect stops when the deadline cancels it (it honours cancellation), so "no trace"
+    # from the system of record is the truth: FAILED_FINAL, as before.
+    sor = fake(clock)
+    sor.faults.hang("book")
+    bookings = Bookings(sor)
+    async with running(
+        POLICY,
+        [bookings.action(reconcile="lookup")],
+        ledger_url=ledger_url,
+        clock=clock,
+        schedule=SCHEDULE,
+        lease_secs=LONG_LEASE,
+    ) as runtime:
+        call = asyncio.ensure_future(runtime.propose("book_table", booking(), new_session()))
+        await eventually(lambda: sor.calls["book"] == 1, what="the booking to be sent")
+        op = await only_operation(runtime)
+        clock.advance(DEADLINE_SECS)
+        await guarded(call, what="the answer at the deadline")
+        final = await reaches(runtime, op.operation_id, Status.FAILED_FINAL)
+
+    assert final.error == "the system of record has no trace of it: it did not happen"
+    assert sor.side_effects["book"] == 0
