@@ -14,8 +14,6 @@ Every wait polls and is bounded only by a generous hang guard: it measures nothi
 from __future__ import annotations
 
 import asyncio
-import inspect
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeAlias, TypeVar
 
@@ -30,9 +28,7 @@ from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import Operation
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.status import ActionStatus
-
-HANG_GUARD_SECS = 20.0
-"""How long a wait may take before the test fails as hung (never reached when it passes)."""
+from tests.runtime._waiting import HANG_GUARD_SECS, eventually, guarded
 
 
 class Flush:
@@ -74,16 +70,7 @@ class ScriptClock(ManualClock):
 
 async def until(check: Callable[[], Any], *, what: str) -> None:
     """Poll ``check`` (sync or async) until it is truthy; fail after the hang guard."""
-    limit = time.monotonic() + HANG_GUARD_SECS
-    while True:
-        value = check()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > limit:
-            raise AssertionError(f"hung: no {what} after {HANG_GUARD_SECS} s")
-        await asyncio.sleep(0.005)
+    await eventually(check, what=what)
 
 
 async def outcome(runtime: ActionRuntime, operation_id: str) -> Operation:
@@ -91,13 +78,7 @@ async def outcome(runtime: ActionRuntime, operation_id: str) -> Operation:
 
     When it returns, the runtime's listeners (the gate) have been told the outcome.
     """
-    try:
-        async with asyncio.timeout(HANG_GUARD_SECS):
-            return await runtime.wait(operation_id)
-    except TimeoutError:
-        raise AssertionError(
-            f"hung: no outcome of {operation_id} after {HANG_GUARD_SECS} s"
-        ) from None
+    return await guarded(runtime.wait(operation_id), what=f"the outcome of {operation_id}")
 
 
 async def operation(runtime: ActionRuntime, tool: str, *statuses: ActionStatus) -> Operation:
