@@ -578,6 +578,10 @@ class ActionResultGate(FrameProcessor):
             if op.acknowledged_at is None and op.operation_id not in self._unacknowledged:
                 self._unacknowledged.append(op.operation_id)  # told again: hear it this time
             return
+        # Owed an acknowledgement from now on, before the write: the bot may finish saying a
+        # short outcome while the delivery is still being recorded.
+        self._unacknowledged.append(op.operation_id)
+        self._interrupted_since_delivery = False
         await self.runtime.ledger.annotate(
             op.operation_id,
             actor=self._actor,
@@ -591,8 +595,6 @@ class ActionResultGate(FrameProcessor):
                 "delivered_agent": self.session.active_agent,
             },
         )
-        self._unacknowledged.append(op.operation_id)
-        self._interrupted_since_delivery = False
 
     def _acknowledge(self) -> None:
         if not self._unacknowledged or self._interrupted_since_delivery:
