@@ -13,6 +13,7 @@ import asyncio
 from pipecat_actions.actions import ActionContext, Reconciliation, action
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.execution.executor import ReconcileSchedule
+from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.testing import FakeSystemOfRecord
 from tests.runtime._execution_support import (
     Bookings,
@@ -39,6 +40,27 @@ SCHEDULE = ReconcileSchedule(
     initial_secs=1.0, multiplier=1.0, max_secs=1.0, max_probes=3, probe_timeout_secs=2.0
 )
 LONG_LEASE = 3600.0
+
+
+async def run_the_clock_until_reconciled(
+    runtime: ActionRuntime, clock: ManualClock, operation_id: str
+) -> None:
+    """Move the clock a second at a time until reconciliation ends: the operation is escalated
+    (still UNKNOWN) or has left UNKNOWN.
+
+    Only the reconciler's own waits on the clock (a probe's time limit, the pause between
+    probes) end meanwhile, so how many probes it makes does not depend on the pace; the hang
+    guard fails the test if reconciliation never ends.
+    """
+
+    async def ended_or_a_second_later() -> bool:
+        op = await runtime.ledger.get(operation_id)
+        if op.escalated_at is not None or op.status is not Status.UNKNOWN:
+            return True
+        clock.advance(1.0)
+        return False
+
+    await eventually(ended_or_a_second_later, what=f"the reconciliation of {operation_id} to end")
 
 
 def fake(clock: ManualClock) -> FakeSystemOfRecord:
@@ -73,14 +95,8 @@ async def test_a_reconcile_hook_that_never_answers_is_abandoned_and_the_operatio
         await eventually(lambda: asked, what="the first probe")
         op_id = asked[0]
 
-        async def escalated() -> bool:
-            return (await runtime.ledger.get(op_id)).escalated_at is not None
-
         # Each probe waits at most 2 s of clock time, then 1 s until the next: 3 probes.
-        while not await escalated():
-            await eventually(lambda: clock.sleepers > 0, what="the reconciler to wait")
-            clock.advance(1.0)
-            await asyncio.sleep(0)
+        await run_the_clock_until_reconciled(runtime, clock, op_id)
         told = await guarded(call, what="the booking's answer")
         final = await runtime.ledger.get(op_id)
         trail = await runtime.ledger.events(op_id)
@@ -118,11 +134,10 @@ async def test_no_trace_while_the_effect_still_runs_is_not_final_and_its_late_su
         op = await only_operation(runtime)
         clock.advance(DEADLINE_SECS)
         told = await guarded(call, what="the answer at the deadline")
-        # Reconciliation asks while the effect is still running: no trace, yet not final.
-        for _ in range(SCHEDULE.max_probes + 1):
-            await eventually(lambda: clock.sleepers > 0, what="the reconciler to wait")
-            clock.advance(1.0)
-            await asyncio.sleep(0)
+        # Reconciliation asks while the effect is still running: no trace, yet not final, at
+        # every probe, until it hands the operation to a person. Only then does the provider
+        # finish (a release while a probe is under way would race that probe).
+        await run_the_clock_until_reconciled(runtime, clock, op.operation_id)
         while_running = await runtime.ledger.get(op.operation_id)
         sor.release_hung()  # the provider finishes: the booking happened after all
         final = await reaches(runtime, op.operation_id, Status.COMMITTED)
@@ -134,6 +149,7 @@ async def test_no_trace_while_the_effect_still_runs_is_not_final_and_its_late_su
     assert while_running.status is Status.UNKNOWN
     assert Status.FAILED_FINAL not in transitions(trail)
     assert any("reconcile_not_final" in a for a in annotations(trail))
+    assert [a["probe"] for a in annotations(trail) if "reconcile_not_final" in a] == [1, 2, 3]
     assert final.status is Status.COMMITTED
     assert final.result == {"booking_id": "bk_0001", "time": "21:00"}
     assert sor.side_effects["book"] == 1
