@@ -224,6 +224,9 @@ class Executor:
             current = await self.ledger.get(op.operation_id)
             if current.status is not S.UNKNOWN:
                 return current
+            # Taken before the probe: an effect that commits while the hook looks must not
+            # turn the hook's "no trace" into "it did not happen".
+            running_at_probe = _still_running(tracked)
             try:
                 with logger.contextualize(**operation_ids(current)):
                     answer = await self._probe(hook, ActionContext.of(current))
@@ -235,7 +238,7 @@ class Executor:
                     detail={"reconcile_error": f"{type(exc).__name__}: {exc}", "probe": probe},
                 )
                 state, result = ReconcileState.PENDING, None
-            if state is ReconcileState.NOT_FOUND and _still_running(tracked):
+            if state is ReconcileState.NOT_FOUND and (running_at_probe or _still_running(tracked)):
                 # No trace yet, but the effect may still be working on it (the deadline only
                 # stopped the waiting): "it did not happen" would be a guess. Ask again later;
                 # its late answer settles the operation if it comes first.
