@@ -24,6 +24,7 @@ from pipecat_actions.policy import load_policy_text
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
+from tests._waiting import HANG_GUARD_SECS, eventually
 
 POLICY = """
 version: 1
@@ -34,8 +35,6 @@ tools:
     confirmation: {mode: approval, expires_after_secs: 60}
 """
 LEASE_SECS = 30.0
-HANG_GUARD_SECS = 60.0
-"""Bound on a wait that ends at once when things are right: only a hang gets there."""
 
 
 async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -45,12 +44,8 @@ async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str
 
 
 async def _until(check: Callable[[], bool], what: str) -> None:
-    try:
-        async with asyncio.timeout(HANG_GUARD_SECS):
-            while not check():
-                await asyncio.sleep(0.005)
-    except TimeoutError:
-        raise AssertionError(f"hung: waiting for {what}") from None
+    """Poll until ``check()`` holds; only a hang reaches the bound."""
+    await eventually(check, what=what)
 
 
 class _HeartbeatClock(ManualClock):

@@ -28,7 +28,7 @@ from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import Operation
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.status import ActionStatus
-from tests.runtime._waiting import HANG_GUARD_SECS, eventually, guarded
+from tests._waiting import HANG_GUARD_SECS, eventually, guarded
 
 
 class Flush:

@@ -30,8 +30,8 @@ from pipecat_actions.policy import PolicySet, load_policy_text
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import FakeSystemOfRecord, ProviderRejected
-from tests.runtime._waiting import eventually as eventually
-from tests.runtime._waiting import guarded as guarded
+from tests._waiting import eventually as eventually
+from tests._waiting import guarded as guarded
 
 S = ActionStatus
 RESTAURANT = "trattoria"

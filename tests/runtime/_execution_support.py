@@ -60,9 +60,9 @@ from pipecat_actions.testing import (
     ToolCalls,
 )
 from tests._file_system_of_record import FileSystemOfRecord as FileSystemOfRecord
-from tests.runtime._waiting import HANG_GUARD_SECS
-from tests.runtime._waiting import eventually as eventually
-from tests.runtime._waiting import guarded as guarded
+from tests._waiting import HANG_GUARD_SECS
+from tests._waiting import eventually as eventually
+from tests._waiting import guarded as guarded
 
 S = ActionStatus
 T0 = ManualClock().now()

@@ -41,7 +41,7 @@ from pipecat_actions.ledger import ForwardingLedger, Ledger, SqlLedger
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus
 from pipecat_actions.testing import FakeSystemOfRecord, ProviderRejected
-from tests.runtime import _waiting
+from tests import _waiting
 
 S = ActionStatus
 POLICY = """

@@ -15,6 +15,7 @@ from pipecat_actions.clock import ManualClock
 from pipecat_actions.execution.executor import ReconcileSchedule
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.testing import FakeSystemOfRecord
+from tests._waiting import eventually, guarded
 from tests.runtime._execution_support import (
     Bookings,
     annotations,
@@ -26,7 +27,6 @@ from tests.runtime._execution_support import (
     transitions,
 )
 from tests.runtime._execution_support import S as Status
-from tests.runtime._waiting import eventually, guarded
 
 DEADLINE_SECS = 5.0
 POLICY = f"""

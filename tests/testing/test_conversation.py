@@ -10,7 +10,6 @@ real time is a hang guard.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -41,18 +40,17 @@ from pipecat_actions.testing.conversation import (
 )
 from pipecat_actions.testing.llm import Say, ScriptedLLM, ToolCalls
 from pipecat_actions.testing.transport import (
-    FakeOutputTransport,
     FakeTransport,
-    PlaybackEvent,
     offline_user_params,
 )
 from pipecat_actions.testing.tts import FakeTTS
+from tests._waiting import HANG_GUARD_SECS, eventually
+from tests.testing.test_tts_transport import _chunks_for, _played
 
 pytestmark = pytest.mark.timeout(120)  # a hang guard: a healthy run takes seconds
 
 DOWN = FrameDirection.DOWNSTREAM
 UP = FrameDirection.UPSTREAM
-HANG_SECS = 60.0
 
 
 class FrameLog(FrameProcessor):
@@ -73,21 +71,7 @@ class FrameLog(FrameProcessor):
 
 async def _until(check: Callable[[], bool], what: str) -> None:
     """Poll until ``check()`` holds; only a hang reaches the bound."""
-    try:
-        async with asyncio.timeout(HANG_SECS):
-            while not check():
-                await asyncio.sleep(0.005)
-    except TimeoutError:
-        raise AssertionError(f"never happened: {what}") from None
-
-
-def _played(output: FakeOutputTransport, text: str | None = None) -> list[PlaybackEvent]:
-    return [e for e in output.playback if e.kind == "played" and (text is None or e.text == text)]
-
-
-def _chunks_for(secs: float, rate: int = 16_000, chunk_secs: float = 0.04) -> int:
-    """How many chunks the transport plays for ``secs`` of audio (the last one padded)."""
-    return math.ceil(math.ceil(secs * rate) / round(chunk_secs * rate))
+    await eventually(check, what=what)
 
 
 def _indices(result: ConversationResult, match: Callable[[Any], bool]) -> list[int]:
@@ -305,7 +289,7 @@ async def test_user_says_at_a_given_time_and_wait_steps_pace_the_script() -> Non
         assert clock.sleepers == 1 and turns.turns_at == [0.0]
         clock.advance(0.1)
         assert clock.sleepers == 0
-        result = await asyncio.wait_for(conversation, HANG_SECS)
+        result = await asyncio.wait_for(conversation, HANG_GUARD_SECS)
     finally:
         conversation.cancel()
 

@@ -55,12 +55,12 @@ from pipecat_actions.testing.transport import (
     user_stops_speaking,
 )
 from pipecat_actions.testing.tts import FakeTTS
+from tests._waiting import HANG_GUARD_SECS, eventually
 
 RATE = 16_000
 PARAMS = PipelineParams(audio_in_sample_rate=RATE, audio_out_sample_rate=RATE)
 CHUNK_SECS = 0.04
 """What the output transport plays at a time: Pipecat's default of four 10 ms chunks."""
-HANG_SECS = 60.0
 """Bound on any wait for a condition: only a hang gets there, however busy the machine."""
 
 pytestmark = pytest.mark.timeout(120)
@@ -90,12 +90,7 @@ def _played(output: FakeOutputTransport, text: str | None = None) -> list[Playba
 
 async def _until(check: Callable[[], bool], what: str) -> None:
     """Poll until ``check()`` holds; only a hang reaches the bound."""
-    try:
-        async with asyncio.timeout(HANG_SECS):
-            while not check():
-                await asyncio.sleep(0.005)
-    except TimeoutError:
-        raise AssertionError(f"never happened: {what}") from None
+    await eventually(check, what=what)
 
 
 class _Collect(FrameProcessor):
@@ -164,12 +159,12 @@ async def _running(processor: FrameProcessor) -> AsyncIterator[_Run]:
     await runner.add_workers(worker)
     run = _Run(worker, asyncio.create_task(runner.run()), down, up)
     try:
-        async with asyncio.timeout(HANG_SECS):
+        async with asyncio.timeout(HANG_GUARD_SECS):
             await started.wait()
         yield run
         if not run.end_sent:
             await run.send(EndFrame())
-        async with asyncio.timeout(HANG_SECS):
+        async with asyncio.timeout(HANG_GUARD_SECS):
             await asyncio.shield(run.task)
     finally:
         if not run.task.done():
@@ -181,7 +176,7 @@ async def _play_to_the_end(clock: ManualClock, run: _Run) -> None:
     """End the pipeline, letting the transport's clock run until it has ended."""
     if not run.end_sent:
         await run.send(EndFrame())
-    async with asyncio.timeout(HANG_SECS):
+    async with asyncio.timeout(HANG_GUARD_SECS):
         while not run.ended:
             if clock.sleepers:
                 clock.advance(CHUNK_SECS)

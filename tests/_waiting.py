@@ -1,4 +1,4 @@
-"""Waiting in the runtime tests without racing real time (STYLE.md rule 11).
+"""Waiting in the tests without racing real time (STYLE.md rule 11).
 
 A test waits for a cause: a condition it polls, a future or task it awaits. Time that matters to
 the behaviour (deadlines, backoffs, latency) runs on a `ManualClock` the test moves. The only
