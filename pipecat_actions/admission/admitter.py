@@ -24,8 +24,12 @@ from pydantic import ValidationError
 
 from pipecat_actions.actions import ActionContext, Binding, Refused
 from pipecat_actions.admission._call import Audit, draft_operation
-from pipecat_actions.admission.authorization import AuthorizationRequest, Authorizer
-from pipecat_actions.admission.authorization import Decision as Authorization
+from pipecat_actions.admission.authorization import (
+    AuthorizationRequest,
+    Authorizer,
+    AuthorizerFailed,
+    ask,
+)
 from pipecat_actions.admission.decisions import (
     Admission,
     Decision,
@@ -146,17 +150,10 @@ class Admitter:
             args=args,
             resource_key=resource_key,
         )
-        try:
-            decision = await self._authorizer.authorize(request)
-        except Exception as exc:
-            return await self._hook_failed(base, "the authorizer", exc, code="authorization_failed")
-        if not isinstance(decision, Authorization):
-            # Fails closed: only an explicit Decision lets a call through.
-            return await self._refuse(
-                base,
-                "authorization_failed",
-                "Whether this is allowed could not be checked; nothing was done.",
-                detail={"hook_error": f"the authorizer returned {type(decision).__name__}"},
+        decision = await ask(self._authorizer, request)
+        if isinstance(decision, AuthorizerFailed):
+            return await self._hook_failed(
+                base, "the authorizer", decision.error, code="authorization_failed"
             )
         if not decision.allowed:
             return await self._refuse(
@@ -408,17 +405,25 @@ class Admitter:
             return _Refuse("invalid_arguments", "The arguments must be a JSON object.")
         return parsed
 
-    async def _hook_failed(self, base: Audit, what: str, exc: Exception, *, code: str) -> Refusal:
-        """Refuse a call because application code it depends on raised (never let it escape)."""
-        error = f"{type(exc).__name__}: {exc}"[:500]
+    async def _hook_failed(
+        self, base: Audit, what: str, error: Exception | str, *, code: str
+    ) -> Refusal:
+        """Refuse a call because application code it depends on failed (never let it escape)."""
+        described = (
+            f"{type(error).__name__}: {error}"[:500] if isinstance(error, Exception) else error
+        )
         logger.bind(tool=base.tool).warning(
-            "tool call {} of {} refused: {} raised {}", base.tool_call_id, base.tool, what, error
+            "tool call {} of {} refused: {} failed: {}",
+            base.tool_call_id,
+            base.tool,
+            what,
+            described,
         )
         return await self._refuse(
             base,
             code,
             f"It could not be checked ({what} failed); nothing was done.",
-            detail={"hook_error": error},
+            detail={"hook_error": described},
         )
 
     async def _refuse(

@@ -8,7 +8,14 @@ are data to check against the principal, e.g. "is booking b-17 alice's?".
 
 from __future__ import annotations
 
-__all__ = ["AllowAll", "AuthorizationRequest", "Authorizer", "Decision"]
+__all__ = [
+    "AllowAll",
+    "AuthorizationRequest",
+    "Authorizer",
+    "AuthorizerFailed",
+    "Decision",
+    "ask",
+]
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,3 +80,27 @@ class AllowAll:
     async def authorize(self, request: AuthorizationRequest) -> Decision:
         """Return `Decision.allow`."""
         return Decision.allow()
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizerFailed:
+    """The authorizer gave no decision: it raised, or returned something other than a `Decision`.
+
+    Authorization fails closed: whoever asked refuses the call.
+
+    Attributes:
+        error: What went wrong, for the audit trail and the logs (never for the model).
+    """
+
+    error: str
+
+
+async def ask(authorizer: Authorizer, request: AuthorizationRequest) -> Decision | AuthorizerFailed:
+    """Ask ``authorizer`` about ``request``; never raise, and only a `Decision` can allow it."""
+    try:
+        decision = await authorizer.authorize(request)
+    except Exception as exc:
+        return AuthorizerFailed(f"{type(exc).__name__}: {exc}"[:500])
+    if not isinstance(decision, Decision):
+        return AuthorizerFailed(f"the authorizer returned {type(decision).__name__}")
+    return decision

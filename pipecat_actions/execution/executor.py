@@ -23,7 +23,12 @@ from typing import Any
 from loguru import logger
 
 from pipecat_actions.actions import ActionContext, Binding, ReconcileState, Reconciliation
-from pipecat_actions.admission.authorization import AuthorizationRequest, Authorizer
+from pipecat_actions.admission.authorization import (
+    AuthorizationRequest,
+    Authorizer,
+    AuthorizerFailed,
+    ask,
+)
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import TransitionRefused
 from pipecat_actions.execution.outcomes import Outcome, classify
@@ -298,7 +303,8 @@ class Executor:
     # --- helpers ---------------------------------------------------------------------------
 
     async def _denied(self, op: Operation, binding: Binding, stage: str) -> str | None:
-        decision = await self.authorizer.authorize(
+        decision = await ask(
+            self.authorizer,
             AuthorizationRequest(
                 principal=op.principal,
                 tenant=op.tenant,
@@ -308,8 +314,17 @@ class Executor:
                 args=op.args,
                 resource_key=op.resource_key,
                 stage=stage,
-            )
+            ),
         )
+        if isinstance(decision, AuthorizerFailed):
+            # Fails closed, as at admission; the model hears no internals.
+            operation_logger(op).warning(
+                "operation {}: the authorizer failed before the {}: {}",
+                op.operation_id,
+                stage,
+                decision.error,
+            )
+            return "not authorized any more: whether it is allowed could not be checked"
         return None if decision.allowed else f"not authorized any more: {decision.reason}"
 
     async def _try_move(

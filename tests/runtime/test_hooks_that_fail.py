@@ -8,6 +8,7 @@ runs. Authorization fails closed.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -17,7 +18,15 @@ from pipecat_actions.admission.authorization import AuthorizationRequest, Decisi
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.status import ActionStatus
-from tests.runtime._execution_support import booking, new_session, policy
+from pipecat_actions.testing import FakeSystemOfRecord
+from tests._waiting import eventually, guarded
+from tests.runtime._execution_support import (
+    Bookings,
+    RecordingClock,
+    booking,
+    new_session,
+    policy,
+)
 
 POLICY = """
     version: 1
@@ -148,3 +157,62 @@ async def test_a_hook_that_raises_during_admission_refuses_the_call_and_nothing_
     assert detail["hook_error"] == "KeyError: 'slot'"
     assert again["status"] == "committed"
     assert len(effects) == 1
+
+
+RETRIED = """
+    version: 1
+    tools:
+      book_table:
+        kind: mutation
+        idempotency: {provider_dedupes: true}
+        retry: {max_attempts: 3, initial_backoff_secs: 1, max_backoff_secs: 1, jitter: 0}
+"""
+
+
+class FailsAfterAdmission:
+    """Allows the call at admission; then fails as the given answer says, at every later ask."""
+
+    def __init__(self, later: Any) -> None:
+        self.later = later
+        self.stages: list[str] = []
+
+    async def authorize(self, request: AuthorizationRequest) -> Decision:
+        self.stages.append(request.stage)
+        if request.stage == "admission":
+            return Decision.allow()
+        return await Authorizer(self.later).authorize(request)
+
+
+@pytest.mark.parametrize(
+    "later", [RuntimeError("directory service down"), None], ids=["raises", "returns-none"]
+)
+async def test_an_authorizer_that_fails_before_a_retry_stops_it_closed(
+    ledger_url: str, later: Any
+) -> None:
+    clock = RecordingClock()
+    sor = FakeSystemOfRecord(clock=clock)
+    sor.add_restaurant("r1", tables=3)
+    sor.faults.error_before_send("book")  # not sent: a retry is safe, after asking again
+    authorizer = FailsAfterAdmission(later)
+    runtime = await ActionRuntime.create(
+        policy(RETRIED),
+        authorizer=authorizer,
+        actions=[Bookings(sor).action()],
+        ledger_url=ledger_url,
+        clock=clock,
+    )
+    try:
+        call = asyncio.ensure_future(runtime.propose("book_table", booking(), new_session()))
+        await eventually(lambda: 1.0 in clock.requested, what="the backoff before the retry")
+        clock.advance(1.0)
+        told = await guarded(call, what="the answer after the retry was refused")
+        op = await runtime.ledger.get(told["operation_id"])
+    finally:
+        await runtime.close()
+
+    assert authorizer.stages == ["admission", "retry"]
+    assert told["status"] == "failed_final"
+    assert op.status is ActionStatus.FAILED_FINAL
+    assert op.error == "not authorized any more: whether it is allowed could not be checked"
+    assert "directory service" not in told["message"]
+    assert sor.calls["book"] == 1  # the first attempt only: nothing was sent after the ask
