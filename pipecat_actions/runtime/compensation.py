@@ -68,10 +68,9 @@ class Compensator:
         if binding is None or binding.action.compensate is None:
             raise ConfigurationError(f"{original.tool} has no compensate hook")
         key = f"compensate|{operation_id}"
+        # A compensation that failed or was cancelled no longer holds the key (the ledger
+        # releases a dead operation's key), so a later request tries again under it.
         existing = await self._ledger.find_by_key(original.tenant, key)
-        while existing is not None and existing.status in (S.FAILED_FINAL, S.CANCELLED):
-            key = f"compensate|{operation_id}|after:{existing.operation_id}"
-            existing = await self._ledger.find_by_key(original.tenant, key)
         if existing is not None:
             return await self._operations.wait(existing.operation_id)
         if original.status not in (S.COMMITTED, S.COMPENSATING):

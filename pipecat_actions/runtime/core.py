@@ -298,10 +298,11 @@ class ActionRuntime:
         The compensation is admitted first, under the key ``compensate|<operation>``, so
         concurrent requests join one compensation; the original then goes COMMITTED →
         COMPENSATING → COMPENSATED, or back to COMMITTED when the compensation fails for good
-        (a later call may then try again under a new key). When nobody can tell whether the
-        compensation happened (it stays UNKNOWN and is escalated, e.g. after a crash cut it
-        off), the original stays COMPENSATING and is escalated with it. The hook's context
-        carries the original operation (``ctx.operation``: its result and before-state).
+        (a later call may then try again: the failed compensation let go of the key). When
+        nobody can tell whether the compensation happened (it stays UNKNOWN and is escalated,
+        e.g. after a crash cut it off), the original stays COMPENSATING and is escalated with
+        it. The hook's context carries the original operation (``ctx.operation``: its result
+        and before-state).
 
         Returns:
             The compensation operation, once it has an outcome.
