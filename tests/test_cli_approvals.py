@@ -208,3 +208,33 @@ async def test_show_of_an_unknown_operation_is_a_one_line_error(
     code, _, err = await _cli(capsys, "approvals", "show", "op_nope", "--ledger", url)
     assert code == 1
     assert err.strip() == "pipecat-actions: operation op_nope not found"
+
+
+async def test_an_approval_in_the_last_third_of_the_lease_before_the_window_closes_is_carried_out(
+    waiting: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The approval window (60 s) closes before the owner's next heartbeat can pick the
+    # approval up: the window's deadline, armed in the owner's memory, used to fire on the now
+    # ADMITTED operation and fail it "deadline passed before it could be sent", after the CLI
+    # had printed ADMITTED. The deadline applied is the ledger's: it runs.
+    runtime, url, operation_id, refunds, clock = waiting
+    clock.advance(55)  # within the last lease/3 of the window
+    code, out, _ = await _cli(
+        capsys,
+        "approvals",
+        "approve",
+        operation_id,
+        "--ledger",
+        url,
+        "--approver",
+        "bob",
+        "--reason",
+        "deposit policy",
+    )
+    assert code == 0
+    assert "ADMITTED" in out
+    clock.advance(6)  # the window's end passes: the old deadline fires in the owner
+    await _heartbeat(clock)
+    final = await asyncio.wait_for(runtime.wait(operation_id), HANG_GUARD_SECS)
+    assert final.status is ActionStatus.COMMITTED, final.error
+    assert refunds == [2500]

@@ -15,8 +15,9 @@ from __future__ import annotations
 __all__ = ["Executor", "ReconcileSchedule", "retry_delay"]
 
 import asyncio
+import dataclasses
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +31,12 @@ from pipecat_actions.admission.authorization import (
     ask,
 )
 from pipecat_actions.clock import Clock
-from pipecat_actions.errors import TransitionRefused
+from pipecat_actions.errors import LedgerError, TransitionRefused
+from pipecat_actions.execution.durable import WriteRetry, until_written
 from pipecat_actions.execution.outcomes import Outcome, classify
 from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.ledger import Ledger, Operation
+from pipecat_actions.ledger.records import canonical_json
 from pipecat_actions.observability.correlation import operation_ids, operation_logger
 from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import ToolKind, ToolPolicy
@@ -76,6 +79,10 @@ class Executor:
         on_late_outcome: Told each outcome that a late answer of an effect wrote after the
             operation was taken over (UNKNOWN → COMMITTED), so that it reaches the
             conversation like any other outcome.
+        on_unrecorded: Told an outcome this executor knows but could not write yet (the
+            ledger is unavailable; the write is tried again until it lands): the operation as
+            it will be recorded, so that its caller is answered truthfully meanwhile.
+        write_retry: The backoff of outcome writes that fail because the ledger is unavailable.
     """
 
     def __init__(
@@ -89,9 +96,13 @@ class Executor:
         rand: Callable[[], float] = random.random,
         telemetry: Telemetry | None = None,
         on_late_outcome: Callable[[Tracked, Operation], None] | None = None,
+        on_unrecorded: Callable[[Tracked, Operation], None] | None = None,
+        write_retry: WriteRetry | None = None,
     ) -> None:
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self._on_late_outcome = on_late_outcome
+        self._on_unrecorded = on_unrecorded
+        self.write_retry = write_retry or WriteRetry()
         self.ledger = ledger
         self.clock = clock
         self.authorizer = authorizer
@@ -111,9 +122,19 @@ class Executor:
                     denied = await self._denied(op, binding, "retry" if op.attempt else stage)
                     if denied is not None:
                         return await self._settle(op, tracked, S.FAILED_FINAL, error=denied)
-                started = await self._try_move(op, tracked, S.RUNNING, reason="attempt starts")
+                try:
+                    started = await self._try_move(op, tracked, S.RUNNING, reason="attempt starts")
+                except LedgerError as exc:
+                    # Nothing is sent without its write-ahead record: this attempt did not
+                    # happen, and that is what is recorded (once the ledger takes it).
+                    return await self._settle(
+                        op,
+                        tracked,
+                        S.FAILED_FINAL,
+                        error=f"not sent: the ledger could not record the attempt ({exc})",
+                    )
                 if started is None:
-                    return await self.ledger.get(op.operation_id)
+                    return await self._read(op)
                 op = started
             if op.status is not S.RUNNING:
                 return op
@@ -122,7 +143,7 @@ class Executor:
                 if answer is not _TAKEN_OVER and answer[1] is not None:
                     span.fail(type(answer[1]).__name__)
             if answer is _TAKEN_OVER:
-                return await self.ledger.get(op.operation_id)
+                return await self._read(op)
             value, error = answer
             if error is None:
                 return await self._settle(op, tracked, S.COMMITTED, result=value)
@@ -144,7 +165,7 @@ class Executor:
                     failed, tracked, S.FAILED_FINAL, error=f"{message} (no retry left)"
                 )
             await self.clock.sleep(delay)
-            op = await self.ledger.get(op.operation_id)
+            op = await self._read(failed)
 
     def _retry_delay(self, op: Operation, policy: ToolPolicy, outcome: Outcome) -> float | None:
         return retry_delay(
@@ -194,7 +215,9 @@ class Executor:
     ) -> None:
         detail = {"late_answer": "error" if error else "result", "error": repr(error)}
         try:
-            op = await self.ledger.annotate(operation_id, actor=self.actor, detail=detail)
+            op = await self._must_write(
+                lambda: self.ledger.annotate(operation_id, actor=self.actor, detail=detail)
+            )
             if error is None and op.status is S.UNKNOWN:
                 settled = await self._settle(
                     op, tracked, S.COMMITTED, result=value, reason="late answer"
@@ -225,8 +248,18 @@ class Executor:
         if hook is None:
             return await self.escalate(op, "no reconcile hook: the outcome cannot be checked")
         delay = self.schedule.initial_secs
-        for probe in range(1, self.schedule.max_probes + 1):
-            current = await self.ledger.get(op.operation_id)
+        probe = 0
+        while probe < self.schedule.max_probes:
+            try:
+                current = await self.ledger.get(op.operation_id)
+            except LedgerError as exc:
+                if not exc.retryable:
+                    raise
+                # The ledger is down: no probe is spent; its answer could not be written.
+                await self.clock.sleep(delay)
+                delay = min(delay * self.schedule.multiplier, self.schedule.max_secs)
+                continue
+            probe += 1
             if current.status is not S.UNKNOWN:
                 return current
             # Taken before the probe: an effect that commits while the hook looks must not
@@ -237,20 +270,18 @@ class Executor:
                     answer = await self._probe(hook, ActionContext.of(current))
                 state, result = answer.state, answer.result
             except Exception as exc:
-                await self.ledger.annotate(
+                await self._note(
                     op.operation_id,
-                    actor=self.actor,
-                    detail={"reconcile_error": f"{type(exc).__name__}: {exc}", "probe": probe},
+                    {"reconcile_error": f"{type(exc).__name__}: {exc}", "probe": probe},
                 )
                 state, result = ReconcileState.PENDING, None
             if state is ReconcileState.NOT_FOUND and (running_at_probe or _still_running(tracked)):
                 # No trace yet, but the effect may still be working on it (the deadline only
                 # stopped the waiting): "it did not happen" would be a guess. Ask again later;
                 # its late answer settles the operation if it comes first.
-                await self.ledger.annotate(
+                await self._note(
                     op.operation_id,
-                    actor=self.actor,
-                    detail={
+                    {
                         "reconcile_not_final": "no trace yet, but the effect is still running",
                         "probe": probe,
                     },
@@ -291,11 +322,14 @@ class Executor:
 
     async def escalate(self, op: Operation, why: str) -> Operation:
         """Mark an UNKNOWN operation as needing a person; it stays UNKNOWN."""
-        escalated = await self.ledger.annotate(
-            op.operation_id,
-            actor=self.actor,
-            detail={"escalated": why},
-            changes={"escalated_at": self.clock.now()},
+        at = self.clock.now()
+        escalated = await self._must_write(
+            lambda: self.ledger.annotate(
+                op.operation_id,
+                actor=self.actor,
+                detail={"escalated": why},
+                changes={"escalated_at": at},
+            )
         )
         operation_logger(op).warning("operation {} escalated: {}", op.operation_id, why)
         return escalated
@@ -360,30 +394,94 @@ class Executor:
         """
         changes: dict[str, Any] = {}
         if result is not None:
-            changes["result"] = result
+            changes["result"] = _recordable(result)
         if error is not None:
             changes["error"] = error
+        told = False
+
+        def unrecorded(exc: LedgerError, failures: int) -> None:
+            # The outcome is known here and the ledger cannot take it yet: the caller hears
+            # it now, the write goes on, and the lease is let go of until it lands.
+            nonlocal told
+            if told:
+                return
+            told = True
+            tracked.unsettled = True
+            operation_logger(op).warning(
+                "operation {}: its outcome {} cannot be recorded yet ({}); trying again",
+                op.operation_id,
+                to.value,
+                exc,
+            )
+            if self._on_unrecorded is not None:
+                self._on_unrecorded(tracked, _as_recorded(op, to, changes))
+
         current = op
         for _ in range(3):
             if current.status in TERMINAL_STATUSES or to not in TRANSITIONS[current.status]:
                 break
+            expected = current.status
             try:
-                return await self.ledger.transition(
-                    current.operation_id,
-                    expected=current.status,
-                    to=to,
-                    fence=tracked.fence,
-                    actor=self.actor,
-                    detail={"reason": reason or to.value.lower()},
-                    changes=changes,
+                settled = await until_written(
+                    lambda expected=expected: self.ledger.transition(  # type: ignore[misc]
+                        op.operation_id,
+                        expected=expected,
+                        to=to,
+                        fence=tracked.fence,
+                        actor=self.actor,
+                        detail={"reason": reason or to.value.lower()},
+                        changes=changes,
+                    ),
+                    clock=self.clock,
+                    retry=self.write_retry,
+                    on_failure=unrecorded,
                 )
             except TransitionRefused:
-                current = await self.ledger.get(op.operation_id)
-        return await self.ledger.annotate(
-            op.operation_id,
-            actor=self.actor,
-            detail={"late_outcome": to.value, "error": error, "reason": reason},
+                current = await self._must_write(
+                    lambda: self.ledger.get(op.operation_id), on_failure=unrecorded
+                )
+                continue
+            tracked.unsettled = False
+            return settled
+        noted = await self._must_write(
+            lambda: self.ledger.annotate(
+                op.operation_id,
+                actor=self.actor,
+                detail={"late_outcome": to.value, "error": error, "reason": reason},
+            ),
+            on_failure=unrecorded,
         )
+        tracked.unsettled = False
+        return noted
+
+    async def _must_write(
+        self,
+        write: Callable[[], Awaitable[Operation]],
+        on_failure: Callable[[LedgerError, int], None] | None = None,
+    ) -> Operation:
+        """``write()`` until it lands (`until_written`), with this executor's backoff."""
+        return await until_written(
+            write, clock=self.clock, retry=self.write_retry, on_failure=on_failure
+        )
+
+    async def _note(self, operation_id: str, detail: dict[str, Any]) -> None:
+        """Add an audit note; best effort (a reconciliation goes on without it)."""
+        try:
+            await self.ledger.annotate(operation_id, actor=self.actor, detail=detail)
+        except LedgerError as exc:
+            logger.bind(operation_id=operation_id).warning(
+                "operation {}: could not note {}: {}", operation_id, sorted(detail), exc
+            )
+
+    async def _read(self, op: Operation) -> Operation:
+        """``op`` as the ledger holds it now; as last known here when it cannot be read."""
+        try:
+            return await self.ledger.get(op.operation_id)
+        except LedgerError as exc:
+            operation_logger(op).warning(
+                "operation {}: could not be read again: {}", op.operation_id, exc
+            )
+            return op
 
 
 def retry_delay(
@@ -417,6 +515,30 @@ def retry_delay(
 
 
 _TAKEN_OVER: Any = object()
+
+
+def _recordable(result: Any) -> Any:
+    """``result`` if the ledger can hold it as JSON, else a note saying why it is missing.
+
+    An effect that returns something JSON cannot represent still happened: its outcome is
+    written (COMMITTED) with this note instead of the value, never left unwritten.
+    """
+    try:
+        canonical_json(result)
+    except (TypeError, ValueError) as exc:
+        return {"unrecorded_result": f"{type(result).__name__} is not JSON: {exc}"[:300]}
+    return result
+
+
+def _as_recorded(op: Operation, to: ActionStatus, changes: dict[str, Any]) -> Operation:
+    """``op`` as it will be once the outcome ``to`` with ``changes`` is written."""
+    result = changes.get("result")
+    return dataclasses.replace(
+        op,
+        status=to,
+        result_json=op.result_json if result is None else canonical_json(result),
+        error=changes.get("error", op.error),
+    )
 
 
 def _still_running(tracked: Tracked) -> bool:

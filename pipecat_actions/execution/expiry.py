@@ -5,6 +5,10 @@
 * RUNNING, CANCEL_REQUESTED (it may have been sent) → UNKNOWN, then reconciled;
 * any other status (terminal, UNKNOWN, ...) stays as it is.
 
+The deadline applied is the one the ledger holds when the watchdog fires, not the one armed in
+memory: an approval given elsewhere (the CLI) replaces the approval window's deadline, and the
+owner arms the new one when it picks the approval up; the old one then does nothing.
+
 A deadline never claims a cancellation. When this process owns the operation, its executor is
 taken over (it stops waiting for the effect, whose late answer is still recorded) and the
 outcome is told to its waiters; a running read is stopped instead.
@@ -67,6 +71,7 @@ class Expiry:
     Args:
         ledger: Where the operation is read and moved (as the ``watchdog`` actor).
         operations: The operations this process owns.
+        now: The clock's time: a deadline the ledger holds for later is not due yet.
         stop_read: Stops a read running under ``operation_id``; returns False when there is
             no such read.
         reconcile: The executor's reconciliation of an UNKNOWN operation.
@@ -77,10 +82,12 @@ class Expiry:
         ledger: Ledger,
         operations: OwnedOperations,
         *,
+        now: Callable[[], float],
         stop_read: Callable[[str], bool],
         reconcile: Callable[[Operation, Tracked], Awaitable[Operation]],
     ) -> None:
         self._ledger = ledger
+        self._now = now
         self._operations = operations
         self._stop_read = stop_read
         self._reconcile = reconcile
@@ -94,6 +101,9 @@ class Expiry:
         fence = tracked.fence if tracked else op.fence
         moved = None
         for _ in range(3):
+            if op.deadline_at is None or op.deadline_at > self._now():
+                # Replaced meanwhile (approved elsewhere: its owner arms the new deadline).
+                return
             # The status may change between the read and the write (an attempt starting):
             # read again and apply the rule for the new status, so no deadline is lost.
             rule = expiry_rule(op.status)

@@ -32,3 +32,7 @@ class Tracked:
     on_finish: list[Callable[[], None]] = field(default_factory=list)
     reported: ActionStatus | None = None
     """The last outcome listeners were told (UNKNOWN first, then what reconciliation found)."""
+    unsettled: bool = False
+    """An outcome is known here but the ledger does not hold it yet (its write is failing, or
+    this process's execution of it broke down): the heartbeat stops renewing its lease, so that
+    whoever claims it once the lease runs out reconciles it."""

@@ -7,6 +7,9 @@ armed when an operation is admitted (and re-armed from the ledger after a restar
 heap, and slept on until the earliest one is due. What happens at expiry is the ``on_expiry``
 callback: in the runtime, `Expiry` (`pipecat_actions.execution.expiry`), which never claims a
 cancellation.
+
+A deadline is dropped only once its handler succeeded: when the handler fails (the ledger is
+down, say), the deadline is armed again a moment later, with backoff, until it is applied.
 """
 
 from __future__ import annotations
@@ -30,11 +33,24 @@ class Watchdog:
         clock: The time source and sleeper.
         on_expiry: Called in a task of its own for each due deadline (slow handling of one
             expiry never delays the next).
+        retry_secs: The pause before a deadline whose handler failed is applied again; it
+            doubles with each failure, up to ``max_retry_secs``.
+        max_retry_secs: The longest such pause.
     """
 
-    def __init__(self, clock: Clock, on_expiry: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        on_expiry: Callable[[str], Awaitable[None]],
+        *,
+        retry_secs: float = 0.25,
+        max_retry_secs: float = 5.0,
+    ) -> None:
         self._clock = clock
         self._on_expiry = on_expiry
+        self._retry_secs = retry_secs
+        self._max_retry_secs = max_retry_secs
+        self._failures: dict[str, int] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._armed: dict[str, float] = {}
         self._order = itertools.count()
@@ -57,6 +73,7 @@ class Watchdog:
     def disarm(self, operation_id: str) -> None:
         """Forget the deadline of an operation that has an outcome."""
         self._armed.pop(operation_id, None)
+        self._failures.pop(operation_id, None)
 
     @property
     def pending(self) -> int:
@@ -119,6 +136,16 @@ class Watchdog:
         try:
             await self._on_expiry(operation_id)
         except Exception as exc:  # one failed expiry must not stop the others
-            logger.bind(operation_id=operation_id).error(
-                "watchdog: expiry of {} failed: {}", operation_id, exc
+            failures = self._failures.get(operation_id, 0) + 1
+            self._failures[operation_id] = failures
+            pause = min(self._retry_secs * 2 ** (failures - 1), self._max_retry_secs)
+            logger.bind(operation_id=operation_id).warning(
+                "watchdog: expiry of {} failed ({}); applied again in {:.2f} s",
+                operation_id,
+                exc,
+                pause,
             )
+            if operation_id not in self._armed:  # unless re-armed meanwhile
+                self.arm(operation_id, self._clock.now() + pause)
+        else:
+            self._failures.pop(operation_id, None)

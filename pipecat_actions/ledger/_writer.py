@@ -61,7 +61,11 @@ def as_ledger_error(exc: Exception, *, url: str) -> Exception:
     elif isinstance(exc, IntegrityError | DataError):
         error = LedgerIntegrityError(f"ledger database {url} refused the write: {exc.orig}")
     elif isinstance(exc, DBAPIError | OSError | TimeoutError | SATimeoutError):
-        error = LedgerUnavailable(f"ledger database {url} failed: {type(exc).__name__}: {exc}")
+        # The driver's own error, not SQLAlchemy's text (which carries the whole statement).
+        cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+        error = LedgerUnavailable(
+            f"ledger database {url} failed: {type(cause).__name__}: {str(cause)[:300]}"
+        )
     else:
         return exc
     error.__cause__ = exc

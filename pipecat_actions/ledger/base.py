@@ -7,7 +7,7 @@ import builtins
 __all__ = ["Ledger"]
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Self
 
 from pipecat_actions.ledger.records import (
@@ -134,17 +134,24 @@ class Ledger(ABC):
 
     @abstractmethod
     async def claim_stale(
-        self, owner: str, *, lease_secs: float, limit: int
+        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
     ) -> builtins.list[Operation]:
         """Take over non-terminal operations whose owner's lease expired.
 
         Each claimed operation gets ``owner``, a new lease and a fence one higher, so writes of
         the previous owner are refused from now on. Two claimers never get the same operation.
+        The operations in ``except_ids`` are left alone (the claimer knows it cannot run them).
         """
 
     @abstractmethod
-    async def renew_lease(self, owner: str, *, lease_secs: float) -> int:
-        """Extend the lease of every non-terminal operation held by ``owner``; return how many."""
+    async def renew_lease(
+        self, owner: str, *, lease_secs: float, except_ids: Collection[str] = ()
+    ) -> int:
+        """Extend the lease of every non-terminal operation held by ``owner``; return how many.
+
+        The operations in ``except_ids`` are left to expire: their owner cannot settle them,
+        so that another owner may claim them once their lease runs out.
+        """
 
     @abstractmethod
     async def close(self) -> None:

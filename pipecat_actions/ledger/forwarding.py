@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = ["ForwardingLedger"]
 
 import builtins
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from pipecat_actions.ledger.base import Ledger
@@ -108,14 +108,18 @@ class ForwardingLedger(Ledger):
         return await self.inner.events(operation_id)
 
     async def claim_stale(
-        self, owner: str, *, lease_secs: float, limit: int
+        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
     ) -> builtins.list[Operation]:
         """See `Ledger.claim_stale`."""
-        return await self.inner.claim_stale(owner, lease_secs=lease_secs, limit=limit)
+        return await self.inner.claim_stale(
+            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids
+        )
 
-    async def renew_lease(self, owner: str, *, lease_secs: float) -> int:
+    async def renew_lease(
+        self, owner: str, *, lease_secs: float, except_ids: Collection[str] = ()
+    ) -> int:
         """See `Ledger.renew_lease`."""
-        return await self.inner.renew_lease(owner, lease_secs=lease_secs)
+        return await self.inner.renew_lease(owner, lease_secs=lease_secs, except_ids=except_ids)
 
     async def close(self) -> None:
         """See `Ledger.close`."""

@@ -225,6 +225,7 @@ class OperationFilter:
     tenant: str | None = None
     principal: str | None = None
     resource_key: str | None = None
+    lease_owner: str | None = None
     created_from: float | None = None
     created_before: float | None = None
     undelivered: bool | None = None

@@ -13,7 +13,7 @@ import builtins
 __all__ = ["CHANGEABLE_FIELDS", "SqlLedger"]
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -552,20 +552,23 @@ class SqlLedger(Ledger):
     # --- leases ----------------------------------------------------------------------------
 
     async def claim_stale(  # noqa: D102 - see Ledger
-        self, owner: str, *, lease_secs: float, limit: int
+        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
     ) -> list[Operation]:
+        left = list(except_ids)
+
         def work(conn: Connection) -> list[Operation]:
             now = self._clock.now()
+            stale = select(operations.c.operation_id, operations.c.lease_owner).where(
+                operations.c.status.in_([s.value for s in NON_TERMINAL]),
+                or_(
+                    operations.c.lease_expires_at.is_(None),
+                    operations.c.lease_expires_at <= now,
+                ),
+            )
+            if left:
+                stale = stale.where(operations.c.operation_id.not_in(left))
             candidates = (
-                select(operations.c.operation_id, operations.c.lease_owner)
-                .where(
-                    operations.c.status.in_([s.value for s in NON_TERMINAL]),
-                    or_(
-                        operations.c.lease_expires_at.is_(None),
-                        operations.c.lease_expires_at <= now,
-                    ),
-                )
-                .order_by(operations.c.created_at)
+                stale.order_by(operations.c.created_at)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
             )
@@ -607,17 +610,20 @@ class SqlLedger(Ledger):
 
         return await self._write(work)
 
-    async def renew_lease(self, owner: str, *, lease_secs: float) -> int:  # noqa: D102
+    async def renew_lease(  # noqa: D102 - see Ledger
+        self, owner: str, *, lease_secs: float, except_ids: Collection[str] = ()
+    ) -> int:
+        left = list(except_ids)
+
         def work(conn: Connection) -> int:
             now = self._clock.now()
-            result = conn.execute(
-                update(operations)
-                .where(
-                    operations.c.lease_owner == owner,
-                    operations.c.status.in_([s.value for s in NON_TERMINAL]),
-                )
-                .values(lease_expires_at=now + lease_secs)
+            query = update(operations).where(
+                operations.c.lease_owner == owner,
+                operations.c.status.in_([s.value for s in NON_TERMINAL]),
             )
+            if left:
+                query = query.where(operations.c.operation_id.not_in(left))
+            result = conn.execute(query.values(lease_expires_at=now + lease_secs))
             return int(result.rowcount)
 
         return await self._write(work)
@@ -674,6 +680,7 @@ class SqlLedger(Ledger):
             (operations.c.tenant, f.tenant),
             (operations.c.principal, f.principal),
             (operations.c.resource_key, f.resource_key),
+            (operations.c.lease_owner, f.lease_owner),
         ):
             if value is not None:
                 query = query.where(column == value)

@@ -11,7 +11,7 @@ from __future__ import annotations
 __all__ = ["ObservedLedger"]
 
 import builtins
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from pipecat_actions.ledger import AdmitResult, ForwardingLedger, Ledger, NewOperation, Operation
@@ -93,9 +93,11 @@ class ObservedLedger(ForwardingLedger):
         return op
 
     async def claim_stale(
-        self, owner: str, *, lease_secs: float, limit: int
+        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
     ) -> builtins.list[Operation]:
         """See `Ledger.claim_stale`."""
-        claimed = await super().claim_stale(owner, lease_secs=lease_secs, limit=limit)
+        claimed = await super().claim_stale(
+            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids
+        )
         self.telemetry.claimed(claimed)
         return claimed

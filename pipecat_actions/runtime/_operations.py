@@ -5,13 +5,18 @@ Every part of the runtime is built with it instead of sharing private attributes
 became, the listeners told about outcomes, and the runtime's own tasks. Its verbs are the ones
 every part needs: ``track`` an operation, ``move`` it under its owner's fence, ``finish`` it
 (tell its waiters and listeners), ``wait`` for it, and ``spawn`` a task closing will wait for.
+
+Memory stays flat however long the process runs: an operation leaves the registry once the
+ledger holds its outcome (terminal, or UNKNOWN and escalated to a person); from then on it is
+read from the ledger. The map of Pipecat tool calls keeps the most recent `RECENT_CALLS`.
 """
 
 from __future__ import annotations
 
-__all__ = ["Listener", "Operations"]
+__all__ = ["RECENT_CALLS", "Listener", "Operations"]
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -24,6 +29,9 @@ from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
 Listener = Callable[[Operation], None]
 """Called with an operation of the session it listens to, each time it gets an outcome."""
+
+RECENT_CALLS = 10_000
+"""How many tool call → operation links are kept (a call is looked up while it is answered)."""
 
 
 class Operations:
@@ -40,7 +48,7 @@ class Operations:
         self._watchdog = watchdog
         self._actor = actor
         self._tracked: dict[str, Tracked] = {}
-        self._calls: dict[str, str] = {}
+        self._calls: OrderedDict[str, str] = OrderedDict()
         self._listeners: dict[str, list[Listener]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._audits: set[asyncio.Task[Any]] = set()
@@ -61,6 +69,17 @@ class Operations:
     def note_call(self, tool_call_id: str, operation_id: str) -> None:
         """Remember that the Pipecat call ``tool_call_id`` was admitted as (or joined) it."""
         self._calls[tool_call_id] = operation_id
+        self._calls.move_to_end(tool_call_id)
+        if len(self._calls) > RECENT_CALLS:
+            self._calls.popitem(last=False)
+
+    def __len__(self) -> int:
+        """How many operations the registry holds now."""
+        return len(self._tracked)
+
+    def unsettled(self) -> list[str]:
+        """The operations whose outcome this process could not record (see `Tracked`)."""
+        return [op_id for op_id, tracked in self._tracked.items() if tracked.unsettled]
 
     def operation_for_call(self, tool_call_id: str) -> str | None:
         """Return the operation a Pipecat ``tool_call_id`` was admitted as (or joined), if any."""
@@ -82,6 +101,11 @@ class Operations:
             tracked.reported = final.status
             for listener in list(self._listeners.get(final.session_id, ())):
                 listener(final)
+        settled = final.status in TERMINAL_STATUSES or final.escalated_at is not None
+        if settled and not tracked.unsettled and self._tracked.get(final.operation_id) is tracked:
+            # The ledger holds the outcome: nothing here needs the record any more (a late
+            # answer of the effect still reaches it through the effect's own callback).
+            del self._tracked[final.operation_id]
 
     async def move(
         self,
@@ -135,6 +159,8 @@ class Operations:
         listeners = self._listeners.get(session_id, [])
         if listener in listeners:
             listeners.remove(listener)
+        if not listeners:
+            self._listeners.pop(session_id, None)
 
     # --- tasks -----------------------------------------------------------------------------
 

@@ -83,8 +83,9 @@ def build_parts(
     limiter = Limiter(clock.now)
 
     def told_late(tracked: Tracked, final: Operation) -> None:
-        # A late answer settles an operation already finished as UNKNOWN: its waiters and
-        # listeners hear the truth too. The registry is built below.
+        # A late answer settles an operation already finished as UNKNOWN, or an outcome is
+        # known before the ledger could take it: its waiters and listeners hear the truth
+        # now. The registry is built below.
         operations.finish(tracked, final)
 
     executor = Executor(
@@ -95,6 +96,7 @@ def build_parts(
         schedule=schedule,
         telemetry=telemetry,
         on_late_outcome=told_late,
+        on_unrecorded=told_late,
     )
     expiry: Expiry
 
@@ -115,7 +117,13 @@ def build_parts(
         rand=executor.rand,
         actor=actor,
     )
-    expiry = Expiry(observed, operations, stop_read=reads.stop, reconcile=executor.reconcile)
+    expiry = Expiry(
+        observed,
+        operations,
+        now=clock.now,
+        stop_read=reads.stop,
+        reconcile=executor.reconcile,
+    )
     runner = Runner(
         ledger=observed,
         policy=policy,

@@ -10,11 +10,13 @@ from __future__ import annotations
 __all__ = ["DEFAULT_DEADLINE_SECS", "Runner"]
 
 import asyncio
+import dataclasses
 
 from loguru import logger
 
 from pipecat_actions.admission.decisions import Admission
 from pipecat_actions.admission.limits import Limiter
+from pipecat_actions.errors import LedgerError
 from pipecat_actions.execution.executor import Executor
 from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.execution.watchdog import Watchdog
@@ -142,11 +144,31 @@ class Runner:
             operation_logger(op).exception(
                 "operation {}: execution failed: {}", op.operation_id, exc
             )
-            final = await self._ledger.get(op.operation_id)
+            final = await self._after_failure(op, tracked, exc)
         finally:
             self._executing.pop(op.operation_id, None)
             if final.status in TERMINAL_STATUSES or final.status is S.UNKNOWN:
                 self._operations.finish(tracked, final)
+
+    async def _after_failure(self, op: Operation, tracked: Tracked, exc: Exception) -> Operation:
+        """What the waiters of ``op`` are told when its execution here broke down.
+
+        The ledger's status when it is an outcome; otherwise (still RUNNING, or unreadable)
+        the outcome is not known here: the waiters hear UNKNOWN, and the operation's lease is
+        let go of (``unsettled``) so that whoever claims it next reconciles it.
+        """
+        try:
+            current = await self._ledger.get(op.operation_id)
+        except LedgerError:
+            current = op
+        if current.status in TERMINAL_STATUSES or current.status is S.UNKNOWN:
+            return current
+        tracked.unsettled = True
+        return dataclasses.replace(
+            current,
+            status=S.UNKNOWN,
+            error=f"its execution broke down here ({type(exc).__name__}); it will be checked",
+        )
 
     async def drain(self, grace_secs: float) -> None:
         """Wait up to ``grace_secs`` for the operations being executed to get an outcome."""

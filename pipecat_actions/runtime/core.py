@@ -112,7 +112,9 @@ class ActionRuntime:
             clock: Time source; the ledger opened here uses it too.
             owner: This process's name in leases (default: host, pid and a random part).
             lease_secs: How long an owner may stay silent before others take over its work.
-            recover: Claim and finish operations whose owner died.
+            recover: Claim and finish operations whose owner died, now and at every lease
+                heartbeat (off: this runtime only renews and finishes its own, as the
+                operator's ``reconcile`` does).
             recover_unsent: What to do with a recovered operation that was admitted but never
                 sent: ``run`` it (after asking the authorizer again) or ``fail`` it.
             schedule: How UNKNOWN operations are probed before escalation.
@@ -142,7 +144,7 @@ class ActionRuntime:
         try:
             runtime.register(*actions)
             runtime.watchdog.start()
-            runtime._recovery.start()
+            runtime._recovery.start(claim=recover)
             if recover:
                 await runtime.recover()
         except BaseException:

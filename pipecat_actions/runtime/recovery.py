@@ -1,9 +1,18 @@
 """`Recovery`: the lease heartbeat, a dead owner's operations, approvals given elsewhere.
 
-Continuously (the heartbeat), not only at start, the runtime renews its lease and picks up the
-operations another process approved for it; `Recovery.recover` claims the operations whose
-owner's lease expired and finishes them: waiting for a person → re-arm the deadline; maybe sent
-→ UNKNOWN, reconciled; never sent → run again or fail (``recover_unsent``).
+Continuously (the heartbeat, every third of the lease), not only at start, the runtime renews
+its lease, claims the operations whose owner's lease expired (`Recovery.recover`) and picks up
+the operations another process approved for it. A claimed operation is finished:
+
+* waiting for a person → its deadline is re-armed;
+* maybe sent (RUNNING, CANCEL_REQUESTED) → UNKNOWN, reconciled;
+* never sent, waiting for the user's turn to end (``admit_when: turn_confirmed``) → CANCELLED:
+  the user never heard the reply that proposed it end, so it is not theirs to run;
+* never sent, past its deadline → FAILED_FINAL, as the deadline rule says;
+* never sent otherwise → run again, or failed (``recover_unsent``).
+
+The lease is not renewed for an operation this process could not settle (`Tracked.unsettled`):
+once it runs out, the operation is claimed (by this process or another) and reconciled.
 """
 
 from __future__ import annotations
@@ -19,12 +28,14 @@ from loguru import logger
 from pipecat_actions.actions import Binding
 from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.clock import Clock
-from pipecat_actions.errors import ConfigurationError
+from pipecat_actions.errors import ConfigurationError, LedgerError
 from pipecat_actions.execution.executor import Executor, ReconcileSchedule
+from pipecat_actions.execution.expiry import expiry_rule
 from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.execution.watchdog import Watchdog
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
 from pipecat_actions.observability.correlation import operation_ids, operation_logger
+from pipecat_actions.policy import AdmitWhen
 from pipecat_actions.runtime._operations import Operations
 from pipecat_actions.runtime._runner import Runner
 from pipecat_actions.runtime.compensation import Compensator
@@ -91,9 +102,17 @@ class Recovery:
         self._actor = actor
         self.recover_unsent: RecoverUnsent = recover_unsent
         self._heartbeat: asyncio.Task[None] | None = None
+        self._claims = True
+        self._not_ours: set[str] = set()
+        """Claimed operations this process cannot run (their action is not loaded here): left
+        to expire and never claimed again by this process, for one that has the action."""
+        self._let_go: set[str] = set()
+        """Claimed operations that could not be started here for now (the ledger failed): left
+        to expire, then claimed again."""
 
-    def start(self) -> None:
-        """Start the lease heartbeat."""
+    def start(self, *, claim: bool = True) -> None:
+        """Start the lease heartbeat; with ``claim``, each beat claims stale operations too."""
+        self._claims = claim
         self._heartbeat = asyncio.get_running_loop().create_task(
             self._heartbeat_loop(), name="pipecat_actions.heartbeat"
         )
@@ -109,32 +128,46 @@ class Recovery:
         claimed: list[Operation] = []
         while True:
             batch = await self._ledger.claim_stale(
-                self._owner, lease_secs=self._lease_secs, limit=50
+                self._owner, lease_secs=self._lease_secs, limit=50, except_ids=self._not_ours
             )
             if not batch:
                 break
             claimed.extend(batch)
             for op in batch:
-                self._resume(op)
+                await self._resume(op)
         return claimed
 
-    def _binding_of(self, op: Operation) -> Binding | None:
-        """The binding ``op`` runs with: its action's, or its compensation's."""
-        binding = self._bindings.get(op.tool.removesuffix(".compensate"))
-        if (
-            binding is not None
-            and op.tool.endswith(".compensate")
-            and binding.action.compensate is not None
-        ):
-            return self._compensator.binding_for(binding)
-        return binding
+    async def _binding_of(self, op: Operation) -> Binding | None:
+        """The binding ``op`` runs with: its action's, or its original's ``compensate`` hook.
 
-    def _resume(self, op: Operation) -> None:
-        binding = self._binding_of(op)
-        if binding is None:
+        A compensation is found through its link to the original, never by its tool's name.
+        """
+        if op.compensates is None:
+            return self._bindings.get(op.tool)
+        original = await self._ledger.get(op.compensates)
+        binding = self._bindings.get(original.tool)
+        if binding is None or binding.action.compensate is None:
+            return None
+        return self._compensator.binding_for(binding)
+
+    async def _resume(self, op: Operation) -> None:
+        self._let_go.discard(op.operation_id)
+        try:
+            binding = await self._binding_of(op)
+        except LedgerError as exc:
             operation_logger(op).warning(
-                "recovered operation {} of unknown tool {}", op.operation_id, op.tool
+                "recovered operation {} could not be started: {}", op.operation_id, exc
             )
+            self._let_go.add(op.operation_id)
+            return
+        if binding is None:
+            why = f"its tool {op.tool} is not among the loaded actions"
+            # Not this process's to run: its lease is left to expire (the claim renewed it
+            # once), so that a process that has the action claims it.
+            operation_logger(op).warning(
+                "recovered operation {} is left to another process: {}", op.operation_id, why
+            )
+            self._not_ours.add(op.operation_id)
             return
         tracked = Tracked(
             op.operation_id, binding, op.fence, asyncio.get_running_loop().create_future()
@@ -146,32 +179,67 @@ class Recovery:
         self._operations.spawn(self._recover_one(op, tracked))
 
     async def _recover_one(self, op: Operation, tracked: Tracked) -> None:
+        final = op
+        try:
+            final = await self._finish_recovered(op, tracked)
+            # The original is settled first, so whoever waits for the compensation then
+            # finds both in their final state.
+            await self._compensator.settle_original(final)
+        except Exception as exc:
+            # Not settled here: the lease is let go of, and the next heartbeat that finds it
+            # expired (this process's or another's) claims it again.
+            tracked.unsettled = True
+            operation_logger(op).warning(
+                "recovered operation {} could not be finished: {}", op.operation_id, exc
+            )
+        finally:
+            self._operations.finish(tracked, final)
+
+    async def _finish_recovered(self, op: Operation, tracked: Tracked) -> Operation:
+        policy = tracked.binding.policy
         if op.status in MAYBE_SENT_STATUSES:
             op = await self._operations.move(
                 op, tracked, S.UNKNOWN, "recovered after its owner stopped"
             )
         if op.status is S.UNKNOWN:
-            final = await self._executor.reconcile(op, tracked)
-        elif op.status in UNSENT_STATUSES and self.recover_unsent == "fail":
-            final = await self._operations.move(
+            return await self._executor.reconcile(op, tracked)
+        if op.status not in UNSENT_STATUSES:
+            return op
+        if (
+            op.status is S.ADMITTED
+            and policy.admit_when is AdmitWhen.TURN_CONFIRMED
+            and not await self._approved(op)
+        ):
+            # It waited for the reply that proposed it to end unbroken, and its owner stopped
+            # first: the user never let it go. Told when the session is back (the gate).
+            return await self._operations.move(
+                op,
+                tracked,
+                S.CANCELLED,
+                "recovered while it waited for the user's turn to end; not sent",
+                error="not sent: the conversation ended before the user's turn was confirmed",
+            )
+        if op.deadline_at is not None and self._clock.now() >= op.deadline_at:
+            to, why = expiry_rule(op.status) or (S.FAILED_FINAL, "deadline passed")
+            return await self._operations.move(op, tracked, to, why, error=f"deadline: {why}")
+        if self.recover_unsent == "fail":
+            return await self._operations.move(
                 op,
                 tracked,
                 S.FAILED_FINAL,
                 "recovered unsent; recover_unsent is fail",
                 error="its owner stopped before sending it; not retried by policy",
             )
-        elif op.status in UNSENT_STATUSES:
-            if op.deadline_at is not None:
-                self._watchdog.arm(op.operation_id, op.deadline_at)
-            final = await self._executor.run(op, tracked, stage="recovery")
-        else:
-            final = op
-        try:
-            # The original is settled first, so whoever waits for the compensation then
-            # finds both in their final state.
-            await self._compensator.settle_original(final)
-        finally:
-            self._operations.finish(tracked, final)
+        if op.deadline_at is not None:
+            self._watchdog.arm(op.operation_id, op.deadline_at)
+        return await self._executor.run(op, tracked, stage="recovery")
+
+    async def _approved(self, op: Operation) -> bool:
+        """Whether a person released ``op`` (approved it, or confirmed it by voice)."""
+        events = await self._ledger.events(op.operation_id)
+        return any(
+            e.to_status is S.ADMITTED and e.from_status in AWAITING_PERSON_STATUSES for e in events
+        )
 
     async def reconcile_unknown(
         self, operation_id: str, *, actor: str | None = None, probes: int = 1
@@ -182,8 +250,8 @@ class Recovery:
             raise ConfigurationError(
                 f"operation {operation_id} is {op.status.value}, not UNKNOWN: nothing to reconcile"
             )
-        tool = op.tool.removesuffix(".compensate")
-        binding = self._binding_of(op)
+        tool = op.tool
+        binding = await self._binding_of(op)
         if binding is None:
             raise ConfigurationError(
                 f"operation {operation_id}: its tool {op.tool} is not among the loaded actions"
@@ -212,11 +280,21 @@ class Recovery:
     async def _heartbeat_loop(self) -> None:
         while True:
             await self._clock.sleep(self._lease_secs / 3)
-            try:
-                await self._ledger.renew_lease(self._owner, lease_secs=self._lease_secs)
-                await self._pick_up_approved()
-            except Exception as exc:
-                logger.warning("lease heartbeat failed: {}", exc)
+            await self.beat()
+
+    async def beat(self) -> None:
+        """One heartbeat: renew the lease, claim stale operations, pick up approvals."""
+        try:
+            await self._ledger.renew_lease(
+                self._owner,
+                lease_secs=self._lease_secs,
+                except_ids=[*self._operations.unsettled(), *self._not_ours, *self._let_go],
+            )
+            if self._claims:
+                await self.recover()
+            await self._pick_up_approved()
+        except Exception as exc:
+            logger.warning("lease heartbeat failed: {}", exc)
 
     async def _pick_up_approved(self) -> None:
         for op in await self._ledger.list(OperationFilter(status=[S.ADMITTED])):

@@ -13,7 +13,7 @@ import asyncio
 import builtins
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -136,14 +136,20 @@ class TimelineLedger(ForwardingLedger):
         return await self._counted(super().events(operation_id))
 
     async def claim_stale(
-        self, owner: str, *, lease_secs: float, limit: int
+        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
     ) -> builtins.list[Operation]:
         """Forward (counted)."""
-        return await self._counted(super().claim_stale(owner, lease_secs=lease_secs, limit=limit))
+        return await self._counted(
+            super().claim_stale(owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids)
+        )
 
-    async def renew_lease(self, owner: str, *, lease_secs: float) -> int:
+    async def renew_lease(
+        self, owner: str, *, lease_secs: float, except_ids: Collection[str] = ()
+    ) -> int:
         """Forward (counted)."""
-        return await self._counted(super().renew_lease(owner, lease_secs=lease_secs))
+        return await self._counted(
+            super().renew_lease(owner, lease_secs=lease_secs, except_ids=except_ids)
+        )
 
     def _note(self, op: Operation, what: str) -> None:
         self.timeline.append(

@@ -165,3 +165,25 @@ async def test_renew_lease_extends_only_the_owners_unsettled_operations(
     clock.advance(50)
     claimed = await ledger.claim_stale("thief", lease_secs=10, limit=10)
     assert {op.operation_id for op in claimed} == {theirs.operation_id, unowned.operation_id}
+
+
+async def test_renew_and_claim_leave_out_the_operations_named(
+    ledger: SqlLedger, clock: ManualClock
+) -> None:
+    ops = [
+        (await ledger.admit(new_op(key, lease_owner="me", lease_secs=10))).operation
+        for key in ("a", "b", "c")
+    ]
+    a, b, c = (op.operation_id for op in ops)
+    clock.advance(5)
+    # The owner cannot settle a: its lease is left to run out; b and c are renewed.
+    assert await ledger.renew_lease("me", lease_secs=10, except_ids=[a]) == 2
+    clock.advance(6)
+    assert [
+        op.operation_id for op in await ledger.claim_stale("other", lease_secs=10, limit=10)
+    ] == [a]
+    clock.advance(11)
+    # A claimer that cannot run b leaves it for another; a, claimed by "other", expired too.
+    claimed = await ledger.claim_stale("third", lease_secs=10, limit=10, except_ids=[b])
+    assert {op.operation_id for op in claimed} == {a, c}
+    assert (await ledger.get(b)).lease_owner == "me"

@@ -101,7 +101,9 @@ async def test_per_principal_limit_refuses_a_second_call_of_the_same_user_only(
         bobs = await rt.propose("book_table", booking_args(time="20:00"), bob, wait=False)
 
         await assert_refusal_audited(rt, second, "concurrency")
-        assert bobs["status"] == "running", bobs
+        # Bob is not held back by Alice's slot: admitted and started (his booking does not
+        # hang, so it may already have committed when the answer is read).
+        assert bobs["status"] in ("running", "committed"), bobs
         restaurant.sor.release_hung()
         assert (await rt.wait(first["operation_id"])).status is S.COMMITTED
         assert (await rt.wait(bobs["operation_id"])).status is S.COMMITTED

@@ -113,9 +113,12 @@ async def test_operations_cut_off_by_sigkill_are_settled_by_the_next_runtimes(
     note = by_name["n1"]  # committed, but nothing can check it: a person must look
     assert note.status is Status.UNKNOWN
     assert note.escalated_at is not None
-    later = by_name["c1"]  # admitted, never sent: run once by the new owner
-    assert later.status is Status.COMMITTED
-    assert later.attempt == 1
+    # Admitted, still waiting for the user's turn to end: the user never let it go, so the
+    # new owner cancels it as not sent instead of making it (issue 12, B7).
+    later = by_name["c1"]
+    assert later.status is Status.CANCELLED
+    assert later.attempt == 0
+    assert later.sent_at is None
     assert all(is_settled(op) for op in ops.values()), {
         o.operation_id: o.status for o in ops.values()
     }
@@ -125,7 +128,7 @@ async def test_operations_cut_off_by_sigkill_are_settled_by_the_next_runtimes(
         assert claim.detail["previous_owner"] == ready["owner"]
         assert claim.actor == owner[op_id].owner
     assert before == {by_name[name].idempotency_key: 1 for name in ("a1", "a2", "n1")}
-    assert after == {by_name[name].idempotency_key: 1 for name in ("a1", "a2", "n1", "c1")}
+    assert after == {by_name[name].idempotency_key: 1 for name in ("a1", "a2", "n1")}
     assert max(after.values()) <= 1
 
 

@@ -1,0 +1,60 @@
+"""Recovery runs all the time, not only in `ActionRuntime.create` (issue 12, B3).
+
+A runtime restarted within the dead owner's lease used to find nothing to claim at its start
+and never looked again: the dead owner's booking stayed RUNNING, and the user's repeat of it
+joined the orphan and heard "running" forever. Now each heartbeat claims what is stale.
+"""
+
+from __future__ import annotations
+
+from pipecat_actions.clock import ManualClock
+from pipecat_actions.testing import FakeSystemOfRecord
+from tests._waiting import eventually, guarded
+from tests.runtime._execution_support import Bookings, booking, new_session, reaches, running
+from tests.runtime._execution_support import S as Status
+
+POLICY = """
+    version: 1
+    tools:
+      book_table:
+        kind: mutation
+        deadline_secs: 600
+"""
+LEASE_SECS = 30.0
+
+
+async def test_a_runtime_started_within_a_dead_owners_lease_claims_its_work_once_it_expires(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    sor = FakeSystemOfRecord(clock=clock)
+    sor.add_restaurant("r1", tables=3)
+    bookings = Bookings(sor)
+    # The provider goes on with the booking when its caller dies, and books it once let go.
+    sor.faults.hang("book", ignore_cancellation=True)
+    options = {"ledger_url": ledger_url, "clock": clock, "lease_secs": LEASE_SECS}
+    async with running(POLICY, [bookings.action()], **options) as dead:
+        told = await dead.propose("book_table", booking(), new_session(), wait=False)
+        op_id = str(told["operation_id"])
+        await eventually(lambda: sor.calls["book"] == 1, what="the booking to be sent")
+        clock.advance(LEASE_SECS / 2)  # it renewed its lease once more, then died
+        await dead._recovery.beat()
+    sor.release_hung()
+
+    async with running(POLICY, [bookings.action()], **options) as restarted:
+        # Within the dead owner's lease: nothing to claim at start.
+        assert (await restarted.ledger.get(op_id)).lease_owner == dead.owner
+
+        async def claimed() -> bool:
+            clock.advance(LEASE_SECS / 6)
+            return (await restarted.ledger.get(op_id)).lease_owner == restarted.owner
+
+        await eventually(claimed, what="a heartbeat to claim the stale operation")
+        settled = await reaches(restarted, op_id, Status.COMMITTED)
+        assert settled.result is not None
+        # The user's repeat joins it and hears what happened, not "running".
+        again = await guarded(
+            restarted.propose("book_table", booking(), new_session()), what="the repeat"
+        )
+        assert again["operation_id"] == op_id
+        assert again["status"] == "committed"
+        assert sor.effects_for_key(settled.idempotency_key) == 1
