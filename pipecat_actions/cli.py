@@ -12,6 +12,7 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions stats [--since SECS] [--tool T]       per-tool metrics from the ledger
     pipecat-actions reconcile [OP | --all] --app MODULE:ATTR   ask the hooks about UNKNOWN ones
     pipecat-actions scenario run FILE... [--verbose]      replay scenarios (exit 1 on a failure)
+    pipecat-actions worker --app MODULE:ATTR [--once]     own the work of bots that are gone
 
 ``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``) names the ledger; ``--json`` prints
 machine-readable output.
@@ -146,7 +147,29 @@ def _build_parser() -> argparse.ArgumentParser:
     reconcile.add_argument(
         "--probes", type=int, default=1, help="how often each hook is asked (default 1)"
     )
-    for sub in (listing, show, *decide, ledger_list, ledger_show, undelivered, stats, reconcile):
+    worker = commands.add_parser(
+        "worker",
+        help="own the operations of bot processes that are gone (recovery, deadlines, expiry)",
+    )
+    worker.add_argument(
+        "--app",
+        default=os.environ.get("PIPECAT_ACTIONS_APP"),
+        metavar="MODULE:ATTR",
+        help="the application's OperatorApp, or a function returning one "
+        "(default: $PIPECAT_ACTIONS_APP)",
+    )
+    worker.add_argument("--owner", default=None, help="its name in leases")
+    worker.add_argument(
+        "--lease-secs", type=float, default=30.0, help="its lease (default 30; claims every third)"
+    )
+    worker.add_argument(
+        "--once",
+        action="store_true",
+        help="claim what is stale, finish it, and exit (for a scheduled job)",
+    )
+    for sub in (
+        listing, show, *decide, ledger_list, ledger_show, undelivered, stats, reconcile, worker
+    ):  # fmt: skip
         sub.add_argument("--ledger", default=None, metavar="URL", help="the ledger database")
         sub.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
@@ -179,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if args.command == "reconcile":
             return asyncio.run(_reconcile(args, sys.stdout))
+        if args.command == "worker":
+            return asyncio.run(_worker(args, sys.stdout))
     except PipecatActionsError as exc:
         print(f"pipecat-actions: {exc}", file=sys.stderr)
         return 1
@@ -232,6 +257,45 @@ async def _reconcile(args: argparse.Namespace, out: TextIO) -> int:
         await ledger.close()
     print(json.dumps(rows, indent=2) if args.json else operator.render_reconciled(rows), file=out)
     return 0
+
+
+async def _worker(args: argparse.Namespace, out: TextIO) -> int:
+    import signal
+
+    from pipecat_actions import operator
+    from pipecat_actions.errors import ConfigurationError
+    from pipecat_actions.worker import run_worker
+
+    if not args.app:
+        raise ConfigurationError(
+            "worker needs the application's actions: pass --app MODULE:ATTR "
+            "or set PIPECAT_ACTIONS_APP"
+        )
+    if args.lease_secs <= 0:
+        raise ConfigurationError("--lease-secs must be positive")
+    app = await operator.load_app(args.app)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+        except (RuntimeError, ValueError):  # not the main thread (embedded): no handler
+            pass
+    try:
+        return await run_worker(
+            app,
+            ledger_url=args.ledger,
+            stop=stop,
+            out=out,
+            owner=args.owner,
+            lease_secs=args.lease_secs,
+            once=args.once,
+        )
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
 
 
 async def _db(args: argparse.Namespace, out: TextIO) -> int:
