@@ -11,7 +11,6 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,7 +73,7 @@ async def _heartbeat(clock: _HeartbeatClock) -> None:
 
 
 @pytest.fixture
-async def waiting(tmp_path: Path) -> Any:
+async def waiting(ledger_url: str) -> Any:
     refunds: list[int] = []
 
     @action
@@ -82,7 +81,7 @@ async def waiting(tmp_path: Path) -> Any:
         refunds.append(amount_cents)
         return {"refunded_cents": amount_cents}
 
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    url = ledger_url
     # Near the wall clock: the CLI checks the approval's expiry against real time.
     clock = _HeartbeatClock(time.time())
     runtime = await ActionRuntime.create(

@@ -78,8 +78,10 @@ async def leave_work_behind(url: str, clock: ManualClock) -> dict[str, str]:
     return {name: str(op_id) for name, op_id in ids.items()}
 
 
-async def test_a_worker_finishes_what_a_dead_bot_left_and_leaves_it_untold(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+async def test_a_worker_finishes_what_a_dead_bot_left_and_leaves_it_untold(
+    ledger_url: str,
+) -> None:
+    url = ledger_url
     clock = ManualClock()
     ids = await leave_work_behind(url, clock)
     clock.advance(LEASE_SECS + 1)
@@ -127,9 +129,9 @@ async def _status(ledger: SqlLedger, operation_id: str, status: ActionStatus) ->
 
 
 async def test_without_an_authorizer_a_worker_fails_unsent_work_instead_of_sending_it(
-    tmp_path: Path,
+    ledger_url: str,
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    url = ledger_url
     clock = ManualClock()
     ids = await leave_work_behind(url, clock)
     clock.advance(LEASE_SECS + 1)

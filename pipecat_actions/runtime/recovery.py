@@ -266,8 +266,12 @@ class Recovery:
             self._authorizer,
             actor=actor or self._actor,
             schedule=ReconcileSchedule(initial_secs=0.0, max_probes=probes),
+            telemetry=self._executor.telemetry,
+            write_retry=self._executor.write_retry,
         )
-        tracked = Tracked(
+        # When this process runs the operation, its own record is used: reconciliation then
+        # sees the effect still running (no trace yet is not "it did not happen").
+        tracked = self._operations.get(op.operation_id) or Tracked(
             op.operation_id, binding, op.fence, asyncio.get_running_loop().create_future()
         )
         with logger.contextualize(**operation_ids(op)):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pipecat_actions.approvals import approve_operation
@@ -11,7 +10,7 @@ from pipecat_actions.ledger import SqlLedger
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
 
-from ._admission_support import OwnBookingsOnly, Restaurant, S, booking_args, policy, sqlite_url
+from ._admission_support import OwnBookingsOnly, Restaurant, S, booking_args, policy
 
 TOOLS = """
   book_table:
@@ -37,11 +36,11 @@ class Stranded:
     ledger directly); with ``TURN_CONFIRMED``, its owner stopped before the reply ended.
     """
 
-    def __init__(self, tmp_path: Path, tools: str = TOOLS) -> None:
+    def __init__(self, url: str, tools: str = TOOLS) -> None:
         self.clock = ManualClock()
         self.restaurant = Restaurant(self.clock)
         self.authorizer = OwnBookingsOnly({})
-        self.url = sqlite_url(tmp_path)
+        self.url = url
         self.policies = policy(tools)
         self.tools = tools
         self.operation_id = ""
@@ -92,9 +91,9 @@ class Stranded:
 
 
 async def test_recovery_after_a_revocation_runs_nothing_and_fails_the_operation(
-    tmp_path: Path,
+    ledger_url: str,
 ) -> None:
-    stranded = Stranded(tmp_path)
+    stranded = Stranded(ledger_url)
     await stranded.leave_behind()
     stranded.authorizer.revoked.add("alice")
     stranded.let_the_lease_expire()
@@ -113,9 +112,9 @@ async def test_recovery_after_a_revocation_runs_nothing_and_fails_the_operation(
 
 
 async def test_recover_unsent_fail_fails_an_unsent_operation_instead_of_running_it(
-    tmp_path: Path,
+    ledger_url: str,
 ) -> None:
-    stranded = Stranded(tmp_path)
+    stranded = Stranded(ledger_url)
     await stranded.leave_behind()
     stranded.let_the_lease_expire()
     second, final = await stranded.recover(unsent="fail")
@@ -127,8 +126,8 @@ async def test_recover_unsent_fail_fails_an_unsent_operation_instead_of_running_
         await second.close(grace_secs=0)
 
 
-async def test_recover_unsent_run_books_once_and_lists_it_as_undelivered(tmp_path: Path) -> None:
-    stranded = Stranded(tmp_path)
+async def test_recover_unsent_run_books_once_and_lists_it_as_undelivered(ledger_url: str) -> None:
+    stranded = Stranded(ledger_url)
     await stranded.leave_behind()
     stranded.let_the_lease_expire()
     second, final = await stranded.recover()
@@ -142,9 +141,9 @@ async def test_recover_unsent_run_books_once_and_lists_it_as_undelivered(tmp_pat
 
 
 async def test_recovery_cancels_what_still_waited_for_the_users_turn_and_the_session_hears_it(
-    tmp_path: Path,
+    ledger_url: str,
 ) -> None:
-    stranded = Stranded(tmp_path, TURN_CONFIRMED)
+    stranded = Stranded(ledger_url, TURN_CONFIRMED)
     await stranded.leave_behind()
     stranded.let_the_lease_expire()
     second, final = await stranded.recover()
@@ -160,9 +159,9 @@ async def test_recovery_cancels_what_still_waited_for_the_users_turn_and_the_ses
 
 
 async def test_recovery_never_starts_an_unsent_operation_past_its_deadline(
-    tmp_path: Path,
+    ledger_url: str,
 ) -> None:
-    stranded = Stranded(tmp_path)
+    stranded = Stranded(ledger_url)
     await stranded.leave_behind()
     stranded.clock.advance(601)  # the lease and the approved booking's deadline are both gone
     second, final = await stranded.recover()
