@@ -13,16 +13,21 @@ The session budget and the rate are never queued: a runaway loop is stopped, not
 
 from __future__ import annotations
 
-__all__ = ["Coalesced", "Degraded", "LimitExceeded", "Limiter", "Slot"]
+__all__ = ["SESSION_BUDGETS_KEPT", "Coalesced", "Degraded", "LimitExceeded", "Limiter", "Slot"]
 
 import asyncio
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipecat_actions.actions import Refused
 from pipecat_actions.policy import Overflow, ToolPolicy
+
+SESSION_BUDGETS_KEPT = 100_000
+"""How many (session, tool) call counts of budgeted tools are kept, most recent first: memory
+stays bounded in a long-running process; a conversation idle while this many others used a
+budgeted tool starts its count again."""
 
 
 class LimitExceeded(Refused):
@@ -78,7 +83,7 @@ class Limiter:
     def __init__(self, now: Callable[[], float]) -> None:
         self._now = now
         self._tools: dict[str, _ToolState] = defaultdict(_ToolState)
-        self._session_calls: dict[tuple[str, str], int] = defaultdict(int)
+        self._session_calls: OrderedDict[tuple[str, str], int] = OrderedDict()
 
     def running(self, tool: str) -> int:
         """How many calls of ``tool`` hold a slot now."""
@@ -91,14 +96,19 @@ class Limiter:
             LimitExceeded: The session already used its budget for this tool.
         """
         budget = policy.limits.session_budget
+        if budget is None:
+            return
         key = (session_id, tool)
-        if budget is not None and self._session_calls[key] >= budget:
+        if self._session_calls.get(key, 0) >= budget:
             raise LimitExceeded(
                 f"{tool} was already used {budget} times in this conversation, the most "
                 "allowed; tell the user it cannot be done again now",
                 code="session_budget",
             )
-        self._session_calls[key] += 1
+        self._session_calls[key] = self._session_calls.get(key, 0) + 1
+        self._session_calls.move_to_end(key)
+        if len(self._session_calls) > SESSION_BUDGETS_KEPT:
+            self._session_calls.popitem(last=False)
 
     async def acquire(
         self, tool: str, policy: ToolPolicy, principal: str, *, coalesce_key: str | None = None
@@ -174,6 +184,8 @@ class Limiter:
         def release() -> None:
             state.running -= 1
             state.per_principal[principal] -= 1
+            if state.per_principal[principal] <= 0:
+                del state.per_principal[principal]  # memory stays flat over many principals
             if state.waiting:
                 asyncio.get_running_loop().create_task(self._notify(state))
 

@@ -74,6 +74,11 @@ class Watchdog:
         """Forget the deadline of an operation that has an outcome."""
         self._armed.pop(operation_id, None)
         self._failures.pop(operation_id, None)
+        if len(self._heap) > 2 * len(self._armed) + 1024:
+            # Disarmed entries leave the heap lazily (when they reach its top); when most
+            # operations end long before their deadline they would pile up: rebuild it.
+            self._heap = [entry for entry in self._heap if self._armed.get(entry[2]) == entry[0]]
+            heapq.heapify(self._heap)
 
     @property
     def pending(self) -> int:
