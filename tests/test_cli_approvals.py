@@ -237,3 +237,31 @@ async def test_an_approval_in_the_last_third_of_the_lease_before_the_window_clos
     final = await asyncio.wait_for(runtime.wait(operation_id), HANG_GUARD_SECS)
     assert final.status is ActionStatus.COMMITTED, final.error
     assert refunds == [2500]
+
+
+async def test_a_rejection_from_the_cli_is_told_to_the_live_conversation(
+    waiting: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An approval made elsewhere reached the conversation; a rejection made the same way was
+    # never told: the owner only looked for approved work.
+    runtime, url, operation_id, refunds, clock = waiting
+    heard: list[ActionStatus] = []
+    runtime.listen("call-1", lambda op: heard.append(op.status))
+    code, _, _ = await _cli(
+        capsys,
+        "approvals",
+        "reject",
+        operation_id,
+        "--ledger",
+        url,
+        "--approver",
+        "bob",
+        "--reason",
+        "not eligible",
+    )
+    assert code == 0
+    await _heartbeat(clock)
+    final = await asyncio.wait_for(runtime.wait(operation_id), HANG_GUARD_SECS)
+    assert final.status is ActionStatus.REJECTED
+    assert heard == [ActionStatus.REJECTED]
+    assert refunds == []

@@ -453,8 +453,11 @@ class Admitter:
                 detail={"reason": code, "duplicate_of": operation_id, **(detail or {})},
             )
         )
+        # The result names this call's own (refused) record; an earlier operation it is about
+        # is named apart, so that telling this refusal never counts as telling that one.
+        extra = {"existing_operation_id": operation_id} if operation_id else {}
         return Refusal(
-            refusal_result(message, code=code, operation_id=operation_id or refused.operation_id),
+            refusal_result(message, code=code, operation_id=refused.operation_id, **extra),
             refused,
         )
 

@@ -152,7 +152,11 @@ class ActionResultGate(FrameProcessor):
             self.runtime.listen(self.session.session_id, self._on_outcome)
             self._listening = True
             if isinstance(frame, StartFrame):
-                self.create_task(self._resume())
+                # Speaking is this pipeline's state: a session whose last pipeline was cut
+                # off while someone spoke starts this one silent.
+                self.session.user_speaking = False
+                self.session.bot_speaking = False
+                self.create_task(self._resume(before=self.runtime.clock.now()))
         if direction is FrameDirection.UPSTREAM:
             if isinstance(frame, LLMContextFrame):
                 self.session.start_generation()  # the assistant aggregator asks for inference
@@ -327,6 +331,7 @@ class ActionResultGate(FrameProcessor):
             self._group_of_operation[operation_id] = group
 
     def _forget(self, operation_id: str) -> None:
+        self._retell.discard(operation_id)
         self._awaiting_outcome.discard(operation_id)
         self._delivering.discard(operation_id)
         self._group_of_operation.pop(operation_id, None)
@@ -340,12 +345,13 @@ class ActionResultGate(FrameProcessor):
             if other != operation_id
         )
 
-    async def _resume(self) -> None:
+    async def _resume(self, *, before: float) -> None:
         """Take over the session's operations that no conversation was told about yet.
 
         A pipeline that starts on a session with history (the user reconnected, or the bot
         process restarted) tells what finished while nobody was listening, and tells the rest
-        when it finishes. Compensations are the application's and are left to it.
+        when it finishes. Only operations from ``before`` this pipeline started: its own calls
+        are told through their results. Compensations are the application's and are left to it.
         """
         try:
             history = await self.runtime.ledger.list(
@@ -359,7 +365,8 @@ class ActionResultGate(FrameProcessor):
         untold = [
             op
             for op in history
-            if op.acknowledged_at is None
+            if op.created_at <= before  # at the same instant: a manual clock, or a tie
+            and op.acknowledged_at is None
             and op.compensates is None
             and op.status not in _NEVER_RESUMED
             and op.kind != ToolKind.READ

@@ -77,6 +77,10 @@ class Operations:
         """How many operations the registry holds now."""
         return len(self._tracked)
 
+    def waiting(self) -> list[Tracked]:
+        """The operations tracked here that have no outcome yet (running or waiting)."""
+        return [tracked for tracked in self._tracked.values() if not tracked.done.done()]
+
     def unsettled(self) -> list[str]:
         """The operations whose outcome this process could not record (see `Tracked`)."""
         return [op_id for op_id, tracked in self._tracked.items() if tracked.unsettled]

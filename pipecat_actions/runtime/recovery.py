@@ -42,6 +42,7 @@ from pipecat_actions.runtime.compensation import Compensator
 from pipecat_actions.status import (
     AWAITING_PERSON_STATUSES,
     MAYBE_SENT_STATUSES,
+    TERMINAL_STATUSES,
     UNSENT_STATUSES,
     ActionStatus,
 )
@@ -301,22 +302,32 @@ class Recovery:
             logger.warning("lease heartbeat failed: {}", exc)
 
     async def _pick_up_approved(self) -> None:
-        for op in await self._ledger.list(OperationFilter(status=[S.ADMITTED])):
-            tracked = self._operations.get(op.operation_id)
-            if op.lease_owner != self._owner or tracked is None or tracked.done.done():
+        """Act on decisions made elsewhere (``pipecat-actions approvals``) about waiting work.
+
+        Each operation this process tracks that nothing runs now (it waits for a person) is
+        read again: approved elsewhere, it runs; rejected or expired elsewhere, its waiters and
+        the conversation are told, as for a decision made here.
+        """
+        for tracked in self._operations.waiting():
+            if self._runner.is_executing(tracked.operation_id):
                 continue
-            if not self._runner.is_executing(op.operation_id):
-                if op.deadline_at is None:
-                    deadline_at = self._clock.now() + self._runner.deadline_secs(op.tool)
-                    op = await self._ledger.annotate(
-                        op.operation_id,
-                        actor=self._actor,
-                        fence=tracked.fence,
-                        detail={"reason": "approved elsewhere; deadline set by its owner"},
-                        changes={"deadline_at": deadline_at},
-                    )
-                self._watchdog.arm(op.operation_id, op.deadline_at or self._clock.now())
-                self._operations.spawn(self._runner.execute(op, tracked, take_slot=True))
+            op = await self._ledger.get(tracked.operation_id)
+            if op.status in TERMINAL_STATUSES:
+                self._operations.finish(tracked, op)
+                continue
+            if op.status is not S.ADMITTED or op.lease_owner != self._owner:
+                continue
+            if op.deadline_at is None:
+                deadline_at = self._clock.now() + self._runner.deadline_secs(op.tool)
+                op = await self._ledger.annotate(
+                    op.operation_id,
+                    actor=self._actor,
+                    fence=tracked.fence,
+                    detail={"reason": "approved elsewhere; deadline set by its owner"},
+                    changes={"deadline_at": deadline_at},
+                )
+            self._watchdog.arm(op.operation_id, op.deadline_at or self._clock.now())
+            self._operations.spawn(self._runner.execute(op, tracked, take_slot=True))
 
     async def undelivered(self) -> list[Operation]:
         """Committed operations whose result never reached a conversation."""

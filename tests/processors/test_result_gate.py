@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
     Frame,
     FunctionCallCancelFrame,
     FunctionCallInProgressFrame,
@@ -635,3 +636,123 @@ async def test_a_result_past_pipecats_timeout_is_bounded_by_the_watchdog_and_tol
     assert "failed_final" in late[-1]
     assert all("committed" not in m and "cancelled" not in m for m in late)
     assert sor.side_effects["book"] == 0
+
+
+async def test_a_refusal_naming_a_running_booking_does_not_count_as_telling_its_outcome(
+    runtime_factory: Any,
+) -> None:
+    # The party size changes while the 21:00 booking runs: the same intent (its key leaves
+    # the party size out) with other details is refused, naming the running booking. Telling
+    # that refusal used to mark the booking delivered: when it committed, nobody was told.
+    agent = await runtime_factory()
+    agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
+    agent.llm.push_step(ToolCalls([("book_table", {**BOOK_2100, "party_size": 4})]))
+    agent.llm.push_step(Say("Noted."))
+    agent.llm.push_step(Say("Booked."))
+    await agent.run(
+        [
+            LLMRunFrame(),
+            agent.sent(0.5),
+            InterruptionFrame(),  # "make it four of us"
+            agent.closed("running"),
+            LLMRunFrame(),
+            agent.closed("refused"),
+            agent.advance(0.5),  # the first booking commits
+            agent.outcomes(2),
+            agent.told_late(),
+        ]
+    )
+
+    ops = sorted(await agent.runtime.ledger.list(), key=lambda o: o.created_at)
+    booking, refusal = ops
+    assert booking.status is ActionStatus.COMMITTED
+    assert refusal.status is ActionStatus.REJECTED
+    refused = [json.loads(c) for c in _tool_messages(agent) if _status(c) == "refused"]
+    assert refused[0]["existing_operation_id"] == booking.operation_id
+    assert refused[0]["operation_id"] == refusal.operation_id
+    told = [c for c in agent.developer() if booking.operation_id in c]
+    assert len(told) == 1 and "committed" in told[0], agent.developer()
+    assert booking.delivered_at is not None and booking.delivered_at >= booking.committed_at
+
+
+async def test_a_new_pipeline_retells_an_outcome_cut_off_while_the_bot_was_speaking(
+    runtime_factory: Any,
+) -> None:
+    # The first pipeline ends while the bot speaks, with a late outcome held until it is
+    # idle. The session's next pipeline must tell it; it used to hold it for ever, because
+    # "the bot is speaking" was still set on the session by the pipeline that was cut off.
+    agent = await runtime_factory(late="when_idle")
+    agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
+    agent.llm.push_step(Say("Booked."))
+
+    async def held() -> None:
+        (op,) = await agent.runtime.ledger.list()
+        assert op.status is ActionStatus.COMMITTED and op.delivered_at is None
+        assert not agent.developer()
+
+    await agent.run(
+        [
+            LLMRunFrame(),
+            agent.sent(0.5),
+            InterruptionFrame(),
+            agent.closed("running"),
+            BotStartedSpeakingFrame(),  # "one moment..." and the call drops mid-sentence
+            lambda: agent.log.wait_pushed(BotStartedSpeakingFrame, by=agent.gate),
+            agent.advance(0.5),
+            agent.outcomes(),
+            held,
+        ]
+    )
+    assert agent.session.bot_speaking  # what the cut-off pipeline left on the session
+
+    agent.gate = ActionResultGate(agent.runtime, agent.session)  # the user calls back
+    await agent.run([agent.told_late()])
+
+    (op,) = await agent.runtime.ledger.list()
+    told = [c for c in agent.developer() if op.operation_id in c]
+    assert len(told) == 1 and "committed" in told[0]
+    assert op.delivered_at is not None
+
+
+async def test_the_start_up_catch_up_never_retells_a_call_of_its_own_pipeline(
+    runtime_factory: Any,
+) -> None:
+    # The gate looks the session's history up when its pipeline starts. When that look-up
+    # answered only after a call made right after the start had been told in place, the call
+    # was told a second time as an "earlier" outcome (6 of 8 runs on a real clock).
+    agent = await runtime_factory()
+    agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
+    agent.llm.push_step(Say("Booked."))
+    ledger = agent.runtime.ledger
+    plain_list = ledger.list
+    told_in_place = asyncio.Event()
+    looked_up: list[int] = []
+
+    async def slow_first_list(*args: Any, **kwargs: Any) -> Any:
+        looked_up.append(1)
+        if len(looked_up) == 1:  # the gate's history look-up, at its start
+            await told_in_place.wait()  # ... answers only after the call was told
+        return await plain_list(*args, **kwargs)
+
+    ledger.list = slow_first_list  # type: ignore[method-assign]
+
+    async def release_the_look_up() -> None:
+        told_in_place.set()
+
+    await agent.run(
+        [
+            agent.advance(0.1),  # the user speaks right after the start
+            LLMRunFrame(),
+            agent.sent(0.5),
+            agent.advance(0.5),
+            agent.closed("committed"),
+            release_the_look_up,
+            lambda: until(lambda: _count(agent.runtime, 1), what="the booking"),
+        ]
+    )
+    ledger.list = plain_list  # type: ignore[method-assign]
+
+    (op,) = await agent.runtime.ledger.list()
+    assert op.status is ActionStatus.COMMITTED
+    assert [_status(c) for c in _tool_messages(agent)] == ["committed"]
+    assert agent.developer() == []  # told once, in place

@@ -25,7 +25,7 @@ from pipecat_actions.admission.authorization import (
 )
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.execution.outcomes import EffectFailed
-from pipecat_actions.ledger import Operation, OperationFilter
+from pipecat_actions.ledger import Operation
 from pipecat_actions.policy import PolicySet, load_policy_text
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.status import ActionStatus
@@ -289,24 +289,20 @@ async def assert_refusal_audited(
 ) -> Operation:
     """Assert ``result`` refused the call for ``reason`` and the ledger holds its REJECTED row.
 
-    A refusal that names an earlier operation (a duplicate, an idempotency mismatch) carries
-    that operation's id, given as ``refers_to``; its own REJECTED row then names it in the audit.
+    The result's ``operation_id`` is always the call's own REJECTED row. A refusal that names
+    an earlier operation (a duplicate, an idempotency mismatch) names it apart, as
+    ``existing_operation_id``, given as ``refers_to``; its own row names it in the audit.
     """
     assert result["status"] == "refused", result
     assert result["reason"] == reason, result
     assert result["message"], result
-    if refers_to is None:
-        op = await runtime.ledger.get(result["operation_id"])
-    else:
-        assert result["operation_id"] == refers_to, result
-        found = [
-            op
-            for op in await runtime.ledger.list(OperationFilter(status=[S.REJECTED]))
-            if (await runtime.ledger.events(op.operation_id))[-1].detail.get("duplicate_of")
-            == refers_to
-        ]
-        assert len(found) >= 1, f"no REJECTED row refers to {refers_to}"
-        op = found[-1]
+    op = await runtime.ledger.get(result["operation_id"])
+    if refers_to is not None:
+        assert result["existing_operation_id"] == refers_to, result
+        assert result["operation_id"] != refers_to, result
+        assert (await runtime.ledger.events(op.operation_id))[-1].detail.get(
+            "duplicate_of"
+        ) == refers_to
     assert op.status is S.REJECTED, op
     assert op.error, op
     trail = await runtime.ledger.events(op.operation_id)

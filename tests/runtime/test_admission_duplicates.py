@@ -159,7 +159,8 @@ async def test_reject_refuses_a_repeated_call_naming_the_first_operation(
         assert first["status"] == "committed"
         assert again["status"] == "refused"
         assert again["reason"] == "duplicate"
-        assert again["operation_id"] == first["operation_id"]
+        assert again["existing_operation_id"] == first["operation_id"]
+        assert again["operation_id"] != first["operation_id"]  # its own refused record
         assert restaurant.bookings_made == 1
         refusals = await rt.ledger.list(OperationFilter(status=[S.REJECTED]))
         assert len(refusals) == 1
