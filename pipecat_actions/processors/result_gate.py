@@ -219,7 +219,12 @@ class ActionResultGate(FrameProcessor):
         op = await self.runtime.ledger.get(operation_id)
         note = None
         if op.status not in TERMINAL_STATUSES:
-            note = "The user interrupted the wait; the action was not stopped."
+            # Pipecat sets run_llm on a cancel only when the call ran past its own timeout.
+            note = (
+                "It is taking longer than the wait allows; the action was not stopped."
+                if cancel.run_llm
+                else "The user interrupted the wait; the action was not stopped."
+            )
             self._await_outcome(operation_id, cancel.tool_call_id)
         result = render_operation(op, note=note)
         with self.runtime.telemetry.delivery(op, self.session, late=False):

@@ -22,7 +22,7 @@ from pipecat_actions.admission.admitter import Admitter
 from pipecat_actions.admission.decisions import Admission, Joined, ReadAdmission, Refusal, Shared
 from pipecat_actions.errors import LedgerError
 from pipecat_actions.execution.tracked import Tracked
-from pipecat_actions.ledger import Ledger
+from pipecat_actions.ledger import Ledger, Operation
 from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import ToolKind
 from pipecat_actions.results import refusal_result, render, render_operation
@@ -192,7 +192,7 @@ class Proposals:
                     op = await asyncio.shield(tracked.done)
                 else:
                     op = await self._elsewhere.wait(op)
-            return render_operation(op, note=note)
+            return self._asking(render_operation(op, note=note), op)
         tracked = admitted
         if on_started is not None:
             await on_started(tracked.operation_id)
@@ -236,8 +236,22 @@ class Proposals:
             self._operations.note_call(tool_call_id, admitted.operation.operation_id)
         tracked = self._runner.start(admitted, session)
         if admitted.operation.status in AWAITING_PERSON_STATUSES:
-            return render_operation(admitted.operation)
+            return self._asking(render_operation(admitted.operation), admitted.operation)
         return tracked
+
+    def _asking(self, result: dict[str, Any], op: Operation) -> dict[str, Any]:
+        """Add the policy's ``confirmation.prompt``, filled in, to a needs-confirmation result."""
+        binding = self._bindings.get(op.tool)
+        prompt = binding.policy.confirmation.prompt if binding else None
+        if op.status is not S.AWAITING_CONFIRMATION or not prompt:
+            return result
+        args = op.args if isinstance(op.args, dict) else {}
+        try:
+            # Values are inserted as text, never parsed again: braces in them stay as they are.
+            question = prompt.format_map({k: str(v) for k, v in args.items()})
+        except (KeyError, IndexError, ValueError):
+            return result  # the validator checked the placeholders; arguments may be missing
+        return {**result, "ask": question, "message": f"{result['message']} Ask: {question}"}
 
     def _interrupted_during_admission(self, admitting: asyncio.Future[_Started]) -> None:
         if admitting.cancelled() or admitting.exception() is not None:

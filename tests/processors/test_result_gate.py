@@ -626,6 +626,7 @@ async def test_a_result_past_pipecats_timeout_is_bounded_by_the_watchdog_and_tol
     assert "CANCELLED" not in agent.text()
     (tool,) = _tool_messages(agent)
     assert json.loads(tool)["status"] == "running"  # Pipecat's timeout only ended the wait
+    assert "interrupted" not in json.loads(tool)["message"]  # nobody interrupted anything
     assert op.status is ActionStatus.FAILED_FINAL  # the watchdog, then the system of record
     assert op.finished_at is not None
     assert op.finished_at == op.deadline_at  # at its deadline, not when the provider answers

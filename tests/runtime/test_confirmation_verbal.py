@@ -157,3 +157,25 @@ async def test_repeating_a_call_that_awaits_confirmation_answers_at_once_with_th
         assert again["confirmation_token"] == asked["confirmation_token"]
         assert (await rt.ledger.get(asked["operation_id"])).status is S.AWAITING_CONFIRMATION
         assert restaurant.bookings_made == 0
+
+
+async def test_the_policys_prompt_reaches_the_model_filled_with_the_calls_arguments(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    prompted = VERBAL.replace(
+        "      expires_after_secs: 60\n",
+        "      expires_after_secs: 60\n      prompt: 'Book {party_size} at {time}, {{really}}?'\n",
+    )
+    restaurant = Restaurant(clock)
+    async with running(prompted, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        session = SessionState("call-1", principal="alice")
+        args = {**booking_args(), "time": "21:00 {party_size}"}  # braces in a value stay text
+        asked = await rt.propose("book_table", args, session)
+        again = await rt.propose("book_table", args, session)  # a repeat asks the same
+
+    question = f"Book {args['party_size']} at 21:00 {{party_size}}, {{really}}?"
+    assert asked["status"] == "awaiting_confirmation", asked
+    assert asked["ask"] == question
+    assert question in asked["message"]
+    assert again["ask"] == question
+    assert restaurant.bookings_made == 0
