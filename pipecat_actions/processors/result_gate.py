@@ -227,6 +227,10 @@ class ActionResultGate(FrameProcessor):
             )
             self._await_outcome(operation_id, cancel.tool_call_id)
         result = render_operation(op, note=note)
+        # After a barge-in, no inference (the user's turn drives the next one). After a
+        # timeout, the aggregator's own rule decides: inference once every call proposed
+        # together is done, never one per call of the group.
+        run_llm = None if cancel.run_llm else False
         with self.runtime.telemetry.delivery(op, self.session, late=False):
             await self.push_frame(
                 FunctionCallResultFrame(
@@ -234,8 +238,8 @@ class ActionResultGate(FrameProcessor):
                     tool_call_id=cancel.tool_call_id,
                     arguments={},
                     result=result,
-                    run_llm=cancel.run_llm,
-                    properties=FunctionCallResultProperties(run_llm=cancel.run_llm),
+                    run_llm=run_llm,
+                    properties=FunctionCallResultProperties(run_llm=run_llm),
                 )
             )
             if op.status in TERMINAL_STATUSES:

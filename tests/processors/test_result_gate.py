@@ -757,3 +757,69 @@ async def test_the_start_up_catch_up_never_retells_a_call_of_its_own_pipeline(
     assert op.status is ActionStatus.COMMITTED
     assert [_status(c) for c in _tool_messages(agent)] == ["committed"]
     assert agent.developer() == []  # told once, in place
+
+
+async def test_a_call_of_a_group_closed_by_its_timeout_waits_for_the_group_before_inference(
+    tmp_path: Path,
+) -> None:
+    # Two calls proposed together; Pipecat's timeout ends the wait for one while the other
+    # still runs. The gate used to copy the timeout's run_llm onto its truthful result,
+    # bypassing the aggregator's group rule: one inference for that call and one for the
+    # group. Now only the group's end makes the bot speak.
+    clock = ScriptClock()
+    sor = FakeSystemOfRecord(clock=clock)
+    sor.add_restaurant("r1", tables=3)
+    sor.faults.set_latency(60.0)  # the booking outlives Pipecat's 1 s wait
+
+    @action
+    async def book_table(
+        ctx: ActionContext, restaurant_id: str, date: str, time: str, party_size: int
+    ) -> dict[str, Any]:
+        """Book a table."""
+        booking = await sor.book(
+            restaurant_id, date, time, party_size, "Ada", idempotency_key=ctx.idempotency_key
+        )
+        return {"booking_id": booking.booking_id}
+
+    @action
+    async def send_note(ctx: ActionContext, text: str) -> dict[str, Any]:
+        """Send a note to the restaurant."""
+        await clock.sleep(2.0)
+        return {"sent": text}
+
+    runtime = await ActionRuntime.create(
+        load_policy_text(
+            "version: 1\ntools:\n  book_table:\n    kind: mutation\n    timeout_secs: 1.0\n"
+            "    deadline_secs: 600\n  send_note:\n    kind: mutation\n    deadline_secs: 600\n"
+        ),
+        authorizer=AllowAll(),
+        actions=[book_table, send_note],
+        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
+        clock=clock,
+    )
+    try:
+        agent = Agent(runtime, sor, clock, [])
+        agent.llm.push_step(
+            ToolCalls([("book_table", BOOK_2100), ("send_note", {"text": "window seat"})])
+        )
+        agent.llm.push_step(Say("The note is sent; the booking is still in progress."))
+        agent.llm.push_step(Say("(an inference too many)"))
+
+        await agent.run(
+            [
+                LLMRunFrame(),
+                agent.sent(60.0),
+                agent.closed("running"),  # Pipecat's timeout ended the booking's wait
+                lambda: idle(agent.gate),
+                FLUSH,
+                agent.advance(2.0),  # the note is sent: the group is done
+                agent.closed("committed"),
+                lambda: until(lambda: agent.llm.inferences >= 2, what="the group's inference"),
+                FLUSH,
+            ]
+        )
+    finally:
+        await runtime.close(grace_secs=0)
+
+    assert agent.llm.inferences == 2  # the proposal, then one for the whole group
+    assert "an inference too many" not in agent.text()
