@@ -59,6 +59,7 @@ from pipecat_actions.binding import CONFIRM_TOOL
 from pipecat_actions.ledger import Operation, OperationFilter
 from pipecat_actions.policy import DeliveryMode, ToolKind
 from pipecat_actions.results import render_operation
+from pipecat_actions.runtime.supersession import SUPERSEDED_NOTE
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
@@ -93,11 +94,6 @@ _NEVER_RESUMED = frozenset({S.REQUESTED, S.REJECTED, S.AWAITING_CONFIRMATION})
 """Told at the moment of the call or meaningless later: not told again on a new pipeline."""
 _RESUMED_AS_TOLD = frozenset({S.COMMITTED, S.FAILED_FINAL, S.COMPENSATED, S.CANCELLED, S.EXPIRED})
 """Finished while nobody listened: told as soon as a new pipeline of the session starts."""
-
-_SUPERSEDED_NOTE = (
-    "The user changed this request afterwards; this earlier one still has the outcome above. "
-    "Tell the user the real state and offer to undo it if unwanted."
-)
 
 
 @dataclass
@@ -156,7 +152,9 @@ class ActionResultGate(FrameProcessor):
                 # off while someone spoke starts this one silent.
                 self.session.user_speaking = False
                 self.session.bot_speaking = False
-                self.create_task(self._resume(before=self.runtime.clock.now()))
+                self.create_task(
+                    self._resume(before=self.runtime.clock.now(), mark=self.runtime.call_mark)
+                )
         if direction is FrameDirection.UPSTREAM:
             if isinstance(frame, LLMContextFrame):
                 self.session.start_generation()  # the assistant aggregator asks for inference
@@ -268,7 +266,6 @@ class ActionResultGate(FrameProcessor):
             )
         else:
             self._finished_calls.add(frame.tool_call_id)
-            await self._note_supersession(frame)
         await self.push_frame(frame)
         result = frame.result if isinstance(frame.result, dict) else {}
         operation_id = result.get("operation_id")
@@ -297,30 +294,6 @@ class ActionResultGate(FrameProcessor):
             return
         if current.status.value.lower() != told:
             self._on_outcome(current)
-
-    async def _note_supersession(self, frame: FunctionCallResultFrame) -> None:
-        """Say so in a final result whose operation a newer call on its resource superseded.
-
-        A background call's final result is told in place, as Pipecat's async-tool message,
-        possibly long after the user changed the request: the model must know it is the
-        earlier request that still went through, not the current one.
-        """
-        result = frame.result
-        if not isinstance(result, dict) or not isinstance(result.get("operation_id"), str):
-            return
-        binding = self.runtime.bindings.get(frame.function_name)
-        policy = binding.policy if binding else None
-        if policy is None or policy.resource is None or policy.kind is ToolKind.READ:
-            # Nothing can supersede it (and a read has no row yet): no look-up.
-            return
-        try:
-            op = await self.runtime.ledger.get(result["operation_id"])
-            newer = await self._superseded_by(op)
-        except Exception as exc:  # the result itself must still get through
-            logger.warning("{}: supersession of {} not checked: {}", self, frame.tool_call_id, exc)
-            return
-        if newer is not None:
-            frame.result = {**result, "superseded_by": newer, "note": _SUPERSEDED_NOTE}
 
     def _is_read(self, tool: str) -> bool:
         binding = self.runtime.bindings.get(tool)
@@ -354,7 +327,7 @@ class ActionResultGate(FrameProcessor):
             if other != operation_id
         )
 
-    async def _resume(self, *, before: float) -> None:
+    async def _resume(self, *, before: float, mark: int) -> None:
         """Take over the session's operations that no conversation was told about yet.
 
         A pipeline that starts on a session with history (the user reconnected, or the bot
@@ -375,6 +348,7 @@ class ActionResultGate(FrameProcessor):
             op
             for op in history
             if op.created_at <= before  # at the same instant: a manual clock, or a tie
+            and not self.runtime.noted_after(op.operation_id, mark)  # this pipeline's own
             and op.acknowledged_at is None
             and op.compensates is None
             and op.status not in _NEVER_RESUMED
@@ -425,7 +399,7 @@ class ActionResultGate(FrameProcessor):
             return
         binding = self.runtime.bindings.get(current.tool)
         delivery = binding.policy.delivery if binding else None
-        superseded_by = await self._superseded_by(current)
+        superseded_by = await self.runtime.superseded_by(current)
         if delivery is None:
             mode = DeliveryMode.WHEN_IDLE
         else:
@@ -447,24 +421,6 @@ class ActionResultGate(FrameProcessor):
             return
         await self._push_late(late)
 
-    async def _superseded_by(self, op: Operation) -> str | None:
-        if op.resource_key is None:
-            return None
-        newer = await self.runtime.ledger.list(
-            OperationFilter(
-                session_id=op.session_id,
-                resource_key=op.resource_key,
-                created_from=op.created_at,
-            )
-        )
-        for other in newer:
-            # Newer means created later; at the same instant (a manual clock, or one
-            # millisecond), the time-ordered operation id decides.
-            later = (other.created_at, other.operation_id) > (op.created_at, op.operation_id)
-            if later and other.status is not S.REJECTED and other.tool == op.tool:
-                return other.operation_id
-        return None
-
     async def _push_late(self, late: _Late) -> None:
         op = late.operation
         if op.operation_id not in self._awaiting_outcome:
@@ -472,7 +428,7 @@ class ActionResultGate(FrameProcessor):
         content = render_operation(op)
         if late.superseded_by is not None:
             content["superseded_by"] = late.superseded_by
-            content["note"] = _SUPERSEDED_NOTE
+            content["note"] = SUPERSEDED_NOTE
         message: Any = {
             "role": "developer",
             "content": f"Outcome of an earlier {op.tool} request: {json.dumps(content)}",

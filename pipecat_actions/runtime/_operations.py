@@ -49,6 +49,8 @@ class Operations:
         self._actor = actor
         self._tracked: dict[str, Tracked] = {}
         self._calls: OrderedDict[str, str] = OrderedDict()
+        self._first_noted: OrderedDict[str, int] = OrderedDict()
+        self._notes = 0
         self._listeners: dict[str, list[Listener]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._audits: set[asyncio.Task[Any]] = set()
@@ -72,6 +74,20 @@ class Operations:
         self._calls.move_to_end(tool_call_id)
         if len(self._calls) > RECENT_CALLS:
             self._calls.popitem(last=False)
+        self._notes += 1
+        if operation_id not in self._first_noted:
+            self._first_noted[operation_id] = self._notes
+            if len(self._first_noted) > RECENT_CALLS:
+                self._first_noted.popitem(last=False)
+
+    @property
+    def call_mark(self) -> int:
+        """A mark in the order calls were noted here: `noted_after` compares with it."""
+        return self._notes
+
+    def noted_after(self, operation_id: str, mark: int) -> bool:
+        """Whether a call first became ``operation_id`` here after ``mark`` was taken."""
+        return self._first_noted.get(operation_id, 0) > mark
 
     def __len__(self) -> int:
         """How many operations the registry holds now."""

@@ -32,6 +32,7 @@ from pipecat_actions.runtime.decisions import Decisions
 from pipecat_actions.runtime.proposals import Proposals
 from pipecat_actions.runtime.reads import Reads
 from pipecat_actions.runtime.recovery import RecoverUnsent, Recovery
+from pipecat_actions.runtime.supersession import Supersession
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +62,7 @@ class RuntimeParts:
     proposals: Proposals
     join_notes: JoinNotes
     elsewhere: SharedWaits
+    supersession: Supersession
 
 
 def build_parts(
@@ -178,6 +180,7 @@ def build_parts(
     )
     join_notes = JoinNotes(observed, actor=actor, spawn=lambda c: operations.spawn(c, audit=True))
     elsewhere = SharedWaits(observed, clock, spawn=operations.spawn)
+    supersession = Supersession(observed, bindings)
     proposals = Proposals(
         ledger=observed,
         bindings=bindings,
@@ -189,6 +192,7 @@ def build_parts(
         decisions=decisions,
         join_notes=join_notes,
         elsewhere=elsewhere,
+        supersession=supersession,
     )
     return RuntimeParts(
         policy=policy,
@@ -212,4 +216,5 @@ def build_parts(
         proposals=proposals,
         join_notes=join_notes,
         elsewhere=elsewhere,
+        supersession=supersession,
     )

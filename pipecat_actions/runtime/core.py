@@ -83,6 +83,7 @@ class ActionRuntime:
         self._proposals = parts.proposals
         self._join_notes = parts.join_notes
         self._elsewhere = parts.elsewhere
+        self._supersession = parts.supersession
         self._owns_ledger = owns_ledger
 
     @classmethod
@@ -239,6 +240,25 @@ class ActionRuntime:
     def operation_for_call(self, tool_call_id: str) -> str | None:
         """Return the operation a Pipecat ``tool_call_id`` was admitted as (or joined), if any."""
         return self._operations.operation_for_call(tool_call_id)
+
+    async def superseded_by(self, op: Operation) -> str | None:
+        """The operation of a later user turn on the same resource that replaces ``op``."""
+        if not self._supersession.applies(op.tool):
+            return None
+        return await self._supersession.superseded_by(op)
+
+    @property
+    def call_mark(self) -> int:
+        """A mark in the order tool calls became operations here (see `noted_after`)."""
+        return self._operations.call_mark
+
+    def noted_after(self, operation_id: str, mark: int) -> bool:
+        """Whether a tool call of this process first became ``operation_id`` after ``mark``.
+
+        The result gate takes a mark when its pipeline starts: what came after is its own
+        pipeline's, told through the call's result, never retold as an earlier outcome.
+        """
+        return self._operations.noted_after(operation_id, mark)
 
     def listen(self, session_id: str, listener: Listener) -> None:
         """Call ``listener`` with each operation of ``session_id`` when it gets an outcome."""

@@ -31,6 +31,7 @@ from pipecat_actions.runtime._operations import Operations
 from pipecat_actions.runtime._runner import Runner
 from pipecat_actions.runtime.decisions import Decisions
 from pipecat_actions.runtime.reads import Reads
+from pipecat_actions.runtime.supersession import Supersession
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES, ActionStatus
 
@@ -69,6 +70,7 @@ class Proposals:
         decisions: Decisions,
         join_notes: JoinNotes,
         elsewhere: SharedWaits,
+        supersession: Supersession,
     ) -> None:
         self._ledger = ledger
         self._bindings = bindings
@@ -80,6 +82,7 @@ class Proposals:
         self._decisions = decisions
         self._join_notes = join_notes
         self._elsewhere = elsewhere
+        self._supersession = supersession
 
     async def propose(
         self,
@@ -103,6 +106,10 @@ class Proposals:
                 result = await self._propose(
                     tool, arguments, session, tool_call_id, wait=wait, on_started=on_started
                 )
+                if wait:
+                    # Said in the result itself: read here, in the handler's task, never in
+                    # the pipeline's frame path.
+                    result = await self._supersession.annotate(result, tool)
             except LedgerError as exc:
                 result = self._ledger_failed(tool, tool_call_id, exc)
             logger.bind(operation_id=result.get("operation_id")).debug(

@@ -390,8 +390,10 @@ async def test_the_earlier_booking_committing_after_the_user_changed_it_is_told_
         [
             LLMRunFrame(),
             agent.sent(0.5),
-            InterruptionFrame(),  # "no, make it 21:30"
+            UserStartedSpeakingFrame(),  # "no, make it 21:30": a new user turn
+            InterruptionFrame(),
             agent.closed("running"),
+            UserStoppedSpeakingFrame(),
             agent.advance(0.2),
             LLMRunFrame(),
             agent.sent(0.5, times=2),  # both bookings are on their way
@@ -823,3 +825,24 @@ async def test_a_call_of_a_group_closed_by_its_timeout_waits_for_the_group_befor
 
     assert agent.llm.inferences == 2  # the proposal, then one for the whole group
     assert "an inference too many" not in agent.text()
+
+
+async def test_two_bookings_of_one_response_on_one_resource_do_not_supersede_each_other(
+    runtime_factory: Any,
+) -> None:
+    # The model books two tables of one restaurant in one response (a party of twelve):
+    # neither request replaces the other, whatever order the ledger inserted them in.
+    agent = await runtime_factory()
+    agent.llm.push_step(ToolCalls([("book_table", BOOK_2100), ("book_table", BOOK_2130)]))
+    agent.llm.push_step(Say("Both tables are booked."))
+    await agent.run(
+        [
+            LLMRunFrame(),
+            agent.sent(0.5, times=2),
+            agent.advance(0.5),
+            agent.closed("committed", calls=2),
+            agent.delivered(2),
+        ]
+    )
+    assert "superseded_by" not in agent.text()
+    assert agent.developer() == []
