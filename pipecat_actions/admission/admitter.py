@@ -39,7 +39,7 @@ from pipecat_actions.admission.decisions import (
     Shared,
 )
 from pipecat_actions.admission.idempotency import intent_key
-from pipecat_actions.admission.limits import Coalesced, Degraded, Limiter, Slot
+from pipecat_actions.admission.limits import Behind, Coalesced, Degraded, Limiter, Slot
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import IdempotencyMismatch
 from pipecat_actions.ledger import Ledger, NewOperation, Operation
@@ -178,8 +178,9 @@ class Admitter:
             # Reads change nothing: no duplicate check and no write-ahead; identical reads
             # running at once may share one result (overflow: coalesce).
             taken = await self._take_slot(base, binding, session, coalesce_key=key)
-            if not isinstance(taken, Slot):
+            if isinstance(taken, Refusal | Shared):
                 return taken
+            assert isinstance(taken, Slot)  # only mutations wait behind their own call
             return ReadAdmission(binding, args, taken, key, base.resource_key, base.turn_id)
         if policy.on_duplicate is not OnDuplicate.JOIN:
             return await self._admit_mutation(base, binding, key, args, session, generation)
@@ -234,7 +235,10 @@ class Admitter:
             if duplicate is not None:
                 return duplicate
             key = f"{key}|again:{existing.operation_id}"
-        taken = await self._take_slot(base, binding, session)
+        taken = await self._take_slot(base, binding, session, behind_own=True)
+        if isinstance(taken, Behind):
+            # Admitted now, sent once the principal's earlier call has let go of the slot.
+            return await self._insert(base, binding, key, args, session, None, generation)
         if not isinstance(taken, Slot):
             return taken
         return await self._insert(base, binding, key, args, session, taken, generation)
@@ -246,11 +250,16 @@ class Admitter:
         session: SessionState,
         *,
         coalesce_key: str | None = None,
-    ) -> Slot | Refusal | Shared:
+        behind_own: bool = False,
+    ) -> Slot | Behind | Refusal | Shared:
         """Take a limiter slot, or answer by the overflow policy (refuse, share, degrade)."""
         try:
             taken = await self._limiter.acquire(
-                base.tool, binding.policy, session.principal, coalesce_key=coalesce_key
+                base.tool,
+                binding.policy,
+                session.principal,
+                coalesce_key=coalesce_key,
+                behind_own=behind_own,
             )
         except Refused as exc:
             return await self._refuse(base, exc.code, exc.message)
@@ -306,9 +315,10 @@ class Admitter:
         key: str,
         args: dict[str, Any],
         session: SessionState,
-        slot: Slot,
+        slot: Slot | None,
         generation: int,
     ) -> Refusal | Joined | Admission:
+        """Insert the operation (with no ``slot``: ADMITTED, it takes its slot when it runs)."""
         policy = binding.policy
         now = self._clock.now()
         confirmation = policy.confirmation
@@ -319,7 +329,7 @@ class Admitter:
             again and policy.on_duplicate is OnDuplicate.CONFIRM
         ):
             status, expires = S.AWAITING_CONFIRMATION, confirmation.expires_after_secs or 120.0
-        elif policy.admit_when is AdmitWhen.TURN_CONFIRMED:
+        elif policy.admit_when is AdmitWhen.TURN_CONFIRMED or slot is None:
             status, expires = S.ADMITTED, None
         else:
             status, expires = S.RUNNING, None
@@ -331,7 +341,8 @@ class Admitter:
                     ActionContext.of(draft_operation(base, key, session))
                 )
             except Exception as exc:
-                slot.release()
+                if slot is not None:
+                    slot.release()
                 return await self._hook_failed(base, "its snapshot", exc, code="snapshot_failed")
         new = NewOperation(
             tool=base.tool,
@@ -358,10 +369,15 @@ class Admitter:
                 "reason": _ADMISSION_REASONS[status],
             },
         )
+
+        def release() -> None:
+            if slot is not None:
+                slot.release()
+
         try:
             admitted = await self._ledger.admit(new)
         except IdempotencyMismatch as exc:
-            slot.release()
+            release()
             return await self._refuse(
                 base,
                 "idempotency_mismatch",
@@ -370,16 +386,16 @@ class Admitter:
                 operation_id=exc.operation_id,
             )
         except BaseException:
-            slot.release()
+            release()
             raise
         if not admitted.created:
-            slot.release()
+            release()
             return Joined(admitted.operation)
         if status in AWAITING_PERSON_STATUSES:
             # Waiting for a person holds no capacity; the slot is taken again when it runs.
-            slot.release()
+            release()
             return Admission(admitted.operation, binding, None, generation)
-        return Admission(admitted.operation, binding, slot, generation)
+        return Admission(admitted.operation, binding, slot, generation, waits_for_slot=slot is None)
 
     def _parse(
         self, raw_args: Mapping[str, Any] | str, cap: int, base: Audit

@@ -64,6 +64,8 @@ class Admission:
     binding: Binding
     slot: Slot | None
     generation: int
+    waits_for_slot: bool = False
+    """Admitted behind the principal's own earlier call: it takes its slot when it runs."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,15 @@ The session budget and the rate are never queued: a runaway loop is stopped, not
 
 from __future__ import annotations
 
-__all__ = ["SESSION_BUDGETS_KEPT", "Coalesced", "Degraded", "LimitExceeded", "Limiter", "Slot"]
+__all__ = [
+    "SESSION_BUDGETS_KEPT",
+    "Behind",
+    "Coalesced",
+    "Degraded",
+    "LimitExceeded",
+    "Limiter",
+    "Slot",
+]
 
 import asyncio
 from collections import OrderedDict, defaultdict, deque
@@ -32,6 +40,11 @@ budgeted tool starts its count again."""
 
 class LimitExceeded(Refused):
     """A call was refused by a limit; ``code`` says which."""
+
+
+@dataclass(frozen=True)
+class Behind:
+    """The principal's own earlier call holds the slot: wait for it (`Limiter.wait_for_slot`)."""
 
 
 @dataclass(eq=False)
@@ -111,9 +124,19 @@ class Limiter:
             self._session_calls.popitem(last=False)
 
     async def acquire(
-        self, tool: str, policy: ToolPolicy, principal: str, *, coalesce_key: str | None = None
-    ) -> Slot | Coalesced | Degraded:
+        self,
+        tool: str,
+        policy: ToolPolicy,
+        principal: str,
+        *,
+        coalesce_key: str | None = None,
+        behind_own: bool = False,
+    ) -> Slot | Coalesced | Degraded | Behind:
         """Take a slot for a call of ``tool`` by ``principal``, or apply the overflow policy.
+
+        With ``behind_own`` (mutations), a call refused only by ``per_principal`` because the
+        same principal's earlier call runs is answered `Behind`: it is admitted and takes its
+        slot when it is free, whatever the overflow policy says.
 
         Raises:
             LimitExceeded: The rate or a concurrency limit is reached and overflow rejects,
@@ -130,6 +153,10 @@ class Limiter:
                     f"{tool} is being called too often; try again in a minute", code="rate"
                 )
         if self._full(state, policy, principal):
+            if behind_own and not self._globally_full(state, policy):
+                # Only this principal's own earlier call holds the slot: the new one (a
+                # changed request) waits behind it instead of being bounced.
+                return Behind()
             if limits.overflow is Overflow.COALESCE and coalesce_key in state.inflight_reads:
                 return Coalesced(state.inflight_reads[coalesce_key])
             if limits.overflow is Overflow.DEGRADE:
@@ -166,13 +193,18 @@ class Limiter:
         inflight[coalesce_key] = result
         result.add_done_callback(lambda _: inflight.pop(coalesce_key, None))
 
+    @staticmethod
+    def _globally_full(state: _ToolState, policy: ToolPolicy) -> bool:
+        limits = policy.limits
+        return limits.max_concurrent is not None and state.running >= limits.max_concurrent
+
     def _full(self, state: _ToolState, policy: ToolPolicy, principal: str) -> bool:
         limits = policy.limits
         if limits.max_concurrent is not None and state.running >= limits.max_concurrent:
             return True
         return (
             limits.per_principal is not None
-            and state.per_principal[principal] >= limits.per_principal
+            and state.per_principal.get(principal, 0) >= limits.per_principal
         )
 
     def _take(self, tool: str, state: _ToolState, policy: ToolPolicy, principal: str) -> Slot:

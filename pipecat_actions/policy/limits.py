@@ -43,7 +43,9 @@ class LimitsPolicy(BaseModel):
         ge=1,
         description=(
             "How many calls of this tool one user (principal) may have running at the same "
-            "time. Leave out for no per-user cap."
+            "time. For a mutation, a further call of the same user (a changed request) is "
+            "admitted and waits until the user's earlier one has finished, whatever overflow "
+            "says; for a read, overflow applies. Leave out for no per-user cap."
         ),
     )
     rate_per_minute: float | None = Field(

@@ -94,7 +94,13 @@ class Runner:
             with logger.contextualize(operation_id=op.operation_id):
                 # The execution task copies this context: its lines name the operation.
                 self._operations.spawn(
-                    self.execute(op, tracked, session=session, wait_generation=wait_for)
+                    self.execute(
+                        op,
+                        tracked,
+                        session=session,
+                        wait_generation=wait_for,
+                        take_slot=admission.waits_for_slot,
+                    )
                 )
         return tracked
 
