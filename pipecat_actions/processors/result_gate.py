@@ -96,6 +96,38 @@ _RESUMED_AS_TOLD = frozenset({S.COMMITTED, S.FAILED_FINAL, S.COMPENSATED, S.CANC
 """Finished while nobody listened: told as soon as a new pipeline of the session starts."""
 
 
+def _compensation_told(op: Operation) -> dict[str, Any]:
+    """What the model is told about a compensation ``op`` of an operation of its session."""
+    original = op.compensates
+    if op.status is S.COMMITTED:
+        return {
+            "status": "compensated",
+            "operation_id": original,
+            "compensation_id": op.operation_id,
+            "message": f"The earlier request {original} was undone; tell the user.",
+            "result": op.result,
+        }
+    if op.status in TERMINAL_STATUSES:
+        return {
+            "status": "compensation_failed",
+            "operation_id": original,
+            "compensation_id": op.operation_id,
+            "message": (
+                f"Undoing the earlier request {original} did not work ({op.error}); it still "
+                "stands. Tell the user."
+            ),
+        }
+    return {
+        "status": "compensation_unknown",
+        "operation_id": original,
+        "compensation_id": op.operation_id,
+        "message": (
+            f"It is not yet known whether undoing the earlier request {original} worked; it "
+            "is being checked. Do not say it was undone."
+        ),
+    }
+
+
 @dataclass
 class _Late:
     operation: Operation
@@ -365,6 +397,10 @@ class ActionResultGate(FrameProcessor):
         # The operation stays in _awaiting_outcome until it is told (see _push_late), so that
         # siblings told meanwhile know it is still to come. An UNKNOWN told stays awaited:
         # what reconciliation finds is told too.
+        if op.compensates is not None and op.operation_id not in self._told:
+            # The application reversed an operation of this session: the conversation still
+            # says it happened. Told like a late outcome (the model may have offered to undo).
+            self._awaiting_outcome.add(op.operation_id)
         if op.operation_id not in self._awaiting_outcome:
             return
         if op.operation_id in self._delivering:
@@ -429,10 +465,12 @@ class ActionResultGate(FrameProcessor):
         if late.superseded_by is not None:
             content["superseded_by"] = late.superseded_by
             content["note"] = SUPERSEDED_NOTE
-        message: Any = {
-            "role": "developer",
-            "content": f"Outcome of an earlier {op.tool} request: {json.dumps(content)}",
-        }
+        if op.compensates is not None:
+            content = _compensation_told(op)
+            text = f"Undoing an earlier request: {json.dumps(content)}"
+        else:
+            text = f"Outcome of an earlier {op.tool} request: {json.dumps(content)}"
+        message: Any = {"role": "developer", "content": text}
         if late.mode is DeliveryMode.INTERRUPT and self.session.bot_speaking:
             await self.broadcast_interruption()  # type: ignore[no-untyped-call]
         # Calls proposed together are told together: every outcome but the last goes into the

@@ -846,3 +846,69 @@ async def test_two_bookings_of_one_response_on_one_resource_do_not_supersede_eac
     )
     assert "superseded_by" not in agent.text()
     assert agent.developer() == []
+
+
+@pytest.mark.parametrize("undo_works", [True, False], ids=["undone", "undo_failed"])
+async def test_a_compensation_of_a_booking_is_told_to_its_conversation(
+    tmp_path: Path, undo_works: bool
+) -> None:
+    # The application undid the booking (the model had offered to): the context still said
+    # "booked" and nobody was told; nor when the undo failed and the booking still stood.
+    from pipecat_actions.execution.outcomes import EffectFailed
+
+    clock = ScriptClock()
+    sor = FakeSystemOfRecord(clock=clock)
+    sor.add_restaurant("r1", tables=3)
+
+    async def undo(ctx: ActionContext) -> dict[str, Any]:
+        if not undo_works:
+            raise EffectFailed("the restaurant no longer accepts cancellations today")
+        return {"cancelled": True}
+
+    @action(compensate=undo)
+    async def book_table(
+        ctx: ActionContext, restaurant_id: str, date: str, time: str, party_size: int
+    ) -> dict[str, Any]:
+        """Book a table."""
+        booking = await sor.book(
+            restaurant_id, date, time, party_size, "Ada", idempotency_key=ctx.idempotency_key
+        )
+        return {"booking_id": booking.booking_id}
+
+    runtime = await ActionRuntime.create(
+        load_policy_text("version: 1\ntools:\n  book_table:\n    kind: mutation\n"),
+        authorizer=AllowAll(),
+        actions=[book_table],
+        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
+        clock=clock,
+    )
+    try:
+        agent = Agent(runtime, sor, clock, [])
+        agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
+        agent.llm.push_step(Say("Booked. Shall I cancel it?"))
+        agent.llm.push_step(Say("Done."))
+        undone: list[Any] = []
+
+        async def the_application_undoes_it() -> None:
+            (op,) = await runtime.ledger.list()
+            undone.append(await runtime.compensate(op.operation_id, actor="app", reason="asked"))
+
+        await agent.run(
+            [
+                LLMRunFrame(),
+                agent.closed("committed"),
+                the_application_undoes_it,
+                agent.told_late(),
+            ]
+        )
+        original = next(op for op in await runtime.ledger.list() if op.compensates is None)
+    finally:
+        await runtime.close(grace_secs=0)
+
+    (told,) = agent.developer()
+    assert original.operation_id in told
+    if undo_works:
+        assert '"compensated"' in told and original.status is ActionStatus.COMPENSATED
+    else:
+        assert '"compensation_failed"' in told and "still stands" in told
+        assert original.status is ActionStatus.COMMITTED
