@@ -276,6 +276,11 @@ class ActionResultGate(FrameProcessor):
                 await self._mark_delivered(op)
 
     async def _on_result(self, frame: FunctionCallResultFrame) -> None:
+        if frame.function_name not in self.runtime.bindings and frame.function_name != CONFIRM_TOOL:
+            # Not the runtime's call: its results (intermediate ones with their run_llm, a
+            # reused tool_call_id) are the application's business, passed on as they are.
+            await self.push_frame(frame)
+            return
         if frame.tool_call_id in self._closed_by_gate:
             self._log(frame.tool_call_id).debug(
                 "{}: dropping a result for a call it already closed", self

@@ -147,3 +147,34 @@ async def test_frames_travelling_upstream_pass_unchanged_and_in_order(
         start_timeout=HANG_GUARD_SECS,
     )
     assert [id(f) for f in up] == [id(f) for f in sent]
+
+
+async def test_results_of_a_tool_the_runtime_does_not_own_pass_as_they_are(
+    runtime: ActionRuntime,
+) -> None:
+    # An intermediate result asking for inference kept run_llm=False; a second final result
+    # with a reused tool_call_id was dropped. Neither is the gate's business.
+    from pipecat.frames.frames import FunctionCallResultFrame, FunctionCallResultProperties
+
+    progress = FunctionCallResultFrame(
+        function_name="weather",
+        tool_call_id="w1",
+        arguments={},
+        result={"progress": "50%"},
+        properties=FunctionCallResultProperties(run_llm=True, is_final=False),
+    )
+    first = FunctionCallResultFrame(
+        function_name="weather", tool_call_id="w1", arguments={}, result={"temp": 20}
+    )
+    again = FunctionCallResultFrame(
+        function_name="weather", tool_call_id="w1", arguments={}, result={"temp": 21}
+    )
+    sent: list[Frame] = [progress, first, again]
+    down, _ = await run_test(
+        _processors(runtime)[0],
+        frames_to_send=sent,
+        expected_down_frames=[FunctionCallResultFrame] * 3,
+        start_timeout=HANG_GUARD_SECS,
+    )
+    assert [id(f) for f in down] == [id(f) for f in sent]
+    assert progress.properties is not None and progress.properties.run_llm is True
