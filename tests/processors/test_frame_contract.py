@@ -38,7 +38,7 @@ from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from tests._waiting import HANG_GUARD_SECS
 
-POLICY = "version: 1\ntools:\n  book_table:\n    kind: mutation\n"
+POLICY = 'version: 1\ntools:\n  book_table:\n    kind: mutation\n    resource: "table:{time}"\n'
 
 
 def queued_frames() -> list[Frame]:
@@ -178,3 +178,37 @@ async def test_results_of_a_tool_the_runtime_does_not_own_pass_as_they_are(
     )
     assert [id(f) for f in down] == [id(f) for f in sent]
     assert progress.properties is not None and progress.properties.run_llm is True
+
+
+async def test_no_frame_waits_for_the_ledger(runtime: ActionRuntime) -> None:
+    # The gate used to read the ledger inside process_frame (the supersession check of a
+    # final result), holding every later frame of the pipeline behind a database round trip.
+    # With the ledger's reads stalled, the result and the frames after it still pass.
+    import asyncio
+
+    from pipecat.frames.frames import FunctionCallResultFrame
+
+    stalled = asyncio.Event()
+
+    async def never(*_: Any, **__: Any) -> Any:
+        await stalled.wait()
+
+    ledger: Any = runtime.ledger
+    ledger.get = never
+    ledger.list = never
+    ledger.annotate = never
+    result = FunctionCallResultFrame(
+        function_name="book_table",
+        tool_call_id="c1",
+        arguments={"time": "21:00"},
+        result={"status": "committed", "operation_id": "op_x", "message": "Done."},
+    )
+    after = [TextFrame(text="Your table is booked."), LLMFullResponseEndFrame()]
+    down, _ = await run_test(
+        _processors(runtime)[0],
+        frames_to_send=[result, *after],
+        expected_down_frames=[FunctionCallResultFrame, TextFrame, LLMFullResponseEndFrame],
+        start_timeout=HANG_GUARD_SECS,
+    )
+    assert [id(f) for f in down] == [id(result), *map(id, after)]
+    stalled.set()
