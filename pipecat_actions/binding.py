@@ -104,6 +104,10 @@ def _handler(runtime: ActionRuntime, name: str, session: SessionState) -> Callab
             tool_call_id=params.tool_call_id,
             on_started=announce if announcement else None,
         )
+        if announcement and result.get("status") == "awaiting_approval":
+            # It waits for a person: the user hears the line too, and waits without asking
+            # again (it claims no outcome; the approval's outcome is told later).
+            await announce(str(result.get("operation_id", "")))
         await params.result_callback(result)
 
     handler.__name__ = f"pipecat_actions_{name}"

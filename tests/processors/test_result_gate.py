@@ -912,3 +912,53 @@ async def test_a_compensation_of_a_booking_is_told_to_its_conversation(
     else:
         assert '"compensation_failed"' in told and "still stands" in told
         assert original.status is ActionStatus.COMMITTED
+
+
+async def test_a_background_action_waiting_for_approval_is_announced_too(
+    tmp_path: Path,
+) -> None:
+    # The announce line was skipped when the call went to a person: the user heard nothing
+    # until the model spoke about the pending approval.
+    clock = ScriptClock()
+    sor = FakeSystemOfRecord(clock=clock)
+
+    @action
+    async def refund(ctx: ActionContext, amount_cents: int) -> dict[str, Any]:
+        """Refund a deposit."""
+        return {"refunded_cents": amount_cents}
+
+    runtime = await ActionRuntime.create(
+        load_policy_text(
+            "version: 1\ntools:\n  refund:\n    kind: mutation\n    mode: background\n"
+            "    announce: I am passing that to a colleague, one moment.\n"
+            "    confirmation: {mode: approval}\n"
+        ),
+        authorizer=AllowAll(),
+        actions=[refund],
+        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
+        clock=clock,
+    )
+    try:
+        agent = Agent(runtime, sor, clock, [])
+        agent.llm.push_step(ToolCalls([("refund", {"amount_cents": 500})]))
+        agent.llm.push_step(Say("A colleague will approve it shortly."))
+        tap = Tap()
+        await agent.run(
+            [
+                LLMRunFrame(),
+                lambda: until(
+                    lambda: any(isinstance(f, FunctionCallResultFrame) for f in tap.frames),
+                    what="the awaiting-approval result",
+                ),
+            ],
+            before_gate=[tap],
+        )
+    finally:
+        await runtime.close(grace_secs=0)
+    spoken = [f.text for f in tap.frames if isinstance(f, TTSSpeakFrame)]
+    assert spoken == ["I am passing that to a colleague, one moment."]
+    said_at = next(i for i, f in enumerate(tap.frames) if isinstance(f, TTSSpeakFrame))
+    result_at = next(i for i, f in enumerate(tap.frames) if isinstance(f, FunctionCallResultFrame))
+    assert said_at < result_at
+    (result,) = [f.result for f in tap.frames if isinstance(f, FunctionCallResultFrame)]
+    assert result["status"] == "awaiting_approval"
