@@ -243,8 +243,6 @@ class ActionRuntime:
 
     async def superseded_by(self, op: Operation) -> str | None:
         """The operation of a later user turn on the same resource that replaces ``op``."""
-        if not self._supersession.applies(op.tool):
-            return None
         return await self._supersession.superseded_by(op)
 
     @property

@@ -106,10 +106,6 @@ class Proposals:
                 result = await self._propose(
                     tool, arguments, session, tool_call_id, wait=wait, on_started=on_started
                 )
-                if wait:
-                    # Said in the result itself: read here, in the handler's task, never in
-                    # the pipeline's frame path.
-                    result = await self._supersession.annotate(result, tool)
             except LedgerError as exc:
                 result = self._ledger_failed(tool, tool_call_id, exc)
             logger.bind(operation_id=result.get("operation_id")).debug(
@@ -199,7 +195,8 @@ class Proposals:
                     op = await asyncio.shield(tracked.done)
                 else:
                     op = await self._elsewhere.wait(op)
-            return self._asking(render_operation(op, note=note), op)
+            joined = self._asking(render_operation(op, note=note), op)
+            return await self._told(joined, op) if wait else joined
         tracked = admitted
         if on_started is not None:
             await on_started(tracked.operation_id)
@@ -210,7 +207,7 @@ class Proposals:
         except asyncio.CancelledError:
             self._operations.spawn(self._decisions.interrupted(tracked.operation_id))
             raise
-        return render_operation(final)
+        return await self._told(render_operation(final), final)
 
     async def _admit_and_start(
         self,
@@ -245,6 +242,14 @@ class Proposals:
         if admitted.operation.status in AWAITING_PERSON_STATUSES:
             return self._asking(render_operation(admitted.operation), admitted.operation)
         return tracked
+
+    async def _told(self, result: dict[str, Any], op: Operation) -> dict[str, Any]:
+        """A call's final result, saying whether a later user turn superseded ``op``.
+
+        Decided here, in the handler's task, from the operation at hand: never in the
+        pipeline's frame path, and with no read of the operation again.
+        """
+        return await self._supersession.note(result, op)
 
     def _asking(self, result: dict[str, Any], op: Operation) -> dict[str, Any]:
         """Add the policy's ``confirmation.prompt``, filled in, to a needs-confirmation result."""

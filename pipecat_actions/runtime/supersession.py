@@ -46,7 +46,7 @@ class Supersession:
         self._ledger = ledger
         self._bindings = bindings
 
-    def applies(self, tool: str) -> bool:
+    def _applies(self, tool: str) -> bool:
         """Whether an operation of ``tool`` can be superseded at all (no read needed if not)."""
         binding = self._bindings.get(tool)
         policy = binding.policy if binding else None
@@ -57,7 +57,7 @@ class Supersession:
     async def superseded_by(self, op: Operation) -> str | None:
         """The operation of a later user turn on the same resource and tool, if any."""
         turn = _turn(op)
-        if op.resource_key is None or turn is None:
+        if op.resource_key is None or turn is None or not self._applies(op.tool):
             return None
         candidates = await self._ledger.list(
             OperationFilter(session_id=op.session_id, resource_key=op.resource_key)
@@ -74,14 +74,9 @@ class Supersession:
             return None
         return min(later, key=lambda o: (_turn(o) or 0, o.created_at)).operation_id
 
-    async def annotate(self, result: dict[str, Any], tool: str) -> dict[str, Any]:
-        """``result`` with ``superseded_by`` and a note when its operation was superseded."""
-        operation_id = result.get("operation_id")
-        if not isinstance(operation_id, str) or not self.applies(tool):
-            return result
-        if result.get("status") == "refused":
-            return result
-        newer = await self.superseded_by(await self._ledger.get(operation_id))
+    async def note(self, result: dict[str, Any], op: Operation) -> dict[str, Any]:
+        """``result`` (the rendering of ``op``) with ``superseded_by`` and a note if it was."""
+        newer = await self.superseded_by(op)
         if newer is None:
             return result
         return {**result, "superseded_by": newer, "note": SUPERSEDED_NOTE}
