@@ -41,6 +41,10 @@ class WriteRetry:
     multiplier: float = 2.0
     max_secs: float = 2.0
 
+    def pause(self, failures: int) -> float:
+        """How long to wait after the ``failures``-th failure in a row (1 for the first)."""
+        return min(self.initial_secs * self.multiplier ** (failures - 1), self.max_secs)
+
 
 async def until_written(
     write: Callable[[], Awaitable[T]],
@@ -61,7 +65,6 @@ async def until_written(
         LedgerError: A failure that is not retryable (raised at once).
     """
     failures = 0
-    delay = retry.initial_secs
     while True:
         try:
             return await write()
@@ -71,5 +74,4 @@ async def until_written(
             failures += 1
             if on_failure is not None:
                 on_failure(exc, failures)
-        await clock.sleep(delay)
-        delay = min(delay * retry.multiplier, retry.max_secs)
+        await clock.sleep(retry.pause(failures))

@@ -422,7 +422,7 @@ class Executor:
                 break
             expected = current.status
             try:
-                settled = await until_written(
+                settled = await self._must_write(
                     lambda expected=expected: self.ledger.transition(  # type: ignore[misc]
                         op.operation_id,
                         expected=expected,
@@ -432,8 +432,6 @@ class Executor:
                         detail={"reason": reason or to.value.lower()},
                         changes=changes,
                     ),
-                    clock=self.clock,
-                    retry=self.write_retry,
                     on_failure=unrecorded,
                 )
             except TransitionRefused:

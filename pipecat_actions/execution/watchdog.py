@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from loguru import logger
 
 from pipecat_actions.clock import Clock
+from pipecat_actions.execution.durable import WriteRetry
 
 
 class Watchdog:
@@ -33,9 +34,8 @@ class Watchdog:
         clock: The time source and sleeper.
         on_expiry: Called in a task of its own for each due deadline (slow handling of one
             expiry never delays the next).
-        retry_secs: The pause before a deadline whose handler failed is applied again; it
-            doubles with each failure, up to ``max_retry_secs``.
-        max_retry_secs: The longest such pause.
+        retry: The backoff before a deadline whose handler failed is applied again (default
+            0.25 s, doubling up to 5 s).
     """
 
     def __init__(
@@ -43,13 +43,11 @@ class Watchdog:
         clock: Clock,
         on_expiry: Callable[[str], Awaitable[None]],
         *,
-        retry_secs: float = 0.25,
-        max_retry_secs: float = 5.0,
+        retry: WriteRetry | None = None,
     ) -> None:
         self._clock = clock
         self._on_expiry = on_expiry
-        self._retry_secs = retry_secs
-        self._max_retry_secs = max_retry_secs
+        self._retry = retry or WriteRetry(initial_secs=0.25, max_secs=5.0)
         self._failures: dict[str, int] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._armed: dict[str, float] = {}
@@ -143,7 +141,7 @@ class Watchdog:
         except Exception as exc:  # one failed expiry must not stop the others
             failures = self._failures.get(operation_id, 0) + 1
             self._failures[operation_id] = failures
-            pause = min(self._retry_secs * 2 ** (failures - 1), self._max_retry_secs)
+            pause = self._retry.pause(failures)
             logger.bind(operation_id=operation_id).warning(
                 "watchdog: expiry of {} failed ({}); applied again in {:.2f} s",
                 operation_id,
