@@ -334,6 +334,11 @@ class Admitter:
         else:
             status, expires = S.RUNNING, None
         deadline_at = now + (expires if expires is not None else policy.deadline_secs)
+
+        def release() -> None:
+            if slot is not None:
+                slot.release()
+
         before_state = None
         if binding.action.snapshot is not None and status in (S.RUNNING, S.ADMITTED):
             try:
@@ -341,8 +346,7 @@ class Admitter:
                     ActionContext.of(draft_operation(base, key, session))
                 )
             except Exception as exc:
-                if slot is not None:
-                    slot.release()
+                release()
                 return await self._hook_failed(base, "its snapshot", exc, code="snapshot_failed")
         new = NewOperation(
             tool=base.tool,
@@ -369,11 +373,6 @@ class Admitter:
                 "reason": _ADMISSION_REASONS[status],
             },
         )
-
-        def release() -> None:
-            if slot is not None:
-                slot.release()
-
         try:
             admitted = await self._ledger.admit(new)
         except IdempotencyMismatch as exc:

@@ -200,7 +200,7 @@ class Limiter:
 
     def _full(self, state: _ToolState, policy: ToolPolicy, principal: str) -> bool:
         limits = policy.limits
-        if limits.max_concurrent is not None and state.running >= limits.max_concurrent:
+        if self._globally_full(state, policy):
             return True
         return (
             limits.per_principal is not None

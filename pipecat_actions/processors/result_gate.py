@@ -99,19 +99,18 @@ _RESUMED_AS_TOLD = frozenset({S.COMMITTED, S.FAILED_FINAL, S.COMPENSATED, S.CANC
 def _compensation_told(op: Operation) -> dict[str, Any]:
     """What the model is told about a compensation ``op`` of an operation of its session."""
     original = op.compensates
+    ids = {"operation_id": original, "compensation_id": op.operation_id}
     if op.status is S.COMMITTED:
         return {
             "status": "compensated",
-            "operation_id": original,
-            "compensation_id": op.operation_id,
+            **ids,
             "message": f"The earlier request {original} was undone; tell the user.",
             "result": op.result,
         }
     if op.status in TERMINAL_STATUSES:
         return {
             "status": "compensation_failed",
-            "operation_id": original,
-            "compensation_id": op.operation_id,
+            **ids,
             "message": (
                 f"Undoing the earlier request {original} did not work ({op.error}); it still "
                 "stands. Tell the user."
@@ -119,8 +118,7 @@ def _compensation_told(op: Operation) -> dict[str, Any]:
         }
     return {
         "status": "compensation_unknown",
-        "operation_id": original,
-        "compensation_id": op.operation_id,
+        **ids,
         "message": (
             f"It is not yet known whether undoing the earlier request {original} worked; it "
             "is being checked. Do not say it was undone."
@@ -466,14 +464,13 @@ class ActionResultGate(FrameProcessor):
         op = late.operation
         if op.operation_id not in self._awaiting_outcome:
             return  # told meanwhile, in place
-        content = render_operation(op)
-        if late.superseded_by is not None:
-            content["superseded_by"] = late.superseded_by
-            content["note"] = SUPERSEDED_NOTE
         if op.compensates is not None:
-            content = _compensation_told(op)
-            text = f"Undoing an earlier request: {json.dumps(content)}"
+            text = f"Undoing an earlier request: {json.dumps(_compensation_told(op))}"
         else:
+            content = render_operation(op)
+            if late.superseded_by is not None:
+                content["superseded_by"] = late.superseded_by
+                content["note"] = SUPERSEDED_NOTE
             text = f"Outcome of an earlier {op.tool} request: {json.dumps(content)}"
         message: Any = {"role": "developer", "content": text}
         if late.mode is DeliveryMode.INTERRUPT and self.session.bot_speaking:

@@ -107,6 +107,8 @@ class Recovery:
         self._not_ours: set[str] = set()
         """Claimed operations this process cannot run (their action is not loaded here): left
         to expire and never claimed again by this process, for one that has the action."""
+        self._recovering: set[str] = set()
+        """Claimed operations a recovery task of this process is finishing now."""
         self._let_go: set[str] = set()
         """Claimed operations that could not be started here for now (the ledger failed): left
         to expire, then claimed again."""
@@ -181,6 +183,7 @@ class Recovery:
 
     async def _recover_one(self, op: Operation, tracked: Tracked) -> None:
         final = op
+        self._recovering.add(op.operation_id)
         try:
             final = await self._finish_recovered(op, tracked)
             # The original is settled first, so whoever waits for the compensation then
@@ -194,6 +197,7 @@ class Recovery:
                 "recovered operation {} could not be finished: {}", op.operation_id, exc
             )
         finally:
+            self._recovering.discard(op.operation_id)
             self._operations.finish(tracked, final)
 
     async def _finish_recovered(self, op: Operation, tracked: Tracked) -> Operation:
@@ -221,7 +225,9 @@ class Recovery:
                 error="not sent: the conversation ended before the user's turn was confirmed",
             )
         if op.deadline_at is not None and self._clock.now() >= op.deadline_at:
-            to, why = expiry_rule(op.status) or (S.FAILED_FINAL, "deadline passed")
+            rule = expiry_rule(op.status)
+            assert rule is not None  # unsent: FAILED_FINAL
+            to, why = rule
             return await self._operations.move(op, tracked, to, why, error=f"deadline: {why}")
         if self.recover_unsent == "fail":
             return await self._operations.move(
@@ -309,8 +315,9 @@ class Recovery:
         the conversation are told, as for a decision made here.
         """
         for tracked in self._operations.waiting():
-            if self._runner.is_executing(tracked.operation_id):
-                continue
+            driven = self._runner.is_executing(tracked.operation_id)
+            if driven or tracked.operation_id in self._recovering:
+                continue  # something here drives it: no decision of a person to pick up
             op = await self._ledger.get(tracked.operation_id)
             if op.status in TERMINAL_STATUSES:
                 self._operations.finish(tracked, op)
