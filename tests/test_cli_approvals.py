@@ -42,6 +42,30 @@ async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str
     return code, captured.out, captured.err
 
 
+async def _decide(
+    capsys: pytest.CaptureFixture[str],
+    verb: str,
+    operation_id: str,
+    url: str,
+    reason: str,
+    *extra: str,
+) -> tuple[int, str, str]:
+    """``pipecat-actions approvals approve|reject OP`` as the approver bob."""
+    return await _cli(
+        capsys,
+        "approvals",
+        verb,
+        operation_id,
+        "--ledger",
+        url,
+        "--approver",
+        "bob",
+        "--reason",
+        reason,
+        *extra,
+    )
+
+
 async def _until(check: Callable[[], bool], what: str) -> None:
     """Poll until ``check()`` holds; only a hang reaches the bound."""
     await eventually(check, what=what)
@@ -110,16 +134,11 @@ async def test_approval_from_the_cli_runs_the_operation_in_the_owning_runtime(
     listed = json.loads(out)
     assert [op["operation_id"] for op in listed] == [operation_id]
     assert listed[0]["args"] == {"amount_cents": 2500, "booking_id": "b-1"}
-    code, out, _ = await _cli(
+    code, out, _ = await _decide(
         capsys,
-        "approvals",
         "approve",
         operation_id,
-        "--ledger",
         url,
-        "--approver",
-        "bob",
-        "--reason",
         "deposit policy",
         "--args-hash",
         listed[0]["args_hash"],
@@ -138,19 +157,8 @@ async def test_approval_for_other_arguments_is_refused_and_nothing_runs(
     waiting: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runtime, url, operation_id, refunds, clock = waiting
-    code, _, err = await _cli(
-        capsys,
-        "approvals",
-        "approve",
-        operation_id,
-        "--ledger",
-        url,
-        "--approver",
-        "bob",
-        "--reason",
-        "ok",
-        "--args-hash",
-        "0" * 64,
+    code, _, err = await _decide(
+        capsys, "approve", operation_id, url, "ok", "--args-hash", "0" * 64
     )
     assert code == 1
     assert "other arguments" in err
@@ -164,35 +172,13 @@ async def test_rejection_from_the_cli_is_final_and_nothing_runs(
     waiting: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runtime, url, operation_id, refunds, clock = waiting
-    code, out, _ = await _cli(
-        capsys,
-        "approvals",
-        "reject",
-        operation_id,
-        "--ledger",
-        url,
-        "--approver",
-        "bob",
-        "--reason",
-        "not eligible",
-    )
+    code, out, _ = await _decide(capsys, "reject", operation_id, url, "not eligible")
     assert code == 0
     assert "REJECTED" in out
     op = await runtime.ledger.get(operation_id)
     assert op.status is ActionStatus.REJECTED
     assert op.error == "rejected by bob: not eligible"
-    code, _, err = await _cli(
-        capsys,
-        "approvals",
-        "approve",
-        operation_id,
-        "--ledger",
-        url,
-        "--approver",
-        "bob",
-        "--reason",
-        "changed my mind",
-    )
+    code, _, err = await _decide(capsys, "approve", operation_id, url, "changed my mind")
     assert code == 1
     assert "not awaiting approval" in err
     await _heartbeat(clock)  # the owner looked for approved work, and found none
@@ -218,18 +204,7 @@ async def test_an_approval_in_the_last_third_of_the_lease_before_the_window_clos
     # had printed ADMITTED. The deadline applied is the ledger's: it runs.
     runtime, url, operation_id, refunds, clock = waiting
     clock.advance(55)  # within the last lease/3 of the window
-    code, out, _ = await _cli(
-        capsys,
-        "approvals",
-        "approve",
-        operation_id,
-        "--ledger",
-        url,
-        "--approver",
-        "bob",
-        "--reason",
-        "deposit policy",
-    )
+    code, out, _ = await _decide(capsys, "approve", operation_id, url, "deposit policy")
     assert code == 0
     assert "ADMITTED" in out
     clock.advance(6)  # the window's end passes: the old deadline fires in the owner
@@ -247,18 +222,7 @@ async def test_a_rejection_from_the_cli_is_told_to_the_live_conversation(
     runtime, url, operation_id, refunds, clock = waiting
     heard: list[ActionStatus] = []
     runtime.listen("call-1", lambda op: heard.append(op.status))
-    code, _, _ = await _cli(
-        capsys,
-        "approvals",
-        "reject",
-        operation_id,
-        "--ledger",
-        url,
-        "--approver",
-        "bob",
-        "--reason",
-        "not eligible",
-    )
+    code, _, _ = await _decide(capsys, "reject", operation_id, url, "not eligible")
     assert code == 0
     await _heartbeat(clock)
     final = await asyncio.wait_for(runtime.wait(operation_id), HANG_GUARD_SECS)

@@ -78,13 +78,19 @@ async def leave_work_behind(url: str, clock: ManualClock) -> dict[str, str]:
     return {name: str(op_id) for name, op_id in ids.items()}
 
 
+async def after_the_bot_died(url: str) -> tuple[ManualClock, dict[str, str]]:
+    """Leave the bot's work behind and let its lease run out; return the clock and the work."""
+    clock = ManualClock()
+    ids = await leave_work_behind(url, clock)
+    clock.advance(LEASE_SECS + 1)
+    return clock, ids
+
+
 async def test_a_worker_finishes_what_a_dead_bot_left_and_leaves_it_untold(
     ledger_url: str,
 ) -> None:
     url = ledger_url
-    clock = ManualClock()
-    ids = await leave_work_behind(url, clock)
-    clock.advance(LEASE_SECS + 1)
+    clock, ids = await after_the_bot_died(url)
     stop = asyncio.Event()
     out = io.StringIO()
     working = asyncio.ensure_future(
@@ -132,9 +138,7 @@ async def test_without_an_authorizer_a_worker_fails_unsent_work_instead_of_sendi
     ledger_url: str,
 ) -> None:
     url = ledger_url
-    clock = ManualClock()
-    ids = await leave_work_behind(url, clock)
-    clock.advance(LEASE_SECS + 1)
+    clock, ids = await after_the_bot_died(url)
     out = io.StringIO()
     code = await guarded(
         run_worker(

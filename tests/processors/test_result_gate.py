@@ -9,6 +9,7 @@ point of the conversation the test is about.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -207,6 +208,28 @@ class Agent:
             return len(self.developer()) >= count and delivered >= count
 
         return lambda: until(check, what=f"{count} late outcomes told")
+
+
+@contextlib.asynccontextmanager
+async def agent_on(
+    tmp_path: Path,
+    policy_text: str,
+    actions: list[Any],
+    sor: FakeSystemOfRecord,
+    clock: ScriptClock,
+) -> AsyncIterator[Agent]:
+    """An `Agent` on a runtime of its own with ``actions`` under ``policy_text``, closed after."""
+    runtime = await ActionRuntime.create(
+        load_policy_text(policy_text),
+        authorizer=AllowAll(),
+        actions=actions,
+        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
+        clock=clock,
+    )
+    try:
+        yield Agent(runtime, sor, clock, [])
+    finally:
+        await runtime.close(grace_secs=0)
 
 
 def _status(content: Any) -> str | None:
@@ -526,18 +549,14 @@ async def test_a_background_action_is_announced_when_it_starts_without_claiming_
         )
         return {"booking_id": booking.booking_id}
 
-    runtime = await ActionRuntime.create(
-        load_policy_text(
-            "version: 1\ntools:\n  book_table:\n    kind: mutation\n    mode: background\n"
-            "    announce: Let me book that for you, one moment.\n"
-        ),
-        authorizer=AllowAll(),
-        actions=[book_table],
-        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
-        clock=clock,
-    )
-    try:
-        agent = Agent(runtime, sor, clock, [])
+    async with agent_on(
+        tmp_path,
+        "version: 1\ntools:\n  book_table:\n    kind: mutation\n    mode: background\n"
+        "    announce: Let me book that for you, one moment.\n",
+        [book_table],
+        sor,
+        clock,
+    ) as agent:
         agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
         agent.llm.push_step(Say("Your table is booked."))
         tap = Tap()
@@ -558,8 +577,6 @@ async def test_a_background_action_is_announced_when_it_starts_without_claiming_
             ],
             before_gate=[tap],
         )
-    finally:
-        await runtime.close(grace_secs=0)
     spoken = [f.text for f in tap.frames if isinstance(f, TTSSpeakFrame)]
     assert spoken == ["Let me book that for you, one moment."]
     said_at = next(i for i, f in enumerate(tap.frames) if isinstance(f, TTSSpeakFrame))
@@ -590,18 +607,15 @@ async def test_a_result_past_pipecats_timeout_is_bounded_by_the_watchdog_and_tol
         )
         return {"booking_id": booking.booking_id}
 
-    runtime = await ActionRuntime.create(
-        load_policy_text(
-            "version: 1\ntools:\n  book_table:\n    kind: mutation\n"
-            "    timeout_secs: 1.0\n    deadline_secs: 1.5\n"
-        ),
-        authorizer=AllowAll(),
-        actions=[book_table],
-        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
-        clock=clock,
-    )
-    try:
-        agent = Agent(runtime, sor, clock, [])
+    async with agent_on(
+        tmp_path,
+        "version: 1\ntools:\n  book_table:\n    kind: mutation\n"
+        "    timeout_secs: 1.0\n    deadline_secs: 1.5\n",
+        [book_table],
+        sor,
+        clock,
+    ) as agent:
+        runtime = agent.runtime
         agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
         agent.llm.push_step(Say("Still working on it."))
         agent.llm.push_step(Say("Sorry, it did not go through."))
@@ -622,8 +636,6 @@ async def test_a_result_past_pipecats_timeout_is_bounded_by_the_watchdog_and_tol
             ]
         )
         (op,) = await runtime.ledger.list()
-    finally:
-        await runtime.close(grace_secs=0)
 
     assert "CANCELLED" not in agent.text()
     (tool,) = _tool_messages(agent)
@@ -789,18 +801,14 @@ async def test_a_call_of_a_group_closed_by_its_timeout_waits_for_the_group_befor
         await clock.sleep(2.0)
         return {"sent": text}
 
-    runtime = await ActionRuntime.create(
-        load_policy_text(
-            "version: 1\ntools:\n  book_table:\n    kind: mutation\n    timeout_secs: 1.0\n"
-            "    deadline_secs: 600\n  send_note:\n    kind: mutation\n    deadline_secs: 600\n"
-        ),
-        authorizer=AllowAll(),
-        actions=[book_table, send_note],
-        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
-        clock=clock,
-    )
-    try:
-        agent = Agent(runtime, sor, clock, [])
+    async with agent_on(
+        tmp_path,
+        "version: 1\ntools:\n  book_table:\n    kind: mutation\n    timeout_secs: 1.0\n"
+        "    deadline_secs: 600\n  send_note:\n    kind: mutation\n    deadline_secs: 600\n",
+        [book_table, send_note],
+        sor,
+        clock,
+    ) as agent:
         agent.llm.push_step(
             ToolCalls([("book_table", BOOK_2100), ("send_note", {"text": "window seat"})])
         )
@@ -820,8 +828,6 @@ async def test_a_call_of_a_group_closed_by_its_timeout_waits_for_the_group_befor
                 FLUSH,
             ]
         )
-    finally:
-        await runtime.close(grace_secs=0)
 
     assert agent.llm.inferences == 2  # the proposal, then one for the whole group
     assert "an inference too many" not in agent.text()
@@ -875,15 +881,14 @@ async def test_a_compensation_of_a_booking_is_told_to_its_conversation(
         )
         return {"booking_id": booking.booking_id}
 
-    runtime = await ActionRuntime.create(
-        load_policy_text("version: 1\ntools:\n  book_table:\n    kind: mutation\n"),
-        authorizer=AllowAll(),
-        actions=[book_table],
-        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
-        clock=clock,
-    )
-    try:
-        agent = Agent(runtime, sor, clock, [])
+    async with agent_on(
+        tmp_path,
+        "version: 1\ntools:\n  book_table:\n    kind: mutation\n",
+        [book_table],
+        sor,
+        clock,
+    ) as agent:
+        runtime = agent.runtime
         agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
         agent.llm.push_step(Say("Booked. Shall I cancel it?"))
         agent.llm.push_step(Say("Done."))
@@ -902,8 +907,6 @@ async def test_a_compensation_of_a_booking_is_told_to_its_conversation(
             ]
         )
         original = next(op for op in await runtime.ledger.list() if op.compensates is None)
-    finally:
-        await runtime.close(grace_secs=0)
 
     (told,) = agent.developer()
     assert original.operation_id in told
@@ -927,19 +930,15 @@ async def test_a_background_action_waiting_for_approval_is_announced_too(
         """Refund a deposit."""
         return {"refunded_cents": amount_cents}
 
-    runtime = await ActionRuntime.create(
-        load_policy_text(
-            "version: 1\ntools:\n  refund:\n    kind: mutation\n    mode: background\n"
-            "    announce: I am passing that to a colleague, one moment.\n"
-            "    confirmation: {mode: approval}\n"
-        ),
-        authorizer=AllowAll(),
-        actions=[refund],
-        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
-        clock=clock,
-    )
-    try:
-        agent = Agent(runtime, sor, clock, [])
+    async with agent_on(
+        tmp_path,
+        "version: 1\ntools:\n  refund:\n    kind: mutation\n    mode: background\n"
+        "    announce: I am passing that to a colleague, one moment.\n"
+        "    confirmation: {mode: approval}\n",
+        [refund],
+        sor,
+        clock,
+    ) as agent:
         agent.llm.push_step(ToolCalls([("refund", {"amount_cents": 500})]))
         agent.llm.push_step(Say("A colleague will approve it shortly."))
         tap = Tap()
@@ -953,8 +952,6 @@ async def test_a_background_action_waiting_for_approval_is_announced_too(
             ],
             before_gate=[tap],
         )
-    finally:
-        await runtime.close(grace_secs=0)
     spoken = [f.text for f in tap.frames if isinstance(f, TTSSpeakFrame)]
     assert spoken == ["I am passing that to a colleague, one moment."]
     said_at = next(i for i, f in enumerate(tap.frames) if isinstance(f, TTSSpeakFrame))

@@ -177,6 +177,18 @@ async def _status(inner: Ledger, operation_id: str) -> ActionStatus:
     return (await inner.get(operation_id)).status
 
 
+async def _advance_until(
+    clock: ManualClock, inner: Ledger, operation_id: str, status: ActionStatus, *, what: str
+) -> None:
+    """Move the clock a second at a time until the ledger holds ``status`` for the operation."""
+
+    async def there() -> bool:
+        clock.advance(1.0)
+        return await _status(inner, operation_id) is status
+
+    await eventually(there, what=what)
+
+
 async def test_an_outcome_the_ledger_cannot_take_is_told_now_and_written_once_it_is_back(
     ledger_url: str, clock: ManualClock
 ) -> None:
@@ -203,11 +215,13 @@ async def test_an_outcome_the_ledger_cannot_take_is_told_now_and_written_once_it
         await eventually(refused_again, what="the outcome write to be tried again")
         outage.up()
 
-        async def written() -> bool:
-            clock.advance(1.0)
-            return await _status(inner, op_id) is Status.COMMITTED
-
-        await eventually(written, what="the outcome to be written once the ledger is back")
+        await _advance_until(
+            clock,
+            inner,
+            op_id,
+            Status.COMMITTED,
+            what="the outcome to be written once the ledger is back",
+        )
         recorded = await inner.get(op_id)
         assert recorded.result == final.result
         assert world.told[op_id] == [Status.COMMITTED]  # told once, never again
@@ -266,11 +280,13 @@ async def test_a_deadline_due_while_the_ledger_is_down_is_applied_once_it_is_bac
         await eventually(expiry_refused, what="the watchdog to try the deadline")
         outage.up()
 
-        async def applied() -> bool:
-            clock.advance(1.0)
-            return await _status(inner, op_id) is Status.FAILED_FINAL
-
-        await eventually(applied, what="the deadline to be applied once the ledger is back")
+        await _advance_until(
+            clock,
+            inner,
+            op_id,
+            Status.FAILED_FINAL,
+            what="the deadline to be applied once the ledger is back",
+        )
         final = await inner.get(op_id)
         trail = await inner.events(op_id)
         moves = [(e.to_status, e.actor) for e in trail if e.from_status is not e.to_status]
@@ -304,11 +320,13 @@ async def test_an_attempt_whose_write_ahead_fails_is_never_sent_and_is_recorded_
         assert await _status(inner, op_id) is Status.ADMITTED
         outage.up()
 
-        async def written() -> bool:
-            clock.advance(1.0)
-            return await _status(inner, op_id) is Status.FAILED_FINAL
-
-        await eventually(written, what="'not sent' to be written once the ledger is back")
+        await _advance_until(
+            clock,
+            inner,
+            op_id,
+            Status.FAILED_FINAL,
+            what="'not sent' to be written once the ledger is back",
+        )
         recorded = await inner.get(op_id)
         assert recorded.error == final.error
         assert recorded.sent_at is None and recorded.attempt == 0
@@ -342,10 +360,8 @@ async def test_reconciliation_spends_no_probe_while_the_ledger_is_down(
         assert (await inner.get(op_id)).escalated_at is None
         outage.up()
 
-        async def reconciled() -> bool:
-            clock.advance(1.0)
-            return await _status(inner, op_id) is Status.COMMITTED
-
-        await eventually(reconciled, what="reconciliation once the ledger is back")
+        await _advance_until(
+            clock, inner, op_id, Status.COMMITTED, what="reconciliation once the ledger is back"
+        )
     finally:
         await world.close()
