@@ -56,6 +56,7 @@ CHANGEABLE_FIELDS: Mapping[str, str] = {
     "delivered_at": "delivered_at",
     "delivered_agent": "delivered_agent",
     "acknowledged_at": "acknowledged_at",
+    "delivered_status": "delivered_status",
     "escalated_at": "escalated_at",
     "provider_call_id": "provider_call_id",
     "model_response_id": "model_response_id",
@@ -98,6 +99,8 @@ def to_operation(row: Row[Any]) -> Operation:
     m = row._mapping
     values = {name: m[name] for name in OPERATION_COLUMNS}
     values["status"] = ActionStatus(values["status"])
+    told = values["delivered_status"]
+    values["delivered_status"] = None if told is None else ActionStatus(told)
     return Operation(**values)
 
 
@@ -105,6 +108,8 @@ def operation_from_row(row: Mapping[str, Any]) -> Operation:
     """Build an `Operation` from the values a new row was inserted with (no read back)."""
     values = {name: row[name] for name in OPERATION_COLUMNS}
     values["status"] = ActionStatus(values["status"])
+    told = values["delivered_status"]
+    values["delivered_status"] = None if told is None else ActionStatus(told)
     return Operation(**values)
 
 
@@ -259,6 +264,7 @@ def _raw_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> 
         "finished_at": now if new.status in TERMINAL_STATUSES else None,
         "delivered_at": None,
         "acknowledged_at": None,
+        "delivered_status": None,
     }
 
 

@@ -166,6 +166,8 @@ class Operation:
     finished_at: float | None
     delivered_at: float | None
     acknowledged_at: float | None
+    delivered_status: ActionStatus | None = None
+    """The status the conversation was told last (None: never told)."""
 
     @property
     def args(self) -> Any:

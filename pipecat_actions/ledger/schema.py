@@ -72,6 +72,8 @@ operations = Table(
     Column("finished_at", Double, nullable=True),
     Column("delivered_at", Double, nullable=True),
     Column("acknowledged_at", Double, nullable=True),
+    # The status the conversation was told last (see migration 0002).
+    Column("delivered_status", String(32), nullable=True),
     UniqueConstraint("tenant", "key_slot", name="uq_pa_operations_key_slot"),
     Index("ix_pa_operations_key", "tenant", "idempotency_key"),
     Index("ix_pa_operations_status_lease", "status", "lease_expires_at"),

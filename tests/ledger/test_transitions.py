@@ -246,6 +246,7 @@ def test_changeable_fields_are_exactly_the_documented_ones() -> None:
         "delivered_at",
         "delivered_agent",
         "acknowledged_at",
+        "delivered_status",
         "escalated_at",
         "provider_call_id",
         "model_response_id",

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from pipecat.frames.frames import (
     BotStartedSpeakingFrame,
+    EndFrame,
     Frame,
     FunctionCallCancelFrame,
     FunctionCallInProgressFrame,
@@ -959,3 +960,97 @@ async def test_a_background_action_waiting_for_approval_is_announced_too(
     assert said_at < result_at
     (result,) = [f.result for f in tap.frames if isinstance(f, FunctionCallResultFrame)]
     assert result["status"] == "awaiting_approval"
+
+
+def _in_the_gates_close() -> bool:
+    task = asyncio.current_task()
+    name = task.get_name() if task is not None else ""
+    return name.startswith("ActionResultGate") and "::_close" in name
+
+
+async def test_an_end_right_after_a_barge_in_reaches_the_aggregator_after_the_truthful_close(
+    runtime_factory: Any,
+) -> None:
+    # The pipeline ends (the user hung up) right after a barge-in cancelled the wait for a
+    # running booking, while the gate still reads the booking's state to close the call. The
+    # EndFrame used to overtake the close: the context ended with Pipecat's IN_PROGRESS.
+    agent = await runtime_factory()
+    agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
+    ledger = agent.runtime.ledger
+    plain_get = ledger.get
+    reading, answer = asyncio.Event(), asyncio.Event()
+
+    async def slow_close_read(operation_id: str) -> Any:
+        if _in_the_gates_close():
+            reading.set()
+            await answer.wait()
+        return await plain_get(operation_id)
+
+    async def slow_reads() -> None:
+        ledger.get = slow_close_read  # type: ignore[method-assign]
+
+    async def answer_the_read() -> None:
+        answer.set()
+
+    await agent.run(
+        [
+            LLMRunFrame(),
+            agent.sent(0.5),
+            slow_reads,
+            InterruptionFrame(),
+            lambda: until(reading.is_set, what="the gate reading the booking"),
+            EndFrame(),
+            lambda: agent.log.wait_pushed(EndFrame, by=agent.llm),
+            answer_the_read,
+        ]
+    )
+    ledger.get = plain_get  # type: ignore[method-assign]
+
+    (tool,) = _tool_messages(agent)
+    assert _status(tool) == "running", tool
+    ends = [p for p in agent.log.pushes if isinstance(p.frame, EndFrame) and p.source is agent.gate]
+    results = [
+        i
+        for i, p in enumerate(agent.log.pushes)
+        if isinstance(p.frame, FunctionCallResultFrame) and p.source is agent.gate
+    ]
+    assert ends and results
+    assert results[0] < agent.log.pushes.index(ends[0])
+
+
+async def test_a_ledger_failure_closing_a_cancelled_call_says_neither_in_progress_nor_cancelled(
+    runtime_factory: Any,
+) -> None:
+    agent = await runtime_factory()
+    agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
+    agent.llm.push_step(Say("It is booked."))
+    ledger = agent.runtime.ledger
+    plain_get = ledger.get
+
+    async def failing_close_read(operation_id: str) -> Any:
+        if _in_the_gates_close():
+            raise ConnectionError("database unavailable")
+        return await plain_get(operation_id)
+
+    async def failing_reads() -> None:
+        ledger.get = failing_close_read  # type: ignore[method-assign]
+
+    await agent.run(
+        [
+            LLMRunFrame(),
+            agent.sent(0.5),
+            failing_reads,
+            InterruptionFrame(),
+            agent.closed("pending"),
+            agent.advance(0.5),  # the booking commits; the runtime tells the gate
+            agent.told_late(),
+        ]
+    )
+    ledger.get = plain_get  # type: ignore[method-assign]
+
+    assert "CANCELLED" not in agent.text() and "IN_PROGRESS" not in agent.text()
+    (tool,) = _tool_messages(agent)
+    assert "was not stopped" in json.loads(tool)["message"]
+    (late,) = agent.developer()
+    assert "committed" in late
+    assert agent.sor.side_effects["book"] == 1
