@@ -30,6 +30,7 @@ from __future__ import annotations
 
 __all__ = [
     "AWAITING_PERSON_STATUSES",
+    "HAPPENED_STATUSES",
     "IN_FLIGHT_STATUSES",
     "MAYBE_SENT_STATUSES",
     "REPEATABLE_STATUSES",
@@ -99,6 +100,9 @@ TERMINAL_STATUSES: frozenset[ActionStatus] = frozenset(
 ``COMMITTED`` is terminal although it may later move to ``COMPENSATING``: compensation is a new
 operation started on purpose, not pending work of the original one.
 """
+
+HAPPENED_STATUSES: frozenset[ActionStatus] = frozenset({S.COMMITTED, S.COMPENSATING, S.COMPENSATED})
+"""Statuses of an operation whose effect took place, whether or not it was reversed since."""
 
 
 IN_FLIGHT_STATUSES: frozenset[ActionStatus] = frozenset(

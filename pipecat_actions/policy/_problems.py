@@ -55,7 +55,6 @@ _REQUIRED_HINTS = {
     "kind": "say read (the tool only looks things up) or mutation (it changes something)",
     "version": "start the file with version: 1",
     "tools": "list each tool the bot may call under tools:",
-    "tool": "name the tool that undoes this one",
 }
 
 

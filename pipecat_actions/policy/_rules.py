@@ -156,6 +156,7 @@ def _mutation_violations(policy: ToolPolicy) -> list[Violation]:
                 "approval",
             )
         )
+    found.extend(_compensation_violations(policy))
     for field in ("late", "superseded"):
         if getattr(policy.delivery, field) is DeliveryMode.SUPPRESS:
             found.append(
@@ -166,6 +167,31 @@ def _mutation_violations(policy: ToolPolicy) -> list[Violation]:
                     "interrupt",
                 )
             )
+    return found
+
+
+def _compensation_violations(policy: ToolPolicy) -> list[Violation]:
+    compensation = policy.compensation
+    if compensation is None:
+        return []
+    found: list[Violation] = []
+    if compensation.tool is None and not compensation.automatic:
+        found.append(
+            Violation(
+                ("compensation", "tool"),
+                "is required unless automatic is true: name the tool the model may call to "
+                "undo this one, or set automatic: true",
+            )
+        )
+    if compensation.automatic and policy.resource is None:
+        found.append(
+            Violation(
+                ("compensation", "automatic"),
+                "undoes a change that a newer call on the same resource superseded, so it "
+                "needs resource (e.g. 'table:{restaurant_id}:{date}'); without one nothing is "
+                "ever superseded",
+            )
+        )
     return found
 
 

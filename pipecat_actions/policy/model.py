@@ -166,21 +166,32 @@ class DeliveryPolicy(BaseModel):
 
 
 class CompensationPolicy(BaseModel):
-    """The tool that reverses this one, for when a committed change must be undone."""
+    """How a committed change of this tool is undone, and whether the runtime does it unasked.
+
+    The runtime undoes a change with the action's ``compensate`` hook (as a new, linked
+    operation); ``tool`` is the tool the model may call to undo it. At least one of ``tool`` and
+    ``automatic: true`` is required.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    tool: ToolName = Field(
+    tool: ToolName | None = Field(
+        default=None,
         description=(
-            "Name of the tool that undoes this one (book_table is undone by cancel_booking). It "
-            "must be another mutation in the same policy file."
+            "The tool the model may call to undo this one (book_table is undone by "
+            "cancel_booking). When a newer request supersedes a committed one, the model is "
+            "told its name so it can offer the undo. It must be another mutation in the same "
+            "policy file. Required unless automatic is true."
         ),
     )
     automatic: bool = Field(
         default=False,
         description=(
-            "True to undo a committed change without asking when a newer call supersedes it. "
-            "False: the model is told the real state and offers to undo it."
+            "True: when a newer call of this tool on the same resource, from a later user "
+            "turn of the same conversation, commits, the runtime undoes the earlier committed "
+            "one itself with the action's compensate hook (checked when the action is "
+            "registered) and the user is told. Needs resource. False: the model is told the "
+            "real state and offers to undo it, with tool when one is named."
         ),
     )
     description: str | None = Field(
@@ -307,7 +318,10 @@ class ToolPolicy(BaseModel):
     )
     compensation: CompensationPolicy | None = Field(
         default=None,
-        description="How to undo this action once committed. Mutations only.",
+        description=(
+            "How to undo this action once committed, and whether a superseded change is undone "
+            "automatically. Mutations only."
+        ),
     )
     redact: RedactPaths = Field(
         default=(),

@@ -10,6 +10,7 @@ A typed facade (`core`) over parts built with their collaborators, one module ea
 * `reads`: reads, run in the caller's task and audited in batches;
 * `decisions`: cancel, confirm, approve, reject;
 * `compensation`: reversing a committed operation with a linked one;
+* `automatic_compensation`: ``compensation.automatic``, undoing a superseded commit;
 * `recovery`: the lease heartbeat, a dead owner's operations, reconciling UNKNOWN;
 * `_joins`: the calls that join an operation (their audit notes, their shared wait);
 * `_parts`: the wiring.

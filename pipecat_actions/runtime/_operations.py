@@ -52,6 +52,7 @@ class Operations:
         self._first_noted: OrderedDict[str, int] = OrderedDict()
         self._notes = 0
         self._listeners: dict[str, list[Listener]] = {}
+        self._watchers: list[Listener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._audits: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -121,6 +122,8 @@ class Operations:
             tracked.reported = final.status
             for listener in list(self._listeners.get(final.session_id, ())):
                 listener(final)
+            for watcher in self._watchers:
+                watcher(final)
         settled = final.status in TERMINAL_STATUSES or final.escalated_at is not None
         if settled and not tracked.unsettled and self._tracked.get(final.operation_id) is tracked:
             # The ledger holds the outcome: nothing here needs the record any more (a late
@@ -173,6 +176,13 @@ class Operations:
     def listen(self, session_id: str, listener: Listener) -> None:
         """Call ``listener`` with each operation of ``session_id`` when it gets an outcome."""
         self._listeners.setdefault(session_id, []).append(listener)
+
+    def watch(self, watcher: Listener) -> None:
+        """Call ``watcher`` with every operation, of any session, as `listen` does for one.
+
+        For the runtime's own parts (automatic compensation); it must not block or raise.
+        """
+        self._watchers.append(watcher)
 
     def unlisten(self, session_id: str, listener: Listener) -> None:
         """Stop calling ``listener``."""

@@ -27,8 +27,10 @@ from pipecat_actions.policy import PolicySet
 from pipecat_actions.runtime._joins import JoinNotes, SharedWaits
 from pipecat_actions.runtime._operations import Operations
 from pipecat_actions.runtime._runner import Runner
+from pipecat_actions.runtime.automatic_compensation import AutomaticCompensation
 from pipecat_actions.runtime.compensation import Compensator
 from pipecat_actions.runtime.decisions import Decisions
+from pipecat_actions.runtime.deliveries import Deliveries
 from pipecat_actions.runtime.proposals import Proposals
 from pipecat_actions.runtime.reads import Reads
 from pipecat_actions.runtime.recovery import RecoverUnsent, Recovery
@@ -63,6 +65,7 @@ class RuntimeParts:
     join_notes: JoinNotes
     elsewhere: SharedWaits
     supersession: Supersession
+    deliveries: Deliveries
 
 
 def build_parts(
@@ -181,6 +184,16 @@ def build_parts(
     join_notes = JoinNotes(observed, actor=actor, spawn=lambda c: operations.spawn(c, audit=True))
     elsewhere = SharedWaits(observed, clock, spawn=operations.spawn)
     supersession = Supersession(observed, bindings)
+    # compensation.automatic: every outcome of this process is watched for a superseding commit.
+    automatic = AutomaticCompensation(
+        bindings=bindings,
+        supersession=supersession,
+        compensator=compensator,
+        operations=operations,
+        ledger=observed,
+        actor=actor,
+    )
+    operations.watch(automatic.on_outcome)
     proposals = Proposals(
         ledger=observed,
         bindings=bindings,
@@ -193,6 +206,14 @@ def build_parts(
         join_notes=join_notes,
         elsewhere=elsewhere,
         supersession=supersession,
+    )
+    deliveries = Deliveries(
+        ledger=observed,
+        bindings=bindings,
+        clock=clock,
+        telemetry=telemetry,
+        supersession=supersession,
+        operations=operations,
     )
     return RuntimeParts(
         policy=policy,
@@ -217,4 +238,5 @@ def build_parts(
         join_notes=join_notes,
         elsewhere=elsewhere,
         supersession=supersession,
+        deliveries=deliveries,
     )

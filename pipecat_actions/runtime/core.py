@@ -59,6 +59,7 @@ class ActionRuntime:
         executor: Runs and reconciles operations.
         watchdog: Enforces deadlines.
         admitter: Runs the admission checks.
+        deliveries: What the conversations owe their users (adapters open a session's view).
     """
 
     def __init__(self, parts: RuntimeParts, *, owns_ledger: bool) -> None:
@@ -84,6 +85,7 @@ class ActionRuntime:
         self._join_notes = parts.join_notes
         self._elsewhere = parts.elsewhere
         self._supersession = parts.supersession
+        self.deliveries = parts.deliveries
         self._owns_ledger = owns_ledger
 
     @classmethod
@@ -160,7 +162,8 @@ class ActionRuntime:
 
         Raises:
             ConfigurationError: No policy for the action, or the policy asks for a hook
-                (``request_cancel`` needs ``cancel``) that the action lacks.
+                (``request_cancel`` needs ``cancel``, ``compensation.automatic`` needs
+                ``compensate``) that the action lacks.
         """
         for definition in definitions:
             policy = self.policy.get(definition.name)
@@ -172,6 +175,13 @@ class ActionRuntime:
                 raise ConfigurationError(
                     f"action {definition.name}: on_interruption is request_cancel but the "
                     "action has no cancel hook"
+                )
+            automatic = policy.compensation is not None and policy.compensation.automatic
+            if automatic and definition.compensate is None:
+                raise ConfigurationError(
+                    f"action {definition.name}: compensation.automatic is true but the action "
+                    "has no compensate hook to undo a superseded change with; add "
+                    "compensate=... to its @action, or set automatic: false"
                 )
             self._bindings[definition.name] = Binding(definition, policy)
 
@@ -322,7 +332,9 @@ class ActionRuntime:
         nobody can tell whether the compensation happened (it stays UNKNOWN and is escalated,
         e.g. after a crash cut it off), the original stays COMPENSATING and is escalated with
         it. The hook's context carries the original operation (``ctx.operation``: its result
-        and before-state).
+        and before-state). With ``compensation.automatic: true`` the runtime calls this itself
+        for a committed operation that a newer committed one superseded (see
+        `pipecat_actions.runtime.automatic_compensation`).
 
         Returns:
             The compensation operation, once it has an outcome.

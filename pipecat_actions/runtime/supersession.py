@@ -6,25 +6,63 @@ in), never the order the ledger happened to insert them: two calls of one respon
 resource (the model booking two tables at once) do not supersede each other.
 
 Used by the runtime when it renders a call's final result (in the handler's task, never in a
-pipeline's frame path) and by the result gate before it tells a late outcome.
+pipeline's frame path), by the result gate before it tells a late outcome, and, the other way
+round, when an operation commits: which committed operations it replaces (`replaced_on_commit`),
+for ``compensation.automatic``.
+
+What the model is told about a superseded operation follows its tool's ``compensation`` policy
+(`superseded_fields`): a committed one that will be undone automatically is not offered for
+undoing; otherwise the model offers to undo it, with ``compensation.tool`` when one is named.
 """
 
 from __future__ import annotations
 
-__all__ = ["SUPERSEDED_NOTE", "Supersession"]
+__all__ = ["SUPERSEDED_NOTE", "Supersession", "superseded_fields"]
 
 from collections.abc import Mapping
 from typing import Any
 
 from pipecat_actions.actions import Binding
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
-from pipecat_actions.policy import ToolKind
-from pipecat_actions.status import ActionStatus
+from pipecat_actions.policy import ToolKind, ToolPolicy
+from pipecat_actions.status import HAPPENED_STATUSES, ActionStatus
 
-SUPERSEDED_NOTE = (
-    "The user changed this request afterwards; this earlier one still has the outcome above. "
-    "Tell the user the real state and offer to undo it if unwanted."
-)
+S = ActionStatus
+
+_CHANGED = "The user changed this request afterwards; this earlier one still has the outcome above."
+SUPERSEDED_NOTE = f"{_CHANGED} Tell the user the real state and offer to undo it if unwanted."
+"""The note on a superseded operation whose policy names no way to undo it."""
+
+
+def superseded_fields(op: Operation, newer: str, policy: ToolPolicy | None) -> dict[str, Any]:
+    """What is added to the rendering of ``op``, superseded by ``newer``, for the model.
+
+    ``superseded_by`` and a ``note``; for a committed ``op`` the note follows the tool's
+    ``compensation`` policy, and ``undo_tool`` names ``compensation.tool`` when there is one.
+
+    Args:
+        op: The superseded operation, as it is now.
+        newer: The operation of the later user turn that supersedes it.
+        policy: The policy of ``op``'s tool, if it is loaded here.
+    """
+    compensation = policy.compensation if policy is not None else None
+    fields: dict[str, Any] = {"superseded_by": newer, "note": SUPERSEDED_NOTE}
+    if compensation is None or op.status is not S.COMMITTED:
+        return fields
+    if compensation.automatic:
+        fields["note"] = (
+            f"{_CHANGED} The runtime undoes it automatically once the newer request {newer} "
+            "has succeeded, and how that went is told separately: tell the user the real "
+            "state, and offer to undo it only if told that the undo failed."
+        )
+    elif compensation.tool is not None:
+        fields["note"] = (
+            f"{_CHANGED} Tell the user the real state and offer to undo it with "
+            f"{compensation.tool} if unwanted."
+        )
+    if compensation.tool is not None:
+        fields["undo_tool"] = compensation.tool
+    return fields
 
 
 def _turn(op: Operation) -> int | None:
@@ -34,8 +72,14 @@ def _turn(op: Operation) -> int | None:
         return None
 
 
+def _before(op: Operation, turn: int) -> bool:
+    """Whether ``op`` was proposed in a user turn before ``turn`` (False if it has none)."""
+    own = _turn(op)
+    return own is not None and own < turn
+
+
 class Supersession:
-    """Finds the request of a later user turn that supersedes an operation.
+    """Finds the request of a later user turn that supersedes an operation, and the reverse.
 
     Args:
         ledger: Where the session's operations on the resource are read.
@@ -74,9 +118,46 @@ class Supersession:
             return None
         return min(later, key=lambda o: (_turn(o) or 0, o.created_at)).operation_id
 
+    async def replaced_on_commit(self, op: Operation) -> list[tuple[Operation, Operation]]:
+        """The committed operations that stand although a committed newer one replaced them.
+
+        Asked when ``op`` has just committed, with one read: each committed operation of an
+        earlier user turn on ``op``'s resource and tool, paired with ``op``; and ``op`` itself
+        when an operation of a later turn committed first (``op`` was still running then),
+        paired with the earliest such one. A newer one that was reversed since still counts:
+        the user replaced the request all the same.
+
+        Returns:
+            ``(superseded, newer)`` pairs, oldest first; empty when ``op`` is not committed.
+        """
+        turn = _turn(op)
+        if (
+            op.status is not S.COMMITTED
+            or op.resource_key is None
+            or turn is None
+            or not self._applies(op.tool)
+        ):
+            return []
+        candidates = await self._ledger.list(
+            OperationFilter(session_id=op.session_id, resource_key=op.resource_key)
+        )
+        others = [o for o in candidates if o.tool == op.tool and o.operation_id != op.operation_id]
+        pairs = [
+            (other, op) for other in others if other.status is S.COMMITTED and _before(other, turn)
+        ]
+        newer = [o for o in others if o.status in HAPPENED_STATUSES and (_turn(o) or 0) > turn]
+        if newer:
+            pairs.append((op, min(newer, key=lambda o: (_turn(o) or 0, o.created_at))))
+        return pairs
+
+    def fields(self, op: Operation, newer: str) -> dict[str, Any]:
+        """What the model is told about ``op``, superseded by ``newer`` (`superseded_fields`)."""
+        binding = self._bindings.get(op.tool)
+        return superseded_fields(op, newer, binding.policy if binding else None)
+
     async def note(self, result: dict[str, Any], op: Operation) -> dict[str, Any]:
         """``result`` (the rendering of ``op``) with ``superseded_by`` and a note if it was."""
         newer = await self.superseded_by(op)
         if newer is None:
             return result
-        return {**result, "superseded_by": newer, "note": SUPERSEDED_NOTE}
+        return {**result, **self.fields(op, newer)}

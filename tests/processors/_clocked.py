@@ -22,11 +22,13 @@ from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.processors.frameworks.rtvi.observer import RTVIObserverParams
 from pipecat.workers.runner import WorkerRunner
 
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import Operation
 from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.runtime.deliveries import SessionDelivery
 from pipecat_actions.status import ActionStatus
 from tests._waiting import HANG_GUARD_SECS, eventually, guarded
 
@@ -104,6 +106,10 @@ async def idle(processor: FrameProcessor) -> None:
     """
     own = {name for cls in type(processor).__mro__[:-1] for name in vars(cls)}
     own -= {name for cls in FrameProcessor.__mro__ for name in vars(cls)}
+    if isinstance(getattr(processor, "delivery", None), SessionDelivery):
+        # The delivery service's work runs as the processor's tasks; its watchers of
+        # operations run elsewhere wait on the clock for as long as the pipeline runs.
+        own |= set(vars(SessionDelivery)) - {"_watch"}
     prefix = f"{processor}::"
 
     def done() -> bool:
@@ -163,18 +169,21 @@ async def run_script(
     steps: Sequence[Step],
     *,
     observers: Sequence[BaseObserver] = (),
+    rtvi: RTVIObserverParams | None = None,
 ) -> None:
     """Run ``steps`` against a pipeline of ``processors``, then end it with an ``EndFrame``.
 
     As Pipecat's ``run_test``: frames are queued downstream once the pipeline has started.
     `FLUSH` waits for the pipeline to drain. A coroutine-function step is awaited in place;
-    if it raises, the pipeline is cancelled and the error propagates.
+    if it raises, the pipeline is cancelled and the error propagates. With ``rtvi``, the worker
+    adds Pipecat's RTVI processor and observer, with these parameters, as it does by default.
     """
     worker = PipelineWorker(
         Pipeline(list(processors)),
         cancel_on_idle_timeout=False,
         idle_timeout_secs=None,
-        enable_rtvi=False,
+        enable_rtvi=rtvi is not None,
+        rtvi_observer_params=rtvi,
         observers=list(observers),
     )
     started = asyncio.Event()
