@@ -13,7 +13,12 @@ starts `bot` for that session, and sends the browser to the room. The runner nee
 Pipeline (`pipecat_actions.pipeline.build_pipeline`)::
 
     transport.input → OpenAI STT → user aggregator (Silero VAD) → ActionTurnTracker
-        → OpenAI LLM → OpenAI TTS → transport.output → ActionResultGate → assistant aggregator
+        → OpenAI LLM → ActionStatusReporter → OpenAI TTS → transport.output → ActionResultGate
+        → assistant aggregator
+
+An RTVI client (Pipecat's web client on ``-t webrtc``) gets ``action-status`` server messages
+for the bot's tools, never ``llm-function-call-stopped {cancelled: true}`` for a booking that
+goes on (`pipecat_actions.processors.status_reporter`).
 
 Environment (a ``.env`` file in the working directory is read too, as Pipecat's runner does):
 
@@ -216,6 +221,7 @@ async def build_bot(
 
     from bots.restaurant import RESTAURANT, build_actions
     from pipecat_actions.pipeline import build_pipeline
+    from pipecat_actions.processors import rtvi_observer_params
 
     sor = system_of_record if system_of_record is not None else shared_system_of_record()
     runtime = await ActionRuntime.create(
@@ -252,6 +258,7 @@ async def build_bot(
             params=PipelineParams(enable_metrics=True, enable_usage_metrics=True),
             conversation_id=session.session_id,
             idle_timeout_secs=idle_timeout_secs,
+            rtvi_observer_params=rtvi_observer_params(runtime),
         )
     except BaseException:
         await runtime.close()

@@ -74,9 +74,11 @@ __all__ = [
     "SessionState",
     # processors and the pipeline template
     "ActionResultGate",
+    "ActionStatusReporter",
     "ActionTurnTracker",
     "build_pipeline",
     "check_placement",
+    "rtvi_observer_params",
     # actions
     "ActionContext",
     "ActionDefinition",
@@ -144,9 +146,11 @@ __all__ = [
 # the `pipecat-actions` command start without importing Pipecat (which logs a banner).
 _LAZY = {
     "ActionResultGate": "pipecat_actions.processors",
+    "ActionStatusReporter": "pipecat_actions.processors",
     "ActionTurnTracker": "pipecat_actions.processors",
     "build_pipeline": "pipecat_actions.pipeline",
     "check_placement": "pipecat_actions.pipeline",
+    "rtvi_observer_params": "pipecat_actions.processors",
 }
 
 

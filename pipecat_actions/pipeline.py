@@ -2,8 +2,8 @@
 
 ::
 
-    transport.input() → stt → user_agg → ActionTurnTracker → llm → tts → transport.output()
-        → ActionResultGate → assistant_agg
+    transport.input() → stt → user_agg → ActionTurnTracker → llm → ActionStatusReporter → tts
+        → transport.output() → ActionResultGate → assistant_agg
 
 Why each goes where it goes (and what breaks otherwise):
 
@@ -16,6 +16,12 @@ Why each goes where it goes (and what breaks otherwise):
   aggregator writes ``"CANCELLED"``. The aggregator consumes every function-call frame, so a
   gate after it sees none; a gate before ``transport.output()`` sees frames before they are
   synced with audio, so it cannot repair a cancel that overtook its in-progress frame.
+* `ActionStatusReporter` right **after the LLM service**: it tells RTVI clients each call's
+  real status from the service's function-call frames, before the output transport holds them
+  behind audio and before the gate replaces a cancel (before the LLM it would get only their
+  upstream copies, which it leaves alone). Give the worker
+  ``rtvi_observer_params=rtvi_observer_params(runtime)``, so that Pipecat's own reports (a
+  cancel told as ``cancelled: true``) are off for the runtime's tools.
 
 `check_placement` reports a misplacement it can detect before the pipeline starts;
 `build_pipeline` builds the template and checks it.
@@ -40,7 +46,7 @@ from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.services.llm_service import LLMService
 
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
 
@@ -79,7 +85,7 @@ def build_pipeline(
         stages.append(transport.input())
     if stt is not None:
         stages.append(stt)
-    stages += [pair.user(), ActionTurnTracker(session), llm]
+    stages += [pair.user(), ActionTurnTracker(session), llm, ActionStatusReporter(runtime, session)]
     if tts is not None:
         stages.append(tts)
     if transport is not None:
@@ -90,7 +96,7 @@ def build_pipeline(
 
 
 def check_placement(processors: Sequence[FrameProcessor]) -> None:
-    """Raise `ConfigurationError` if the tracker or the gate is where it cannot work.
+    """Raise `ConfigurationError` if the tracker, the gate or the reporter cannot work there.
 
     Args:
         processors: The pipeline's processors in order (``Pipeline.processors`` or the list
@@ -120,6 +126,12 @@ def check_placement(processors: Sequence[FrameProcessor]) -> None:
         )
     if llm is not None and gate < llm:
         raise ConfigurationError("ActionResultGate must come after the LLM service")
+    reporter = index(ActionStatusReporter)
+    if reporter is not None and (reporter > gate or (llm is not None and reporter < llm)):
+        raise ConfigurationError(
+            "ActionStatusReporter must come after the LLM service and before the "
+            "ActionResultGate: it must see the service's function-call frames, cancels included"
+        )
     if tracker is None:
         return
     if user is None or tracker < user:

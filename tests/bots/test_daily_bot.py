@@ -35,7 +35,7 @@ from bots.restaurant import new_system_of_record
 from pipecat_actions import AuthorizationRequest
 from pipecat_actions.pipeline import check_placement
 from pipecat_actions.policy import load_policy
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 
 ROOT = Path(__file__).resolve().parents[2]
 BOT = ROOT / "bots" / "daily_bot.py"
@@ -82,6 +82,7 @@ def test_the_processors_are_in_place_in_order(built: RestaurantBot) -> None:
         LLMUserAggregator,
         ActionTurnTracker,
         OpenAILLMService,
+        ActionStatusReporter,
         OpenAITTSService,
         DailyOutputTransport,
         ActionResultGate,
@@ -89,8 +90,8 @@ def test_the_processors_are_in_place_in_order(built: RestaurantBot) -> None:
     ]
     assert processors[0] is built.transport.input()
     assert processors[4] is built.llm
-    assert processors[6] is built.transport.output()
-    assert processors[7] is built.gate
+    assert processors[7] is built.transport.output()
+    assert processors[8] is built.gate
     check_placement(built.pipeline.processors)
 
 

@@ -12,7 +12,7 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat_actions import ActionRuntime, AllowAll, ConfigurationError, SessionState
 from pipecat_actions.pipeline import build_pipeline, check_placement
 from pipecat_actions.policy import load_policy_text
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 from pipecat_actions.testing import ScriptedLLM
 
 
@@ -27,7 +27,7 @@ async def runtime(tmp_path: Path) -> AsyncIterator[ActionRuntime]:
     await opened.close()
 
 
-async def test_the_template_orders_user_aggregator_tracker_llm_gate_assistant_aggregator(
+async def test_the_template_orders_user_aggregator_tracker_llm_reporter_gate_assistant_aggregator(
     runtime: ActionRuntime,
 ) -> None:
     session = SessionState(session_id="s", principal="p")
@@ -40,6 +40,7 @@ async def test_the_template_orders_user_aggregator_tracker_llm_gate_assistant_ag
         "LLMUserAggregator",
         "ActionTurnTracker",
         "ScriptedLLM",
+        "ActionStatusReporter",
         "ActionResultGate",
         "LLMAssistantAggregator",
     ]
@@ -54,6 +55,7 @@ async def test_the_template_orders_user_aggregator_tracker_llm_gate_assistant_ag
         ("tracker user llm gate assistant", "after the user aggregator"),
         ("user llm tracker gate assistant", "before the LLM service"),
         ("user tracker gate llm assistant", "right before the assistant aggregator"),
+        ("user tracker reporter llm gate assistant", "ActionStatusReporter must come after"),
     ],
 )
 async def test_misplaced_processors_are_refused_with_the_reason(
@@ -66,6 +68,7 @@ async def test_misplaced_processors_are_refused_with_the_reason(
         "tracker": ActionTurnTracker(session),
         "llm": ScriptedLLM([]),
         "gate": ActionResultGate(runtime, session),
+        "reporter": ActionStatusReporter(runtime, session),
         "assistant": pair.assistant(),
     }
     with pytest.raises(ConfigurationError, match=message):
