@@ -231,6 +231,8 @@ class Admitter:
             # instead of being told "busy, try again", which invites the model to loop.
             existing = await self._ledger.find_by_key(session.tenant, key)
         if existing is not None:
+            if _changed_by_user(base, existing, session):
+                return await self._change(base, binding, key, args, session, generation, existing)
             duplicate = await self._duplicate(base, binding, existing, key, session)
             if duplicate is not None:
                 return duplicate
@@ -308,6 +310,36 @@ class Admitter:
             return None if withdrawn else Joined(stopped)
         return Joined(existing)
 
+    async def _change(
+        self,
+        base: Audit,
+        binding: Binding,
+        key: str,
+        args: dict[str, Any],
+        session: SessionState,
+        generation: int,
+        earlier: Operation,
+    ) -> Refusal | Joined | Admission | Shared:
+        """Admit the user's changed request (other details, a later turn) that ``earlier`` holds.
+
+        "A table for two at nine", then "make it four": the same intent with other details.
+        The earlier request is withdrawn if nothing was sent yet (else it goes on, and is told
+        to the model as superseded: it stands, or is undone under ``compensation.automatic``),
+        and the changed one is admitted under a key of its own, behind the earlier one if a
+        per-principal limit holds it.
+        """
+        if earlier.status not in TERMINAL_STATUSES:
+            await self._cancel(earlier)
+        changed = f"{key}|changed:{earlier.operation_id}"
+        if changed.count("|changed:") > _MAX_CHANGES:
+            return await self._refuse(
+                base,
+                "too_many_changes",
+                f"This request was changed more than {_MAX_CHANGES} times; nothing new was done.",
+                operation_id=earlier.operation_id,
+            )
+        return await self._admit_mutation(base, binding, changed, args, session, generation)
+
     async def _insert(
         self,
         base: Audit,
@@ -317,7 +349,7 @@ class Admitter:
         session: SessionState,
         slot: Slot | None,
         generation: int,
-    ) -> Refusal | Joined | Admission:
+    ) -> Refusal | Joined | Admission | Shared:
         """Insert the operation (with no ``slot``: ADMITTED, it takes its slot when it runs)."""
         policy = binding.policy
         now = self._clock.now()
@@ -377,6 +409,9 @@ class Admitter:
             admitted = await self._ledger.admit(new)
         except IdempotencyMismatch as exc:
             release()
+            holder = await self._ledger.get(exc.operation_id)
+            if _changed_by_user(base, holder, session):
+                return await self._change(base, binding, key, args, session, generation, holder)
             return await self._refuse(
                 base,
                 "idempotency_mismatch",
@@ -475,6 +510,31 @@ class Admitter:
             refusal_result(message, code=code, operation_id=refused.operation_id, **extra),
             refused,
         )
+
+
+_MAX_CHANGES = 8
+"""How many times one request may be changed by later user turns (each change is a new key)."""
+
+
+def _turn(turn_id: str | None) -> int | None:
+    try:
+        return int(turn_id) if turn_id is not None else None
+    except ValueError:
+        return None
+
+
+def _changed_by_user(base: Audit, existing: Operation, session: SessionState) -> bool:
+    """Whether ``base`` changes ``existing``'s details in a later user turn of its session.
+
+    Two calls of one response with the same intent and other details stay a conflict (which
+    one the user wants is not known); a call of an earlier turn never overrides a later one.
+    """
+    if existing.session_id != session.session_id or existing.tool != base.tool:
+        return False
+    if existing.args_hash == hash_arguments(base.args):
+        return False
+    ours, theirs = _turn(base.turn_id), _turn(existing.turn_id)
+    return ours is not None and theirs is not None and ours > theirs
 
 
 @dataclass(frozen=True)

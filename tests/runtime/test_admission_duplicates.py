@@ -292,3 +292,95 @@ async def test_replace_supersedes_an_earlier_call_still_awaiting_confirmation(
         confirmed = await rt.confirm(again["operation_id"], again["confirmation_token"], session)
         assert confirmed["status"] == "committed", confirmed
         assert restaurant.bookings_made == 1
+
+
+_CHANGEABLE = """    resource: "table:{restaurant_id}:{date}"
+    limits: {per_principal: 1}
+"""
+
+
+@pytest.mark.parametrize("on_duplicate", ["join", "reject", "replace"])
+async def test_a_party_size_changed_in_a_later_turn_while_the_booking_runs_is_booked(
+    ledger_url: str, clock: ManualClock, on_duplicate: str
+) -> None:
+    # "A table for two at eight" (it is being booked), then "make it four": the same intent
+    # (restaurant, date, time) with other details, from a later user turn. The user's final
+    # wish is booked; the first went ahead and is told as superseded. It used to be refused
+    # as an idempotency mismatch, and the party of four never booked.
+    restaurant = Restaurant(clock)
+    restaurant.sor.faults.hang("book")
+    policy = _booking_policy(on_duplicate, _CHANGEABLE)
+    async with running(policy, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        session = SessionState("call-1", principal="alice")
+        first = await rt.propose(
+            "book_table", booking_args(party_size=2), session, tool_call_id="c1", wait=False
+        )
+        await eventually(lambda: restaurant.sor.calls["book"] == 1, what="the booking is sent")
+
+        session.start_user_turn()
+        changed = await rt.propose(
+            "book_table", booking_args(party_size=4), session, tool_call_id="c2", wait=False
+        )
+        assert changed["status"] == "admitted", changed  # behind the first (per_principal)
+        assert changed["operation_id"] != first["operation_id"]
+
+        restaurant.sor.release_hung()
+        assert (await rt.wait(first["operation_id"])).status is S.COMMITTED
+        final = await rt.wait(changed["operation_id"])
+        assert final.status is S.COMMITTED
+        assert final.args["party_size"] == 4
+        assert restaurant.bookings_made == 2
+        assert await rt.superseded_by(await rt.ledger.get(first["operation_id"])) == (
+            final.operation_id
+        )
+
+
+async def test_a_change_in_a_later_turn_before_anything_was_sent_replaces_the_request(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    extra = _CHANGEABLE + "    admit_when: turn_confirmed\n"
+    async with running(
+        _booking_policy("join", extra), restaurant, ledger_url=ledger_url, clock=clock
+    ) as rt:
+        session = SessionState("call-1", principal="alice")
+        first = await rt.propose(
+            "book_table", booking_args(party_size=2), session, tool_call_id="c1", wait=False
+        )
+        assert first["status"] == "admitted", first  # waits for the reply to end unbroken
+
+        session.start_user_turn()
+        changed = await rt.propose(
+            "book_table", booking_args(party_size=4), session, tool_call_id="c2", wait=False
+        )
+
+        assert (await rt.ledger.get(first["operation_id"])).status is S.CANCELLED
+        assert changed["operation_id"] != first["operation_id"]
+        assert changed["status"] != "refused", changed
+        assert restaurant.sor.calls["book"] == 0 or all(
+            call.arguments["party_size"] == 4 for call in restaurant.received
+        )
+
+
+async def test_an_earlier_turns_call_arriving_late_never_overrides_the_users_later_change(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(
+        _booking_policy("join", _CHANGEABLE), restaurant, ledger_url=ledger_url, clock=clock
+    ) as rt:
+        session = SessionState("call-1", principal="alice")
+        session.start_user_turn()
+        later = await rt.propose(
+            "book_table", booking_args(party_size=4), session, tool_call_id="c2"
+        )
+        assert later["status"] == "committed", later
+
+        session.user_turn = 0  # a call of the earlier turn, delivered late (a replayed call)
+        earlier = await rt.propose(
+            "book_table", booking_args(party_size=2), session, tool_call_id="c1"
+        )
+        await assert_refusal_audited(
+            rt, earlier, "idempotency_mismatch", refers_to=later["operation_id"]
+        )
+        assert restaurant.bookings_made == 1
