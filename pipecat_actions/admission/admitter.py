@@ -231,7 +231,7 @@ class Admitter:
             # instead of being told "busy, try again", which invites the model to loop.
             existing = await self._ledger.find_by_key(session.tenant, key)
         if existing is not None:
-            if _changed_by_user(base, existing, session):
+            if _changed_by_user(base, binding, existing, session):
                 return await self._change(base, binding, key, args, session, generation, existing)
             duplicate = await self._duplicate(base, binding, existing, key, session)
             if duplicate is not None:
@@ -410,7 +410,7 @@ class Admitter:
         except IdempotencyMismatch as exc:
             release()
             holder = await self._ledger.get(exc.operation_id)
-            if _changed_by_user(base, holder, session):
+            if _changed_by_user(base, binding, holder, session):
                 return await self._change(base, binding, key, args, session, generation, holder)
             return await self._refuse(
                 base,
@@ -523,13 +523,20 @@ def _turn(turn_id: str | None) -> int | None:
         return None
 
 
-def _changed_by_user(base: Audit, existing: Operation, session: SessionState) -> bool:
+def _changed_by_user(
+    base: Audit, binding: Binding, existing: Operation, session: SessionState
+) -> bool:
     """Whether ``base`` changes ``existing``'s details in a later user turn of its session.
 
-    Two calls of one response with the same intent and other details stay a conflict (which
-    one the user wants is not known); a call of an earlier turn never overrides a later one.
+    Only while ``existing`` is not finished, and unless the tool's ``on_duplicate`` is
+    ``reject`` (a repeat of the intent is refused whatever it says). Two calls of one response
+    with the same intent and other details stay a conflict (which one the user wants is not
+    known); a call of an earlier turn never overrides a later one; what already happened (a
+    committed refund) is not done again with other details.
     """
     if existing.session_id != session.session_id or existing.tool != base.tool:
+        return False
+    if binding.policy.on_duplicate is OnDuplicate.REJECT or existing.status in TERMINAL_STATUSES:
         return False
     if existing.args_hash == hash_arguments(base.args):
         return False

@@ -19,9 +19,9 @@ exactly the frames the aggregator sees, in the same order:
   is its cascade outlet: it reports the pipeline's events (calls closed, results told in place,
   who speaks, interruptions) and pushes each `Told` as a developer message.
 
-For calls of tools the runtime does not own, the gate changes nothing but the ordering repair:
-their cancels pass (after their in-progress frame), their results, intermediate or final, pass
-unchanged with their ``run_llm``.
+For calls of tools the runtime does not own, the gate changes nothing at all: their
+in-progress frames, cancels and results (intermediate or final, with their ``run_llm``) pass
+unchanged, in the order they come; Pipecat's own behaviour for them is kept, #5779 included.
 
 The gate does no ledger I/O in ``process_frame``: reads and records run in tasks. Every frame it
 does not act on is pushed on at once.
@@ -175,7 +175,7 @@ class ActionResultGate(FrameProcessor):
             self._ends.append(frame)  # after the truthful closes under way (see _close)
             return
         await self.push_frame(frame, direction)
-        if isinstance(frame, FunctionCallInProgressFrame):
+        if isinstance(frame, FunctionCallInProgressFrame) and self._owns(frame.function_name):
             call = self._call(frame.tool_call_id)
             call.progressed = True
             confirmed = (frame.arguments or {}).get("operation_id")
@@ -202,19 +202,53 @@ class ActionResultGate(FrameProcessor):
         elif isinstance(frame, LLMFullResponseEndFrame):
             self.session.settle_generation()
 
+    def _owns(self, function_name: str) -> bool:
+        return function_name in self.runtime.bindings or function_name == CONFIRM_TOOL
+
     async def _on_cancel(self, frame: FunctionCallCancelFrame) -> None:
+        if not self._owns(frame.function_name):
+            await self.push_frame(frame)  # not the runtime's call: Pipecat's own, unchanged
+            return
         call = self._call(frame.tool_call_id)
         if not call.progressed:
-            # Overtook its in-progress frame: pass it on only after that frame (see above).
+            # Overtook its in-progress frame: acted on only after that frame (see above).
             call.early_cancel = frame
             return
+        call.closed_by_gate = call.finished = True
         operation_id = self.runtime.operation_for_call(frame.tool_call_id) or call.confirms
         if operation_id is None:
-            await self.push_frame(frame)
+            # No operation behind it: a read (it runs in the handler's task, stopped with it),
+            # or a call stopped before it was admitted. Closed with a result, which keeps its
+            # place behind the in-progress frame: a re-pushed cancel, a system frame, would
+            # overtake that frame again in the aggregator's queue.
+            await self.push_frame(self._stopped(frame))
             return
-        call.closed_by_gate = call.finished = True
         self._closing += 1
         self.create_task(self._close(frame, operation_id, call.group))
+
+    def _stopped(self, cancel: FunctionCallCancelFrame) -> FunctionCallResultFrame:
+        """The result of a call of the runtime's that Pipecat stopped with no operation behind."""
+        if self.runtime.deliveries.is_read(cancel.function_name):
+            result: dict[str, Any] = {
+                "status": "cancelled",
+                "message": f"{cancel.function_name} was stopped before it answered; nothing was "
+                "changed. Ask again if it is still needed.",
+            }
+        else:
+            result = {
+                "status": "not_started",
+                "message": f"{cancel.function_name} was stopped while it was being checked, "
+                "before it started; nothing was done. Ask again if it is still wanted.",
+            }
+        run_llm = None if cancel.run_llm else False
+        return FunctionCallResultFrame(
+            function_name=cancel.function_name,
+            tool_call_id=cancel.tool_call_id,
+            arguments={},
+            result=result,
+            run_llm=run_llm,
+            properties=FunctionCallResultProperties(run_llm=run_llm),
+        )
 
     async def _close(
         self, cancel: FunctionCallCancelFrame, operation_id: str, group: str | None
@@ -282,7 +316,7 @@ class ActionResultGate(FrameProcessor):
 
     async def _on_result(self, frame: FunctionCallResultFrame) -> None:
         deliveries = self.runtime.deliveries
-        if frame.function_name not in self.runtime.bindings and frame.function_name != CONFIRM_TOOL:
+        if not self._owns(frame.function_name):
             # Not the runtime's call: its results (intermediate ones with their run_llm, a
             # reused tool_call_id) are the application's business, passed on as they are.
             await self.push_frame(frame)

@@ -1054,3 +1054,57 @@ async def test_a_ledger_failure_closing_a_cancelled_call_says_neither_in_progres
     (late,) = agent.developer()
     assert "committed" in late
     assert agent.sor.side_effects["book"] == 1
+
+
+READ_POLICY = """
+version: 1
+tools:
+  check_availability:
+    kind: read
+"""
+
+
+@pytest.mark.parametrize("overtakes", [True, False], ids=["cancel-overtakes", "in-order"])
+async def test_a_read_stopped_by_a_barge_in_is_closed_with_a_result_never_left_in_progress(
+    tmp_path: Path, overtakes: bool
+) -> None:
+    # A read has no operation behind it while it runs: the gate used to pass Pipecat's cancel
+    # on, and when that cancel had overtaken the in-progress frame it overtook it again in the
+    # aggregator's queue (a system frame): the tool message stayed IN_PROGRESS.
+    clock = ScriptClock()
+    sor = FakeSystemOfRecord(clock=clock)
+
+    @action
+    async def check_availability(ctx: ActionContext, restaurant_id: str) -> dict[str, Any]:
+        """Check which tables are free."""
+        await clock.sleep(0.5)
+        return {"free": 3}
+
+    async with agent_on(tmp_path, READ_POLICY, [check_availability], sor, clock) as agent:
+        agent.llm.push_step(ToolCalls([("check_availability", {"restaurant_id": "r1"})]))
+        hold = HoldInProgress()
+        if not overtakes:
+            hold.release()
+
+        async def release() -> None:
+            hold.release()
+
+        await agent.run(
+            [
+                LLMRunFrame(),
+                lambda: clock.asked(0.5),
+                InterruptionFrame(),
+                lambda: agent.log.wait_pushed(FunctionCallCancelFrame, by=hold),
+                FLUSH,
+                lambda: idle(agent.gate),
+                release,
+                lambda: until(lambda: bool(_tool_messages(agent)), what="the tool message"),
+                agent.closed("cancelled"),
+            ],
+            before_gate=[hold],
+        )
+
+    (tool,) = _tool_messages(agent)
+    assert json.loads(tool)["status"] == "cancelled"
+    assert "nothing was changed" in json.loads(tool)["message"]
+    assert "IN_PROGRESS" not in agent.text()

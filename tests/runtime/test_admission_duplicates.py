@@ -299,7 +299,7 @@ _CHANGEABLE = """    resource: "table:{restaurant_id}:{date}"
 """
 
 
-@pytest.mark.parametrize("on_duplicate", ["join", "reject", "replace"])
+@pytest.mark.parametrize("on_duplicate", ["join", "replace"])
 async def test_a_party_size_changed_in_a_later_turn_while_the_booking_runs_is_booked(
     ledger_url: str, clock: ManualClock, on_duplicate: str
 ) -> None:
@@ -383,4 +383,36 @@ async def test_an_earlier_turns_call_arriving_late_never_overrides_the_users_lat
         await assert_refusal_audited(
             rt, earlier, "idempotency_mismatch", refers_to=later["operation_id"]
         )
+        assert restaurant.bookings_made == 1
+
+
+@pytest.mark.parametrize("first_finished", [True, False], ids=["after-commit", "while-running"])
+async def test_other_details_in_a_later_turn_are_refused_after_the_fact_or_under_reject(
+    ledger_url: str, clock: ManualClock, first_finished: bool
+) -> None:
+    # What already happened is not done again with other details (a second refund), and a
+    # tool whose repeats are rejected refuses a changed repeat too.
+    restaurant = Restaurant(clock)
+    if not first_finished:
+        restaurant.sor.faults.hang("book")
+    policy = _booking_policy("join" if first_finished else "reject", _CHANGEABLE)
+    async with running(policy, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        session = SessionState("call-1", principal="alice")
+        first = await rt.propose(
+            "book_table",
+            booking_args(party_size=2),
+            session,
+            tool_call_id="c1",
+            wait=first_finished,
+        )
+        session.start_user_turn()
+        changed = await rt.propose(
+            "book_table", booking_args(party_size=4), session, tool_call_id="c2", wait=False
+        )
+        await assert_refusal_audited(
+            rt, changed, "idempotency_mismatch", refers_to=first["operation_id"]
+        )
+        if not first_finished:
+            restaurant.sor.release_hung()
+        assert (await rt.wait(first["operation_id"])).status is S.COMMITTED
         assert restaurant.bookings_made == 1
