@@ -79,17 +79,34 @@ def attach(runtime: ActionRuntime, llm: LLMService, session: SessionState) -> No
 
         async def confirm(params: FunctionCallParams) -> None:
             args = params.arguments
+
+            async def announce(tool: str) -> None:
+                # The confirmed background action starts now: its line is said, as when a
+                # background action starts without a confirmation.
+                line = _announcement(runtime, tool)
+                if line:
+                    await params.llm.push_frame(TTSSpeakFrame(line))
+
             result = await runtime.confirm(
-                str(args.get("operation_id", "")), str(args.get("confirmation_token", "")), session
+                str(args.get("operation_id", "")),
+                str(args.get("confirmation_token", "")),
+                session,
+                on_started=announce,
             )
             await params.result_callback(result)
 
         llm.register_function(CONFIRM_TOOL, confirm)
 
 
+def _announcement(runtime: ActionRuntime, tool: str) -> str | None:
+    """The ``announce`` line of a background ``tool``, if it has one."""
+    binding = runtime.bindings.get(tool)
+    policy = binding.policy if binding is not None else None
+    return policy.announce if policy and policy.mode is ExecutionMode.BACKGROUND else None
+
+
 def _handler(runtime: ActionRuntime, name: str, session: SessionState) -> Callable[..., Any]:
-    policy = runtime.bindings[name].policy
-    announcement = policy.announce if policy.mode is ExecutionMode.BACKGROUND else None
+    announcement = _announcement(runtime, name)
 
     async def handler(params: FunctionCallParams) -> None:
         async def announce(_: str) -> None:

@@ -297,9 +297,20 @@ class ActionRuntime:
             operation_id, reason=reason, only_if_not_started=only_if_not_started
         )
 
-    async def confirm(self, operation_id: str, token: str, session: SessionState) -> dict[str, Any]:
-        """Apply the user's verbal confirmation (the ``confirm_action`` tool)."""
-        return await self._decisions.confirm(operation_id, token, session)
+    async def confirm(
+        self,
+        operation_id: str,
+        token: str,
+        session: SessionState,
+        *,
+        on_started: Callable[[str], Awaitable[None]] | None = None,
+    ) -> dict[str, Any]:
+        """Apply the user's verbal confirmation (the ``confirm_action`` tool).
+
+        A background tool's confirmation answers once its action is released to run, after
+        ``on_started(tool)`` was awaited; a blocking tool's answers with the outcome.
+        """
+        return await self._decisions.confirm(operation_id, token, session, on_started=on_started)
 
     async def approve(
         self, operation_id: str, *, approver: str, reason: str, args_hash: str | None = None

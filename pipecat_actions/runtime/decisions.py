@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = ["Decisions"]
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pipecat_actions.actions import ActionContext, CancelOutcome
@@ -15,7 +16,7 @@ from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.execution.watchdog import Watchdog
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
 from pipecat_actions.observability.correlation import operation_logger
-from pipecat_actions.policy import OnInterruption
+from pipecat_actions.policy import ExecutionMode, OnInterruption
 from pipecat_actions.results import refusal_result, render_operation
 from pipecat_actions.runtime._operations import Operations
 from pipecat_actions.runtime._runner import DEFAULT_DEADLINE_SECS, Runner
@@ -107,8 +108,20 @@ class Decisions:
             operation_id, actor=self._actor, detail={"cancel_answer": str(answer)}
         )
 
-    async def confirm(self, operation_id: str, token: str, session: SessionState) -> dict[str, Any]:
-        """Apply the user's verbal confirmation (the ``confirm_action`` tool)."""
+    async def confirm(
+        self,
+        operation_id: str,
+        token: str,
+        session: SessionState,
+        *,
+        on_started: Callable[[str], Awaitable[None]] | None = None,
+    ) -> dict[str, Any]:
+        """Apply the user's verbal confirmation (the ``confirm_action`` tool).
+
+        A blocking tool's confirmation answers with the outcome. A background tool's answers
+        once its action is released to run (its outcome is told when it comes), after
+        ``on_started`` was awaited with the tool's name (the binding says its ``announce``).
+        """
         try:
             op = await self._ledger.get(operation_id)
         except PipecatActionsError:
@@ -129,13 +142,17 @@ class Decisions:
             return refusal_result(
                 problem or "", code="confirmation_refused", operation_id=operation_id
             )
-        return await self._release(
+        background = tracked.binding.policy.mode is ExecutionMode.BACKGROUND
+        released = await self._release(
             op,
             tracked,
             actor=f"user:{session.principal}",
             reason="confirmed by the user",
-            wait=True,
+            wait=not background,
         )
+        if background and on_started is not None and released.get("status") == "admitted":
+            await on_started(op.tool)
+        return released
 
     async def approve(
         self, operation_id: str, *, approver: str, reason: str, args_hash: str | None = None

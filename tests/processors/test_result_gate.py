@@ -1108,3 +1108,73 @@ async def test_a_read_stopped_by_a_barge_in_is_closed_with_a_result_never_left_i
     assert json.loads(tool)["status"] == "cancelled"
     assert "nothing was changed" in json.loads(tool)["message"]
     assert "IN_PROGRESS" not in agent.text()
+
+
+async def test_a_background_action_confirmed_by_the_user_is_announced_when_it_starts(
+    tmp_path: Path,
+) -> None:
+    # The announce line was skipped for a verbally confirmed background action, and the
+    # confirmation held the conversation until the refund's outcome.
+    clock = ScriptClock()
+    sor = FakeSystemOfRecord(clock=clock)
+
+    @action
+    async def refund(ctx: ActionContext, amount_cents: int) -> dict[str, Any]:
+        """Refund a deposit."""
+        await clock.sleep(0.5)
+        return {"refunded_cents": amount_cents}
+
+    def confirm_it(messages: list[Any]) -> ToolCalls:
+        asked = next(
+            json.loads(m["content"])
+            for m in messages
+            if m.get("role") == "tool" and "awaiting_confirmation" in str(m.get("content"))
+        )
+        token = {
+            "operation_id": asked["operation_id"],
+            "confirmation_token": asked["confirmation_token"],
+        }
+        return ToolCalls([("confirm_action", token)])
+
+    async with agent_on(
+        tmp_path,
+        "version: 1\ntools:\n  refund:\n    kind: mutation\n    mode: background\n"
+        "    announce: Refunding that now, one moment.\n"
+        "    confirmation: {mode: verbal}\n",
+        [refund],
+        sor,
+        clock,
+    ) as agent:
+        agent.llm.push_step(ToolCalls([("refund", {"amount_cents": 500})]))
+        agent.llm.push_step(Say("Shall I refund five euros?"))
+        agent.llm.push_step(confirm_it)
+        agent.llm.push_step(Say("It is on its way."))
+        tap = Tap()
+
+        async def the_user_says_yes() -> None:
+            agent.session.start_user_turn()
+
+        def results() -> list[Any]:
+            return [f.result for f in tap.frames if isinstance(f, FunctionCallResultFrame)]
+
+        await agent.run(
+            [
+                LLMRunFrame(),
+                lambda: until(lambda: len(results()) == 1, what="the confirmation question"),
+                FLUSH,
+                the_user_says_yes,
+                LLMRunFrame(),
+                lambda: until(lambda: len(results()) == 2, what="the confirmation's answer"),
+                lambda: clock.asked(0.5),
+                agent.advance(0.5),
+                agent.told_late(),
+            ],
+            before_gate=[tap],
+        )
+    spoken = [f.text for f in tap.frames if isinstance(f, TTSSpeakFrame)]
+    assert spoken == ["Refunding that now, one moment."]
+    said_at = next(i for i, f in enumerate(tap.frames) if isinstance(f, TTSSpeakFrame))
+    answered_at = [i for i, f in enumerate(tap.frames) if isinstance(f, FunctionCallResultFrame)][1]
+    assert said_at < answered_at
+    assert results()[1]["status"] == "admitted"
+    assert any("committed" in told for told in agent.developer())

@@ -11,7 +11,7 @@ from pipecat_actions.clock import ManualClock
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
 
-from ._admission_support import Restaurant, booking_args, guarded, running
+from ._admission_support import Restaurant, booking_args, eventually, guarded, running
 
 S = ActionStatus
 
@@ -179,3 +179,55 @@ async def test_the_policys_prompt_reaches_the_model_filled_with_the_calls_argume
     assert question in asked["message"]
     assert again["ask"] == question
     assert restaurant.bookings_made == 0
+
+
+async def test_confirming_a_background_action_announces_it_and_answers_once_it_started(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    # A background tool's confirmation used to hold the conversation until the outcome, and
+    # its announce line was never said: the user heard silence after "yes".
+    restaurant = Restaurant(clock)
+    restaurant.sor.faults.hang("book")
+    background = VERBAL + "    mode: background\n    announce: Booking that now, one moment.\n"
+    async with running(background, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        session = SessionState("call-1", principal="alice")
+        asked = await rt.propose("book_table", booking_args(), session)
+        session.start_user_turn()  # "yes, please"
+        started: list[str] = []
+
+        async def on_started(tool: str) -> None:
+            started.append(tool)
+
+        answer = await guarded(
+            rt.confirm(
+                asked["operation_id"], asked["confirmation_token"], session, on_started=on_started
+            ),
+            what="the confirmation's answer while the booking hangs",
+        )
+
+        assert answer["status"] == "admitted", answer
+        assert started == ["book_table"]
+        await eventually(lambda: restaurant.sor.calls["book"] == 1, what="the booking is sent")
+        restaurant.sor.release_hung()
+        assert (await rt.wait(asked["operation_id"])).status is S.COMMITTED
+        assert restaurant.bookings_made == 1
+
+
+async def test_confirming_a_blocking_action_still_answers_with_its_outcome(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(VERBAL, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        session = SessionState("call-1", principal="alice")
+        asked = await rt.propose("book_table", booking_args(), session)
+        session.start_user_turn()
+        started: list[str] = []
+
+        async def on_started(tool: str) -> None:
+            started.append(tool)
+
+        answer = await rt.confirm(
+            asked["operation_id"], asked["confirmation_token"], session, on_started=on_started
+        )
+        assert answer["status"] == "committed", answer
+        assert started == []  # no announce line for a blocking tool
