@@ -32,6 +32,9 @@ class Tracked:
     on_finish: list[Callable[[], None]] = field(default_factory=list)
     reported: ActionStatus | None = None
     """The last outcome listeners were told (UNKNOWN first, then what reconciliation found)."""
+    answered_by_call: bool = False
+    """A tool call (``confirm_action``) waits to answer with this outcome: it is told there, in
+    place, and the session's listeners leave it to that answer."""
     unsettled: bool = False
     """An outcome is known here but the ledger does not hold it yet (its write is failing, or
     this process's execution of it broke down): the heartbeat stops renewing its lease, so that

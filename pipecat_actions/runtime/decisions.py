@@ -216,7 +216,12 @@ class Decisions:
         self._operations.spawn(self._runner.execute(admitted, tracked, take_slot=True))
         if not wait:
             return render_operation(admitted)
-        return render_operation(await asyncio.shield(tracked.done))
+        tracked.answered_by_call = True
+        try:
+            return render_operation(await asyncio.shield(tracked.done))
+        finally:
+            # Answered (or the call was stopped): later outcomes are told as late ones.
+            tracked.answered_by_call = False
 
     async def pending_approvals(self) -> list[Operation]:
         """Operations waiting for a person's approval, oldest first."""

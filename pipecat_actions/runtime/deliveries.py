@@ -443,6 +443,9 @@ class SessionDelivery:
             state.awaited.add(op.operation_id)
         if op.operation_id not in state.awaited:
             return
+        tracked = self._service.operations.get(op.operation_id)
+        if tracked is not None and tracked.answered_by_call:
+            return  # the call waiting for it (confirm_action) tells it in place, once
         if op.operation_id in state.delivering:
             state.recheck.add(op.operation_id)  # look again once the delivery under way ends
             return

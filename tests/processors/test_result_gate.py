@@ -1178,3 +1178,166 @@ async def test_a_background_action_confirmed_by_the_user_is_announced_when_it_st
     assert said_at < answered_at
     assert results()[1]["status"] == "admitted"
     assert any("committed" in told for told in agent.developer())
+
+
+async def test_a_verbally_confirmed_action_is_told_once_by_the_confirmations_result(
+    tmp_path: Path,
+) -> None:
+    # The outcome reaches the runtime's listeners before the confirm_action result reaches
+    # the gate: it was told twice (a developer message, then the result), with an extra
+    # inference.
+    clock = ScriptClock()
+    sor = FakeSystemOfRecord(clock=clock)
+
+    @action
+    async def cancel_order(ctx: ActionContext, order_id: str) -> dict[str, Any]:
+        """Cancel an order."""
+        return {"order_id": order_id, "status": "cancelled"}
+
+    def confirm_it(messages: list[Any]) -> ToolCalls:
+        asked = next(
+            json.loads(m["content"])
+            for m in messages
+            if m.get("role") == "tool" and "awaiting_confirmation" in str(m.get("content"))
+        )
+        token = {
+            "operation_id": asked["operation_id"],
+            "confirmation_token": asked["confirmation_token"],
+        }
+        return ToolCalls([("confirm_action", token)])
+
+    async with agent_on(
+        tmp_path,
+        "version: 1\ntools:\n  cancel_order:\n    kind: mutation\n"
+        "    confirmation: {mode: verbal}\n",
+        [cancel_order],
+        sor,
+        clock,
+    ) as agent:
+        agent.llm.push_step(ToolCalls([("cancel_order", {"order_id": "o1"})]))
+        agent.llm.push_step(Say("Shall I cancel order o1?"))
+        agent.llm.push_step(confirm_it)
+        agent.llm.push_step(Say("It is cancelled."))
+
+        async def the_user_says_yes() -> None:
+            agent.session.start_user_turn()
+
+        await agent.run(
+            [
+                LLMRunFrame(),
+                agent.closed("awaiting_confirmation"),
+                FLUSH,
+                the_user_says_yes,
+                LLMRunFrame(),
+                agent.closed("committed"),
+                agent.delivered(1),
+                FLUSH,
+            ]
+        )
+        (op,) = [o for o in await agent.runtime.ledger.list() if o.tool == "cancel_order"]
+    assert op.status is ActionStatus.COMMITTED
+    assert agent.developer() == []  # told once, by the confirmation's result
+    assert [
+        m.get("content")
+        for m in agent.messages()
+        if m.get("role") == "assistant" and m.get("content")
+    ] == [
+        "Shall I cancel order o1?",
+        "It is cancelled.",
+    ]
+
+
+class HoldConfirmResults(FrameProcessor):
+    """Holds confirm_action results back until released (they sit behind the bot's audio)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[Frame] = []
+        self._released = asyncio.Event()
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, FunctionCallResultFrame) and frame.function_name == "confirm_action":
+            self.held.append(frame)
+            self.create_task(self._later(frame, direction))
+            return
+        await self.push_frame(frame, direction)
+
+    async def _later(self, frame: Frame, direction: FrameDirection) -> None:
+        await self._released.wait()
+        await self.push_frame(frame, direction)
+
+
+async def test_a_confirmed_outcome_heard_by_the_runtime_first_is_still_told_once_in_place(
+    tmp_path: Path,
+) -> None:
+    # The same as above with the race made certain: the gate hears the outcome from the
+    # runtime, and does all it does with it, before the confirm_action result comes.
+    clock = ScriptClock()
+    sor = FakeSystemOfRecord(clock=clock)
+
+    @action
+    async def cancel_order(ctx: ActionContext, order_id: str) -> dict[str, Any]:
+        """Cancel an order."""
+        return {"order_id": order_id, "status": "cancelled"}
+
+    def confirm_it(messages: list[Any]) -> ToolCalls:
+        asked = next(
+            json.loads(m["content"])
+            for m in messages
+            if m.get("role") == "tool" and "awaiting_confirmation" in str(m.get("content"))
+        )
+        token = {
+            "operation_id": asked["operation_id"],
+            "confirmation_token": asked["confirmation_token"],
+        }
+        return ToolCalls([("confirm_action", token)])
+
+    async with agent_on(
+        tmp_path,
+        "version: 1\ntools:\n  cancel_order:\n    kind: mutation\n"
+        "    confirmation: {mode: verbal}\n",
+        [cancel_order],
+        sor,
+        clock,
+    ) as agent:
+        agent.llm.push_step(ToolCalls([("cancel_order", {"order_id": "o1"})]))
+        agent.llm.push_step(Say("Shall I cancel order o1?"))
+        agent.llm.push_step(confirm_it)
+        agent.llm.push_step(Say("It is cancelled."))
+        hold = HoldConfirmResults()
+
+        async def the_user_says_yes() -> None:
+            agent.session.start_user_turn()
+
+        async def release() -> None:
+            hold.release()
+
+        async def committed() -> bool:
+            ops = [o for o in await agent.runtime.ledger.list() if o.tool == "cancel_order"]
+            return bool(ops) and ops[0].status is ActionStatus.COMMITTED
+
+        await agent.run(
+            [
+                LLMRunFrame(),
+                agent.closed("awaiting_confirmation"),
+                FLUSH,
+                the_user_says_yes,
+                LLMRunFrame(),
+                lambda: until(lambda: hold.held, what="the confirmation's result held back"),
+                lambda: until(committed, what="the cancellation committed"),
+                FLUSH,
+                lambda: idle(agent.gate),
+                release,
+                agent.closed("committed"),
+                agent.delivered(1),
+                FLUSH,
+            ],
+            before_gate=[hold],
+        )
+    assert agent.developer() == []
+    spoken = [m.get("content") for m in agent.messages() if m.get("role") == "assistant"]
+    assert [c for c in spoken if c] == ["Shall I cancel order o1?", "It is cancelled."]
