@@ -266,15 +266,9 @@ class ActionResultGate(FrameProcessor):
     async def _close_truthfully(
         self, cancel: FunctionCallCancelFrame, operation_id: str, group: str | None
     ) -> None:
-        try:
-            op = await self.runtime.ledger.get(operation_id)
-        except Exception as exc:
-            # Not knowing is no reason to leave the call IN_PROGRESS, nor to say CANCELLED:
-            # the action was not stopped, and its outcome is told when it comes.
-            logger.bind(session_id=self.session.session_id, operation_id=operation_id).warning(
-                "{}: could not read {} to close its call: {}", self, operation_id, exc
-            )
-            op = None
+        # Not knowing (the ledger cannot be read) is no reason to leave the call IN_PROGRESS,
+        # nor to say CANCELLED: the action was not stopped, and its outcome is told when it comes.
+        op = await self.delivery.current(operation_id)
         if op is None or op.status not in TERMINAL_STATUSES:
             self.delivery.await_outcome(operation_id, group)
         # Pipecat sets run_llm on a cancel only when the call ran past its own timeout.

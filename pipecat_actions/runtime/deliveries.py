@@ -391,6 +391,16 @@ class SessionDelivery:
         if record:
             self._outlet.spawn(self._record_in_place(operation_id))
 
+    async def current(self, operation_id: str) -> Operation | None:
+        """``operation_id`` as the ledger holds it now; None if it cannot be read (logged)."""
+        try:
+            return await self._service.ledger.get(operation_id)
+        except Exception as exc:
+            logger.bind(session_id=self.session.session_id, operation_id=operation_id).warning(
+                "{}: could not read {}: {}", self, operation_id, exc
+            )
+            return None
+
     async def told_now(self, op: Operation) -> None:
         """The adapter put ``op`` as it is into the conversation (a truthful close)."""
         self._state.interrupted = False
