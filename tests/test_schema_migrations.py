@@ -7,14 +7,15 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection
+from sqlalchemy import Connection, create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from pipecat_actions.cli import main
 from pipecat_actions.errors import SchemaVersionMismatch
-from pipecat_actions.ledger import SqlLedger
+from pipecat_actions.ledger import SqlLedger, migrate
 from pipecat_actions.ledger.engine import normalize_url
 from pipecat_actions.ledger.migrate import VERSION_TABLE, head_revision
 from pipecat_actions.ledger.schema import metadata
@@ -111,3 +112,34 @@ async def test_several_ledgers_opening_an_empty_database_at_once_migrate_it_once
     for ledger in ledgers:
         assert (await ledger.schema_state()).up_to_date
         await ledger.close()
+
+
+def test_upgrading_a_0001_ledger_keeps_what_each_conversation_was_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A ledger written before delivered_status existed: an operation told (delivered_at set)
+    # and one never told. After the upgrade, the told one counts as told with its status, so a
+    # new pipeline does not tell it again; the other is still owed.
+    path = tmp_path / "old.db"
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        config = migrate._config()
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0001")
+    engine.dispose()
+    with sqlite3.connect(path) as raw:
+        for operation_id, delivered_at in (("op_told", 5.0), ("op_untold", None)):
+            raw.execute(
+                "INSERT INTO pa_operations (operation_id, tenant, session_id, principal, tool,"
+                " kind, args_json, args_hash, idempotency_key, key_expires_at, status, attempt,"
+                " fence, event_seq, created_at, updated_at, delivered_at)"
+                " VALUES (?, 'default', 'call-1', 'alice', 'book_table', 'mutation', '{}', 'h',"
+                " ?, 9e9, 'COMMITTED', 1, 1, 0, 1.0, 1.0, ?)",
+                (operation_id, f"key-{operation_id}", delivered_at),
+            )
+
+    assert main(["db", "upgrade", f"sqlite:///{path}"]) == 0
+    assert "from 0001 to" in capsys.readouterr().out
+    with sqlite3.connect(path) as raw:
+        told = dict(raw.execute("SELECT operation_id, delivered_status FROM pa_operations"))
+    assert told == {"op_told": "COMMITTED", "op_untold": None}

@@ -103,6 +103,24 @@ class _Call:
     """Its final result passed (or the gate closed it): a second final result is dropped."""
 
 
+def _closing(cancel: FunctionCallCancelFrame, result: Any) -> FunctionCallResultFrame:
+    """The result that closes a call Pipecat cancelled, in place of its ``CANCELLED``.
+
+    After a barge-in, no inference (the user's turn drives the next one). After Pipecat's
+    timeout (the only cancel with ``run_llm`` set), the aggregator's own rule decides:
+    inference once every call proposed together is done, never one per call of the group.
+    """
+    run_llm = None if cancel.run_llm else False
+    return FunctionCallResultFrame(
+        function_name=cancel.function_name,
+        tool_call_id=cancel.tool_call_id,
+        arguments={},
+        result=result,
+        run_llm=run_llm,
+        properties=FunctionCallResultProperties(run_llm=run_llm),
+    )
+
+
 class ActionResultGate(FrameProcessor):
     """Keeps the context truthful about the runtime's operations (see the module docstring).
 
@@ -240,15 +258,7 @@ class ActionResultGate(FrameProcessor):
                 "message": f"{cancel.function_name} was stopped while it was being checked, "
                 "before it started; nothing was done. Ask again if it is still wanted.",
             }
-        run_llm = None if cancel.run_llm else False
-        return FunctionCallResultFrame(
-            function_name=cancel.function_name,
-            tool_call_id=cancel.tool_call_id,
-            arguments={},
-            result=result,
-            run_llm=run_llm,
-            properties=FunctionCallResultProperties(run_llm=run_llm),
-        )
+        return _closing(cancel, result)
 
     async def _close(
         self, cancel: FunctionCallCancelFrame, operation_id: str, group: str | None
@@ -288,18 +298,7 @@ class ActionResultGate(FrameProcessor):
             terminal = op.status in TERMINAL_STATUSES
             note = None if terminal else f"{waited}; the action was not stopped."
             result = render_operation(op, note=note)
-        # After a barge-in, no inference (the user's turn drives the next one). After a
-        # timeout, the aggregator's own rule decides: inference once every call proposed
-        # together is done, never one per call of the group.
-        run_llm = None if cancel.run_llm else False
-        frame = FunctionCallResultFrame(
-            function_name=cancel.function_name,
-            tool_call_id=cancel.tool_call_id,
-            arguments={},
-            result=result,
-            run_llm=run_llm,
-            properties=FunctionCallResultProperties(run_llm=run_llm),
-        )
+        frame = _closing(cancel, result)
         if op is None:
             await self.push_frame(frame)
             return

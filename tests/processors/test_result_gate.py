@@ -962,6 +962,20 @@ async def test_a_background_action_waiting_for_approval_is_announced_too(
     assert result["status"] == "awaiting_approval"
 
 
+def _confirm_the_question(messages: list[Any]) -> ToolCalls:
+    """The model's step after the user said yes: confirm_action with the question's token."""
+    asked = next(
+        json.loads(m["content"])
+        for m in messages
+        if m.get("role") == "tool" and "awaiting_confirmation" in str(m.get("content"))
+    )
+    token = {
+        "operation_id": asked["operation_id"],
+        "confirmation_token": asked["confirmation_token"],
+    }
+    return ToolCalls([("confirm_action", token)])
+
+
 def _in_the_gates_close() -> bool:
     task = asyncio.current_task()
     name = task.get_name() if task is not None else ""
@@ -1124,18 +1138,6 @@ async def test_a_background_action_confirmed_by_the_user_is_announced_when_it_st
         await clock.sleep(0.5)
         return {"refunded_cents": amount_cents}
 
-    def confirm_it(messages: list[Any]) -> ToolCalls:
-        asked = next(
-            json.loads(m["content"])
-            for m in messages
-            if m.get("role") == "tool" and "awaiting_confirmation" in str(m.get("content"))
-        )
-        token = {
-            "operation_id": asked["operation_id"],
-            "confirmation_token": asked["confirmation_token"],
-        }
-        return ToolCalls([("confirm_action", token)])
-
     async with agent_on(
         tmp_path,
         "version: 1\ntools:\n  refund:\n    kind: mutation\n    mode: background\n"
@@ -1147,7 +1149,7 @@ async def test_a_background_action_confirmed_by_the_user_is_announced_when_it_st
     ) as agent:
         agent.llm.push_step(ToolCalls([("refund", {"amount_cents": 500})]))
         agent.llm.push_step(Say("Shall I refund five euros?"))
-        agent.llm.push_step(confirm_it)
+        agent.llm.push_step(_confirm_the_question)
         agent.llm.push_step(Say("It is on its way."))
         tap = Tap()
 
@@ -1194,18 +1196,6 @@ async def test_a_verbally_confirmed_action_is_told_once_by_the_confirmations_res
         """Cancel an order."""
         return {"order_id": order_id, "status": "cancelled"}
 
-    def confirm_it(messages: list[Any]) -> ToolCalls:
-        asked = next(
-            json.loads(m["content"])
-            for m in messages
-            if m.get("role") == "tool" and "awaiting_confirmation" in str(m.get("content"))
-        )
-        token = {
-            "operation_id": asked["operation_id"],
-            "confirmation_token": asked["confirmation_token"],
-        }
-        return ToolCalls([("confirm_action", token)])
-
     async with agent_on(
         tmp_path,
         "version: 1\ntools:\n  cancel_order:\n    kind: mutation\n"
@@ -1216,7 +1206,7 @@ async def test_a_verbally_confirmed_action_is_told_once_by_the_confirmations_res
     ) as agent:
         agent.llm.push_step(ToolCalls([("cancel_order", {"order_id": "o1"})]))
         agent.llm.push_step(Say("Shall I cancel order o1?"))
-        agent.llm.push_step(confirm_it)
+        agent.llm.push_step(_confirm_the_question)
         agent.llm.push_step(Say("It is cancelled."))
 
         async def the_user_says_yes() -> None:
@@ -1284,18 +1274,6 @@ async def test_a_confirmed_outcome_heard_by_the_runtime_first_is_still_told_once
         """Cancel an order."""
         return {"order_id": order_id, "status": "cancelled"}
 
-    def confirm_it(messages: list[Any]) -> ToolCalls:
-        asked = next(
-            json.loads(m["content"])
-            for m in messages
-            if m.get("role") == "tool" and "awaiting_confirmation" in str(m.get("content"))
-        )
-        token = {
-            "operation_id": asked["operation_id"],
-            "confirmation_token": asked["confirmation_token"],
-        }
-        return ToolCalls([("confirm_action", token)])
-
     async with agent_on(
         tmp_path,
         "version: 1\ntools:\n  cancel_order:\n    kind: mutation\n"
@@ -1306,7 +1284,7 @@ async def test_a_confirmed_outcome_heard_by_the_runtime_first_is_still_told_once
     ) as agent:
         agent.llm.push_step(ToolCalls([("cancel_order", {"order_id": "o1"})]))
         agent.llm.push_step(Say("Shall I cancel order o1?"))
-        agent.llm.push_step(confirm_it)
+        agent.llm.push_step(_confirm_the_question)
         agent.llm.push_step(Say("It is cancelled."))
         hold = HoldConfirmResults()
 
