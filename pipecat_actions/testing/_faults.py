@@ -291,8 +291,20 @@ class _FakeProvider:
         commit: Callable[[float], _Result],
     ) -> _Result:
         """Run one mutation; ``commit(now)`` changes the domain or raises `ProviderRejected`."""
+        fails_before_send = self.faults._take("error_before_send", kind) is not None
+        latency = 0.0 if fails_before_send else self.faults.latency_secs(kind)
+        sleeping = asyncio.ensure_future(self._clock.sleep(latency)) if latency > 0 else None
+        if sleeping is not None:
+            # Counted once its latency sleep is registered with the clock (the task's first
+            # step runs before this one resumes): a test that sees the call and then advances
+            # a manual clock always makes it answer.
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                sleeping.cancel()
+                raise
         self.calls[kind] += 1
-        if self.faults._take("error_before_send", kind) is not None:
+        if fails_before_send:
             self._record(kind, params, key, "unavailable")
             msg = f"{kind}: connection refused (injected fault); the request was not sent"
             raise ProviderUnavailable(msg, kind=kind, idempotency_key=key)
@@ -304,9 +316,8 @@ class _FakeProvider:
             self._seen_keys.add(key)
             self._in_flight.setdefault(key, []).append(call)
         try:
-            latency = self.faults.latency_secs(kind)
-            if latency > 0:
-                await self._wait(call, self._clock.sleep(latency), kind, key)
+            if sleeping is not None:
+                await self._wait(call, sleeping, kind, key)
             if hang is not None:
                 await self._hang(call, kind, key, ignore_cancellation=hang)
             # Only the decision is serialised: waits above overlap across concurrent calls.
