@@ -9,13 +9,15 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions approvals list|show|approve|reject   operations waiting for a person
     pipecat-actions ledger list [filters] | ledger show OP  operations and their audit timeline
     pipecat-actions undelivered               committed operations nobody was told about
-    pipecat-actions stats [--since SECS] [--tool T]       per-tool metrics from the ledger
+    pipecat-actions stats [--since SECS] [--tool T]       per-tool metrics, every row
     pipecat-actions reconcile [OP | --all] --app MODULE:ATTR   ask the hooks about UNKNOWN ones
     pipecat-actions scenario run FILE... [--verbose]      replay scenarios (exit 1 on a failure)
     pipecat-actions worker --app MODULE:ATTR [--once]     own the work of bots that are gone
 
 ``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``) names the ledger; ``--json`` prints
-machine-readable output.
+machine-readable output. ``ledger list`` and ``undelivered`` print pages of ``--limit`` rows,
+oldest first; a full page ends with the ``--after CURSOR`` that reads the next one (on stderr
+with ``--json``).
 """
 
 from __future__ import annotations
@@ -28,11 +30,29 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import NoReturn, TextIO
 
 from pipecat_actions.errors import PipecatActionsError
-from pipecat_actions.ledger.records import OperationFilter
+from pipecat_actions.ledger.records import Operation, OperationFilter
 from pipecat_actions.status import ActionStatus
+
+
+def _cursor(text: str) -> tuple[float, str]:
+    """Parse a page cursor ``CREATED_AT/OPERATION_ID`` (as `_cursor_of` prints it)."""
+    created_at, slash, operation_id = text.partition("/")
+    try:
+        if not slash or not operation_id:
+            raise ValueError(text)
+        return float(created_at), operation_id
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a cursor (CREATED_AT/OPERATION_ID, as a page prints it)"
+        ) from None
+
+
+def _cursor_of(op: Operation) -> str:
+    return f"{op.created_at!r}/{op.operation_id}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -103,10 +123,18 @@ def _build_parser() -> argparse.ArgumentParser:
     ledger_list.add_argument(
         "--since", type=float, default=None, metavar="SECS", help="only the last SECS seconds"
     )
-    ledger_list.add_argument("--limit", type=int, default=200)
     ledger_show = ledger_commands.add_parser("show", help="an operation and its audit timeline")
     ledger_show.add_argument("operation_id")
     undelivered = commands.add_parser("undelivered", help="committed, never told to anyone")
+    for paged in (ledger_list, undelivered):
+        paged.add_argument("--limit", type=int, default=200, help="rows per page (default 200)")
+        paged.add_argument(
+            "--after",
+            type=_cursor,
+            default=None,
+            metavar="CURSOR",
+            help="the page after this cursor (printed at the end of a full page)",
+        )
     stats = commands.add_parser("stats", help="per-tool statistics from the ledger")
     stats.add_argument(
         "--since", type=float, default=None, metavar="SECS", help="only the last SECS seconds"
@@ -351,7 +379,6 @@ async def _approvals(args: argparse.Namespace, out: TextIO) -> int:
     from pipecat_actions.approvals import approve_operation, reject_operation
     from pipecat_actions.clock import SystemClock
     from pipecat_actions.ledger import SqlLedger
-    from pipecat_actions.ledger.records import Operation
 
     def describe(op: Operation) -> dict[str, object]:
         return {
@@ -412,6 +439,7 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
     import time
 
     from pipecat_actions import operator
+    from pipecat_actions.errors import ConfigurationError
     from pipecat_actions.ledger import SqlLedger
 
     since = None if getattr(args, "since", None) is None else time.time() - args.since
@@ -419,31 +447,37 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
     try:
         if args.command == "stats":
             stats = await operator.statistics(
-                ledger, OperationFilter(tool=args.tool, created_from=since, limit=100_000)
+                ledger, OperationFilter(tool=args.tool, created_from=since)
             )
             data: object = stats
             text = operator.render_statistics(stats)
-        elif args.command == "undelivered":
-            rows = await operator.list_operations(
-                ledger, OperationFilter(status=[ActionStatus.COMMITTED], undelivered=True)
-            )
-            data, text = rows, operator.render_rows(rows)
-        elif args.ledger_command == "show":
+        elif args.command == "ledger" and args.ledger_command == "show":
             data = await operator.timeline(ledger, args.operation_id)
             text = json.dumps(data, indent=2)
         else:
-            rows = await operator.list_operations(
-                ledger,
-                OperationFilter(
+            if args.limit < 1:
+                raise ConfigurationError("--limit must be at least 1")
+            if args.command == "undelivered":
+                wanted = OperationFilter(status=[ActionStatus.COMMITTED], undelivered=True)
+            else:
+                wanted = OperationFilter(
                     status=[ActionStatus(s) for s in args.status] if args.status else None,
                     session_id=args.session,
                     tool=args.tool,
                     principal=args.principal,
                     created_from=since,
-                    limit=args.limit,
-                ),
-            )
+                )
+            # One row past the page says whether another page follows.
+            ops = await ledger.list(replace(wanted, after=args.after, limit=args.limit + 1))
+            page = ops[: args.limit]
+            rows = [operator.describe(op) for op in page]
             data, text = rows, operator.render_rows(rows)
+            if len(ops) > args.limit:
+                more = f"more: --after {_cursor_of(page[-1])}"
+                if args.json:
+                    print(more, file=sys.stderr)
+                else:
+                    text = f"{text}\n{more}"
     finally:
         await ledger.close()
     print(json.dumps(data, indent=2) if args.json else text, file=out)

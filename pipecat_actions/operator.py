@@ -25,21 +25,17 @@ __all__ = [
     "timeline",
 ]
 
-import asyncio
 import importlib
 import inspect
 import os
-import statistics as stats_
 import sys
-from collections import Counter, defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pipecat_actions.errors import ConfigurationError, PipecatActionsError
 from pipecat_actions.ledger import Ledger, Operation, OperationEvent, OperationFilter
-from pipecat_actions.ledger.records import joined_calls
 from pipecat_actions.status import ActionStatus
 
 if TYPE_CHECKING:
@@ -109,123 +105,6 @@ async def timeline(ledger: Ledger, operation_id: str) -> dict[str, Any]:
     }
 
 
-def _spread(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return {
-        "count": len(ordered),
-        "p50_secs": round(stats_.median(ordered), 4),
-        "p95_secs": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 4),
-        "max_secs": round(ordered[-1], 4),
-    }
-
-
-_DUPLICATE_REFUSALS = frozenset({"duplicate", "idempotency_mismatch"})
-_RUN = frozenset({S.RUNNING, S.CANCEL_REQUESTED})
-"""Statuses an operation is in while its effect may be running."""
-
-
-def _ratio(part: int, whole: int) -> float | None:
-    return None if whole <= 0 else round(part / whole, 4)
-
-
-async def _trails(ledger: Ledger, ops: Sequence[Operation]) -> dict[str, Sequence[OperationEvent]]:
-    # A read that committed has nothing past its creation events; every other operation's
-    # trail is read, a few at a time.
-    wanted = [op for op in ops if op.kind != "read" or op.status is not S.COMMITTED]
-    trails: dict[str, Sequence[OperationEvent]] = {}
-    for start in range(0, len(wanted), 16):
-        chunk = wanted[start : start + 16]
-        found = await asyncio.gather(*(ledger.events(op.operation_id) for op in chunk))
-        trails.update(zip((op.operation_id for op in chunk), found, strict=True))
-    return trails
-
-
-def _tool_statistics(
-    tool_ops: Sequence[Operation], trails: dict[str, Sequence[OperationEvent]]
-) -> dict[str, Any]:
-    by_status = Counter(op.status.value for op in tool_ops)
-    refusals: Counter[str] = Counter()
-    counts: Counter[str] = Counter()
-    for op in tool_ops:
-        trail = trails.get(op.operation_id, ())
-        details = [e.detail if isinstance(e.detail, dict) else {} for e in trail]
-        if op.status is S.REJECTED and trail:
-            reason = str(details[0].get("reason") or "unknown")  # the refusal's own event
-            refusals[reason] += 1
-            counts["duplicates_rejected"] += reason in _DUPLICATE_REFUSALS
-        counts["duplicates_joined"] += sum(joined_calls(d) for d in details)
-        statuses = [e.to_status for e in trail]
-        counts["timeouts"] += any(e.actor == "watchdog" for e in trail) or any(
-            d.get("timed_out") for d in details
-        )
-        counts["ever_unknown"] += S.UNKNOWN in statuses
-        if S.CANCEL_REQUESTED in statuses:
-            counts["cancellations_requested"] += 1
-            counts["cancellations_confirmed"] += op.status is S.CANCELLED
-        counts["cancelled_before_send"] += any(
-            e.to_status is S.CANCELLED and e.from_status in (S.ADMITTED, S.FAILED_RETRYABLE)
-            for e in trail
-        )
-        counts["late_results"] += any(d.get("delivered") and d.get("late") for d in details)
-        counts["handoffs_with_pending"] += any("handoff_to" in d for d in details)
-        counts["reconciliation_errors"] += sum(1 for d in details if "reconcile_error" in d)
-        counts["reconciled"] += any(d.get("reason") == "reconciled" for d in details)
-    executed = [op for op in tool_ops if op.attempt > 0]
-    retries = sum(op.attempt - 1 for op in executed)
-    committed = [op for op in tool_ops if op.committed_at is not None]
-    proposals = len(tool_ops) + counts["duplicates_joined"]
-    duplicates = counts["duplicates_joined"] + counts["duplicates_rejected"]
-    return {
-        "operations": len(tool_ops),
-        "proposals": proposals,
-        "by_status": dict(sorted(by_status.items())),
-        "admission_to_commit": _spread(
-            [op.committed_at - op.created_at for op in committed if op.committed_at]
-        ),
-        "execution_to_commit": _spread(
-            [
-                op.committed_at - op.sent_at
-                for op in committed
-                if op.committed_at and op.sent_at is not None
-            ]
-        ),
-        "commit_to_acknowledged": _spread(
-            [
-                op.acknowledged_at - op.committed_at
-                for op in committed
-                if op.acknowledged_at and op.committed_at
-            ]
-        ),
-        "executed": len(executed),
-        "retried": sum(1 for op in executed if op.attempt > 1),
-        "retries": retries,
-        "retry_rate": _ratio(retries, len(executed)),
-        "timeouts": counts["timeouts"],
-        "timeout_rate": _ratio(counts["timeouts"], len(executed)),
-        "duplicates_suppressed": duplicates,
-        "duplicates_joined": counts["duplicates_joined"],
-        "duplicate_rate": _ratio(duplicates, proposals),
-        "unknown_now": by_status.get(S.UNKNOWN.value, 0),
-        "ever_unknown": counts["ever_unknown"],
-        "reconciled": counts["reconciled"],
-        "reconciliation_errors": counts["reconciliation_errors"],
-        "escalated": sum(1 for op in tool_ops if op.escalated_at is not None),
-        "late_results": counts["late_results"],
-        "cancellations_requested": counts["cancellations_requested"],
-        "cancellations_confirmed": counts["cancellations_confirmed"],
-        "cancelled_before_send": counts["cancelled_before_send"],
-        "compensations": sum(1 for op in tool_ops if op.compensates is not None),
-        "compensated": by_status.get(S.COMPENSATED.value, 0),
-        "handoffs_with_pending": counts["handoffs_with_pending"],
-        "refused_by_reason": dict(sorted(refusals.items())),
-        "committed_undelivered": sum(
-            1 for op in tool_ops if op.status is S.COMMITTED and op.delivered_at is None
-        ),
-    }
-
-
 async def statistics(ledger: Ledger, filters: OperationFilter) -> dict[str, Any]:
     """Per-tool statistics of the operations matching ``filters``, from the ledger alone.
 
@@ -237,16 +116,13 @@ async def statistics(ledger: Ledger, filters: OperationFilter) -> dict[str, Any]
     requested, confirmed and before sending; compensations; operations pending at a
     handoff; refusals by reason; operations committed but never delivered. Admission
     latency is not in the ledger: see ``runtime.metrics``.
+
+    Exact: every matching operation is counted (``filters.limit`` does not apply), in a few
+    aggregate queries whatever the number of operations. The one exception says so: above
+    100,000 values of a tool, a time spread's p50 and p95 are ranked among a sample of its
+    operations and the spread carries ``"sampled"`` (how many; its count and max stay exact).
     """
-    ops = await ledger.list(filters)
-    trails = await _trails(ledger, ops)
-    grouped: dict[str, list[Operation]] = defaultdict(list)
-    for op in ops:
-        grouped[op.tool].append(op)
-    per_tool = {
-        tool: _tool_statistics(tool_ops, trails) for tool, tool_ops in sorted(grouped.items())
-    }
-    return {"operations": len(ops), "tools": per_tool}
+    return await ledger.statistics(filters)
 
 
 def render_statistics(data: dict[str, Any]) -> str:
@@ -260,9 +136,14 @@ def render_statistics(data: dict[str, Any]) -> str:
             if key in ("operations", "proposals") or value in (None, {}, 0):
                 continue
             if isinstance(value, dict) and "p50_secs" in value:
+                sample = (
+                    f", p50 and p95 from a sample of {value['sampled']}"
+                    if "sampled" in value
+                    else ""
+                )
                 shown = (
                     f"p50 {value['p50_secs']:.3f} s  p95 {value['p95_secs']:.3f} s  "
-                    f"max {value['max_secs']:.3f} s  (n={value['count']})"
+                    f"max {value['max_secs']:.3f} s  (n={value['count']}{sample})"
                 )
             elif isinstance(value, dict):
                 shown = ", ".join(f"{k} {v}" for k, v in value.items())
@@ -390,10 +271,7 @@ async def reconcile(
     from pipecat_actions.runtime import ActionRuntime
 
     named = list(operation_ids)
-    targets = named or [
-        op.operation_id
-        for op in await ledger.list(OperationFilter(status=[S.UNKNOWN], limit=100_000))
-    ]
+    targets = named or [op.operation_id async for op in _every(ledger, [S.UNKNOWN])]
     runtime = await ActionRuntime.create(
         app.policy,
         authorizer=app.authorizer or AllowAll(),
@@ -432,6 +310,20 @@ async def reconcile(
     finally:
         await runtime.close(grace_secs=0)
     return rows
+
+
+async def _every(
+    ledger: Ledger, status: Sequence[ActionStatus], *, page: int = 1000
+) -> AsyncIterator[Operation]:
+    """Yield every operation in ``status``, oldest first, a keyset page at a time."""
+    wanted = OperationFilter(status=status, limit=page)
+    while True:
+        ops = await ledger.list(wanted)
+        for op in ops:
+            yield op
+        if len(ops) < page:
+            return
+        wanted = replace(wanted, after=(ops[-1].created_at, ops[-1].operation_id))
 
 
 def render_reconciled(rows: list[dict[str, Any]]) -> str:

@@ -128,6 +128,18 @@ class Ledger(ABC):
     async def list(self, filters: OperationFilter | None = None) -> builtins.list[Operation]:
         """Return operations matching ``filters``, oldest first."""
 
+    async def statistics(self, filters: OperationFilter | None = None) -> dict[str, Any]:
+        """Return per-tool statistics of every operation matching ``filters`` (no limit).
+
+        Exact: computed over every matching row in a few aggregate queries, never sampled.
+        ``filters.limit`` and ``filters.after`` are ignored. The figures are described in
+        `pipecat_actions.operator.statistics`.
+
+        Raises:
+            NotImplementedError: This ledger cannot aggregate.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not compute statistics")
+
     @abstractmethod
     async def events(self, operation_id: str) -> builtins.list[OperationEvent]:
         """Return the audit trail of an operation in order."""

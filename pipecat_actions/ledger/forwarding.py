@@ -103,6 +103,10 @@ class ForwardingLedger(Ledger):
         """See `Ledger.list`."""
         return await self.inner.list(filters)
 
+    async def statistics(self, filters: OperationFilter | None = None) -> dict[str, Any]:
+        """See `Ledger.statistics`."""
+        return await self.inner.statistics(filters)
+
     async def events(self, operation_id: str) -> builtins.list[OperationEvent]:
         """See `Ledger.events`."""
         return await self.inner.events(operation_id)

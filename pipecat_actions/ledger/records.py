@@ -231,4 +231,10 @@ class OperationFilter:
     created_from: float | None = None
     created_before: float | None = None
     undelivered: bool | None = None
+    after: tuple[float, str] | None = None
+    """A keyset cursor ``(created_at, operation_id)``: only operations ordered after it.
+
+    The last row of a page gives the next page's cursor; equal ``created_at`` values are
+    ordered by ``operation_id``, so no row is read twice or skipped.
+    """
     limit: int = 1000

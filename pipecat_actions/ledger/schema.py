@@ -80,6 +80,10 @@ operations = Table(
     Index("ix_pa_operations_session", "session_id", "created_at"),
     Index("ix_pa_operations_tool_created", "tool", "created_at"),
     Index("ix_pa_operations_resource", "tenant", "resource_key"),
+    # Keyset pages of `ledger list` and `undelivered`, in (created_at, operation_id) order
+    # (see migration 0003).
+    Index("ix_pa_operations_created", "created_at", "operation_id"),
+    Index("ix_pa_operations_undelivered", "status", "delivered_at", "created_at", "operation_id"),
 )
 
 events = Table(

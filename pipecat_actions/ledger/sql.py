@@ -34,6 +34,7 @@ from pipecat_actions.errors import (
     UnexpectedStatus,
 )
 from pipecat_actions.ledger import migrate
+from pipecat_actions.ledger._filters import filter_conditions
 from pipecat_actions.ledger._rows import (
     ADMIT_STATUSES,
     CHANGEABLE_FIELDS,
@@ -48,6 +49,7 @@ from pipecat_actions.ledger._rows import (
     to_operation,
     update_statement,
 )
+from pipecat_actions.ledger._statistics import read_statistics
 from pipecat_actions.ledger._writer import (
     SqliteWriter,
     Work,
@@ -671,30 +673,21 @@ class SqlLedger(Ledger):
         self, filters: OperationFilter | None = None
     ) -> builtins.list[Operation]:
         f = filters or OperationFilter()
-        query = select(operations)
-        if f.status is not None:
-            query = query.where(operations.c.status.in_([ActionStatus(s).value for s in f.status]))
-        for column, value in (
-            (operations.c.session_id, f.session_id),
-            (operations.c.tool, f.tool),
-            (operations.c.tenant, f.tenant),
-            (operations.c.principal, f.principal),
-            (operations.c.resource_key, f.resource_key),
-            (operations.c.lease_owner, f.lease_owner),
-        ):
-            if value is not None:
-                query = query.where(column == value)
-        if f.created_from is not None:
-            query = query.where(operations.c.created_at >= f.created_from)
-        if f.created_before is not None:
-            query = query.where(operations.c.created_at < f.created_before)
-        if f.undelivered is not None:
-            delivered = operations.c.delivered_at
-            query = query.where(delivered.is_(None) if f.undelivered else delivered.is_not(None))
+        query = select(operations).where(*filter_conditions(f))
         query = query.order_by(operations.c.created_at, operations.c.operation_id).limit(f.limit)
 
         def work(conn: Connection) -> builtins.list[Operation]:
             return [to_operation(r) for r in conn.execute(query)]
+
+        return await self._read(work)
+
+    async def statistics(  # noqa: D102 - see Ledger
+        self, filters: OperationFilter | None = None
+    ) -> dict[str, Any]:
+        where = filter_conditions(replace(filters or OperationFilter(), after=None))
+
+        def work(conn: Connection) -> dict[str, Any]:
+            return read_statistics(conn, where)
 
         return await self._read(work)
 

@@ -1,0 +1,43 @@
+"""The SQL conditions of an `OperationFilter`, shared by listing and statistics."""
+
+from __future__ import annotations
+
+__all__ = ["filter_conditions"]
+
+from sqlalchemy import ColumnElement, tuple_
+
+from pipecat_actions.ledger.records import OperationFilter
+from pipecat_actions.ledger.schema import operations
+from pipecat_actions.status import ActionStatus
+
+
+def filter_conditions(f: OperationFilter) -> list[ColumnElement[bool]]:
+    """Return the WHERE conditions on ``pa_operations`` that ``f`` asks for (``limit`` aside)."""
+    c = operations.c
+    conditions: list[ColumnElement[bool]] = []
+    if f.status is not None:
+        conditions.append(c.status.in_([ActionStatus(s).value for s in f.status]))
+    for column, value in (
+        (c.session_id, f.session_id),
+        (c.tool, f.tool),
+        (c.tenant, f.tenant),
+        (c.principal, f.principal),
+        (c.resource_key, f.resource_key),
+        (c.lease_owner, f.lease_owner),
+    ):
+        if value is not None:
+            conditions.append(column == value)
+    if f.created_from is not None:
+        conditions.append(c.created_at >= f.created_from)
+    if f.created_before is not None:
+        conditions.append(c.created_at < f.created_before)
+    if f.undelivered is not None:
+        conditions.append(
+            c.delivered_at.is_(None) if f.undelivered else c.delivered_at.is_not(None)
+        )
+    if f.after is not None:
+        # A row-value comparison: both backends read it as a range of the
+        # (…, created_at, operation_id) indexes, where an OR of two comparisons is not.
+        created_at, operation_id = f.after
+        conditions.append(tuple_(c.created_at, c.operation_id) > tuple_(created_at, operation_id))
+    return conditions

@@ -1,0 +1,255 @@
+"""Operator queries read every row, page by keyset, and use an index, on both backends.
+
+`stats` counts every operation a filter matches (no cap, no sampling) with the same figures
+a trail-by-trail reading gives; `ledger list` and `undelivered` return each row exactly once
+across pages, in (created_at, operation_id) order, even while rows of the same instant are
+inserted between pages; on SQLite their queries are index range scans, never a sort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event, insert
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from pipecat_actions.cli import main
+from pipecat_actions.ledger import NewOperation, OperationFilter, SqlLedger
+from pipecat_actions.ledger._rows import EncodedOperation, creation_events, new_row
+from pipecat_actions.ledger.engine import normalize_url
+from pipecat_actions.ledger.schema import events, operations
+from pipecat_actions.status import ActionStatus
+
+S = ActionStatus
+BULK = 2_500  # more than `OperationFilter.limit`'s default, the old reading's silent cap
+
+
+def _rows(count: int, *, at: float, tool: str = "book_table", prefix: str = "op_bulk") -> Any:
+    """Rows of ``count`` committed, undelivered operations created at ``at``, with events."""
+    ops, trail = [], []
+    for i in range(count):
+        new = NewOperation(
+            tool=tool,
+            kind="mutation",
+            args={"n": i},
+            idempotency_key=f"{prefix}-{i}",
+            session_id=f"call-{i % 7}",
+            principal="alice",
+            status=S.RUNNING,
+            operation_id=f"{prefix}_{i:06d}",
+        )
+        encoded = EncodedOperation.of(new)
+        row = new_row(encoded, at, key_slot=None)
+        row.update(status=S.COMMITTED.value, committed_at=at + 0.5, event_seq=row["event_seq"] + 1)
+        ops.append(row)
+        trail += creation_events(encoded, at)
+        trail.append(
+            {
+                "operation_id": new.operation_id,
+                "seq": row["event_seq"],
+                "at": at + 0.5,
+                "kind": "transition",
+                "from_status": S.RUNNING.value,
+                "to_status": S.COMMITTED.value,
+                "actor": "runtime:bulk",
+                "detail_json": None,
+            }
+        )
+    return ops, trail
+
+
+async def _bulk_insert(url: str, ops: list[dict[str, Any]], trail: list[dict[str, Any]]) -> None:
+    engine = create_async_engine(normalize_url(url))
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(insert(operations), ops)
+            await conn.execute(insert(events), trail)
+    finally:
+        await engine.dispose()
+
+
+async def _story(ledger: SqlLedger) -> None:
+    """A refused duplicate, a call joined twice, an operation that went UNKNOWN."""
+
+    def new(key: str, **extra: Any) -> NewOperation:
+        fields: dict[str, Any] = {
+            "tool": "book_table",
+            "kind": "mutation",
+            "args": {"time": key},
+            "idempotency_key": key,
+            "session_id": "call-x",
+            "principal": "bob",
+            "status": S.RUNNING,
+        }
+        return NewOperation(**(fields | extra))
+
+    await ledger.record_refusal(new("dup", detail={"reason": "duplicate"}))
+    joined = (await ledger.admit(new("joined"))).operation
+    await ledger.annotate(
+        joined.operation_id, actor="runtime", detail={"duplicates_joined": [{"c": 1}, {"c": 2}]}
+    )
+    lost = (await ledger.admit(new("lost"))).operation
+    await ledger.transition(lost.operation_id, expected=S.RUNNING, to=S.UNKNOWN, fence=1, actor="t")
+
+
+async def test_stats_count_every_operation_past_the_default_limit_exactly(
+    ledger: SqlLedger, ledger_url: str
+) -> None:
+    await _bulk_insert(ledger_url, *_rows(BULK, at=1e9))
+    await _story(ledger)
+
+    stats = await ledger.statistics(OperationFilter())
+    book = stats["tools"]["book_table"]
+
+    assert stats["operations"] == BULK + 3
+    assert book["by_status"] == {"COMMITTED": BULK, "REJECTED": 1, "RUNNING": 1, "UNKNOWN": 1}
+    assert book["admission_to_commit"] == {
+        "count": BULK,
+        "p50_secs": 0.5,
+        "p95_secs": 0.5,
+        "max_secs": 0.5,
+    }
+    assert (book["duplicates_joined"], book["duplicates_suppressed"]) == (2, 3)
+    assert book["proposals"] == BULK + 3 + 2
+    assert book["refused_by_reason"] == {"duplicate": 1}
+    assert (book["ever_unknown"], book["unknown_now"]) == (1, 1)
+    assert book["committed_undelivered"] == BULK
+    assert (book["executed"], book["retries"]) == (BULK + 2, 0)
+
+
+async def test_stats_spread_is_the_median_and_the_95th_value_of_every_row(
+    ledger: SqlLedger, ledger_url: str
+) -> None:
+    ops, trail = _rows(40, at=1e9)
+    for i, row in enumerate(ops):  # admission to commit: 1, 2, ..., 40 seconds
+        row["committed_at"] = row["created_at"] + i + 1
+    await _bulk_insert(ledger_url, ops, trail)
+
+    spread = (await ledger.statistics())["tools"]["book_table"]["admission_to_commit"]
+
+    # Sorted 1..40: the median halfway between 20 and 21, p95 at index floor(0.95 * 40) = 38.
+    assert spread == {"count": 40, "p50_secs": 20.5, "p95_secs": 39.0, "max_secs": 40.0}
+
+
+async def test_pages_return_every_row_once_in_order_while_equal_instants_are_inserted(
+    ledger: SqlLedger, ledger_url: str
+) -> None:
+    same_instant = 1e9 + 10
+    await _bulk_insert(ledger_url, *_rows(150, at=1e9, prefix="op_a"))
+    await _bulk_insert(ledger_url, *_rows(300, at=same_instant, prefix="op_b"))
+    seen: list[tuple[float, str]] = []
+    after: tuple[float, str] | None = None
+    inserted = False
+    while True:
+        page = await ledger.list(OperationFilter(after=after, limit=100))
+        seen += [(op.created_at, op.operation_id) for op in page]
+        if len(page) < 100:
+            break
+        after = seen[-1]
+        if not inserted and after[0] == same_instant:
+            # Written between two pages at the cursor's own instant: those ordered after the
+            # cursor are read on a later page, those before it were not there to be read.
+            await _bulk_insert(ledger_url, *_rows(20, at=same_instant, prefix="op_c"))
+            await _bulk_insert(ledger_url, *_rows(20, at=same_instant, prefix="op_0"))
+            inserted = True
+
+    assert inserted
+    assert len(seen) == len(set(seen)) == 150 + 300 + 20
+    assert seen == sorted(seen)
+    assert not any(op_id.startswith("op_0") for _, op_id in seen)
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[str, str]:
+    assert main(list(argv)) == 0
+    captured = capsys.readouterr()
+    return captured.out, captured.err
+
+
+async def test_undelivered_pages_end_with_the_cursor_of_the_next_page(
+    ledger_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await (await SqlLedger.create(ledger_url)).close()
+    await _bulk_insert(ledger_url, *_rows(5, at=1e9))
+    ids: list[str] = []
+    cursor: list[str] = []
+    for _ in range(3):
+        out, err = await asyncio.to_thread(
+            _cli, capsys, "undelivered", "--ledger", ledger_url, "--limit", "2", "--json", *cursor
+        )
+        ids += [row["operation_id"] for row in json.loads(out)]
+        more = [line for line in err.splitlines() if line.startswith("more: --after ")]
+        cursor = ["--after", more[0].removeprefix("more: --after ")] if more else []
+    text, _ = await asyncio.to_thread(
+        _cli, capsys, "ledger", "list", "--ledger", ledger_url, "--limit", "4"
+    )
+
+    assert ids == [f"op_bulk_{i:06d}" for i in range(5)]
+    assert cursor == []  # the last page is not full: no cursor
+    assert text.splitlines()[-1].startswith("more: --after ")
+
+
+async def test_list_and_undelivered_are_index_range_scans_without_a_sort_on_sqlite(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "plans.db"
+    ledger = await SqlLedger.create(f"sqlite:///{path}")
+    issued: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "pa_operations" in statement:
+            issued.append((statement, parameters))
+
+    event.listen(ledger._engine.sync_engine, "before_cursor_execute", record)
+    try:
+        cursor = (1e9, "op_x")
+        await ledger.list(OperationFilter(limit=200))
+        await ledger.list(OperationFilter(after=cursor, limit=200))
+        undelivered = OperationFilter(status=[S.COMMITTED], undelivered=True)
+        await ledger.list(undelivered)
+        await ledger.list(OperationFilter(status=[S.COMMITTED], undelivered=True, after=cursor))
+    finally:
+        await ledger.close()
+
+    with sqlite3.connect(path) as raw:
+        plans = [
+            " | ".join(step[3] for step in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+            for sql, params in issued
+        ]
+    assert len(plans) == 4
+    assert plans[0] == "SCAN pa_operations USING INDEX ix_pa_operations_created"
+    assert plans[1].startswith("SEARCH pa_operations USING INDEX ix_pa_operations_created (")
+    for plan in plans[2:]:
+        assert plan.startswith("SEARCH pa_operations USING INDEX ix_pa_operations_undelivered (")
+    assert not any("TEMP B-TREE" in plan for plan in plans)
+
+
+async def test_stats_say_when_a_spread_is_ranked_among_a_sample(
+    ledger: SqlLedger, ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipecat_actions.ledger import _statistics
+    from pipecat_actions.operator import render_statistics
+
+    monkeypatch.setattr(_statistics, "EXACT_SPREAD_UP_TO", 100)
+    ops, trail = _rows(1_000, at=1e9)
+    for i, row in enumerate(ops):
+        row["committed_at"] = row["created_at"] + 1 + i % 10
+    await _bulk_insert(ledger_url, ops, trail)
+
+    stats = await ledger.statistics()
+    spread = stats["tools"]["book_table"]["admission_to_commit"]
+
+    # Ids end in 0..9 here: the sample (ids ending in "0") is 1 in 10 of them, all at 1 s.
+    assert spread == {
+        "count": 1_000,
+        "p50_secs": 1.0,
+        "p95_secs": 1.0,
+        "max_secs": 10.0,
+        "sampled": 100,
+    }
+    assert stats["operations"] == 1_000
+    assert "p50 and p95 from a sample of 100" in render_statistics(stats)
