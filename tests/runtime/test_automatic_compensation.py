@@ -481,6 +481,17 @@ async def test_the_conversation_is_told_when_the_superseded_booking_is_undone(
         def undone_told() -> bool:
             return any('"compensated"' in content for content in agent.developer())
 
+        async def original_settled() -> bool:
+            # The original is settled (COMPENSATING → COMPENSATED) right after its
+            # compensation's outcome is told: wait for that, not for a moment.
+            ops = await agent.runtime.ledger.list()
+            return any(
+                op.compensates is None
+                and op.args["time"] == "21:00"
+                and op.status is Status.COMPENSATED
+                for op in ops
+            )
+
         await agent.run(
             [
                 LLMRunFrame(),
@@ -490,6 +501,7 @@ async def test_the_conversation_is_told_when_the_superseded_booking_is_undone(
                 LLMRunFrame(),
                 agent.closed("committed", calls=2),
                 lambda: until(undone_told, what="the undo told to the conversation"),
+                lambda: until(original_settled, what="the 21:00 booking settled as compensated"),
             ]
         )
         ops = await agent.runtime.ledger.list()
