@@ -14,7 +14,7 @@ Pipecat registers lazily on every inference), so they go through admission and t
 
 from __future__ import annotations
 
-__all__ = ["attach", "instrument", "tools_schema"]
+__all__ = ["attach", "instrument", "owns_tool", "tools_schema"]
 
 import functools
 from collections.abc import Callable
@@ -35,6 +35,11 @@ if TYPE_CHECKING:
     from pipecat_actions.runtime import ActionRuntime
 
 CONFIRM_TOOL = "confirm_action"
+
+
+def owns_tool(runtime: ActionRuntime, tool: str) -> bool:
+    """Whether calls of ``tool`` are the runtime's: a registered action, or ``confirm_action``."""
+    return tool in runtime.bindings or tool == CONFIRM_TOOL
 
 
 def tools_schema(runtime: ActionRuntime) -> ToolsSchema:

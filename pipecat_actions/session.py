@@ -15,10 +15,18 @@ Two counters matter:
 
 from __future__ import annotations
 
-__all__ = ["SessionState"]
+__all__ = ["SessionState", "turn_number"]
 
 import asyncio
 from dataclasses import dataclass, field
+
+
+def turn_number(turn_id: str | None) -> int | None:
+    """The user turn an operation's ``turn_id`` names (it is ``str(user_turn)``), or None."""
+    try:
+        return int(turn_id) if turn_id is not None else None
+    except ValueError:
+        return None
 
 
 @dataclass

@@ -47,7 +47,7 @@ from pipecat_actions.ledger.records import canonical_json, hash_arguments
 from pipecat_actions.observability.redaction import log_redactor
 from pipecat_actions.policy import AdmitWhen, ConfirmationMode, OnDuplicate, ToolKind, ToolPolicy
 from pipecat_actions.results import refusal_result
-from pipecat_actions.session import SessionState
+from pipecat_actions.session import SessionState, turn_number
 from pipecat_actions.status import AWAITING_PERSON_STATUSES, TERMINAL_STATUSES, ActionStatus
 
 S = ActionStatus
@@ -516,13 +516,6 @@ _MAX_CHANGES = 8
 """How many times one request may be changed by later user turns (each change is a new key)."""
 
 
-def _turn(turn_id: str | None) -> int | None:
-    try:
-        return int(turn_id) if turn_id is not None else None
-    except ValueError:
-        return None
-
-
 def _changed_by_user(
     base: Audit, binding: Binding, existing: Operation, session: SessionState
 ) -> bool:
@@ -540,7 +533,7 @@ def _changed_by_user(
         return False
     if existing.args_hash == hash_arguments(base.args):
         return False
-    ours, theirs = _turn(base.turn_id), _turn(existing.turn_id)
+    ours, theirs = turn_number(base.turn_id), turn_number(existing.turn_id)
     return ours is not None and theirs is not None and ours > theirs
 
 

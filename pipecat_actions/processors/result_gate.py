@@ -59,7 +59,7 @@ from pipecat.processors.frame_processor import (
     FrameProcessorSetup,
 )
 
-from pipecat_actions.binding import CONFIRM_TOOL
+from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
 from pipecat_actions.results import render_operation
 from pipecat_actions.runtime.deliveries import PENDING_STATUSES, SessionDelivery, Told
 from pipecat_actions.session import SessionState
@@ -221,7 +221,7 @@ class ActionResultGate(FrameProcessor):
             self.session.settle_generation()
 
     def _owns(self, function_name: str) -> bool:
-        return function_name in self.runtime.bindings or function_name == CONFIRM_TOOL
+        return owns_tool(self.runtime, function_name)
 
     async def _on_cancel(self, frame: FunctionCallCancelFrame) -> None:
         if not self._owns(frame.function_name):

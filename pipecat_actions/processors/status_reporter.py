@@ -65,7 +65,7 @@ from pipecat.processors.frameworks.rtvi.observer import (
     RTVIObserverParams,
 )
 
-from pipecat_actions.binding import CONFIRM_TOOL
+from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
 from pipecat_actions.ledger import Operation
 from pipecat_actions.policy import ToolKind
 from pipecat_actions.results import render_operation
@@ -163,7 +163,7 @@ class ActionStatusReporter(FrameProcessor):
         await self.push_frame(frame, direction)
 
     def _owns(self, tool: str) -> bool:
-        return tool in self.runtime.bindings or tool == CONFIRM_TOOL
+        return owns_tool(self.runtime, tool)
 
     def _on_call(
         self, frame: FunctionCallInProgressFrame | FunctionCallCancelFrame | FunctionCallResultFrame

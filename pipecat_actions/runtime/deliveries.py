@@ -180,8 +180,8 @@ class Deliveries:
         results. A compensation is told through the operation it reversed.
         """
         history = await self.ledger.list(OperationFilter(session_id=session_id))
-        told_compensations = {
-            op.compensates: op.status
+        heard_compensations = {
+            op.compensates
             for op in history
             if op.compensates is not None
             and op.delivered_status is op.status
@@ -194,17 +194,17 @@ class Deliveries:
             and not self.operations.noted_after(op.operation_id, mark)
             and op.compensates is None
             and op.kind != ToolKind.READ
-            and _is_owed(op, told_compensations.get(op.operation_id))
+            and _is_owed(op, compensation_heard=op.operation_id in heard_compensations)
         ]
 
-    async def mark_delivered(self, op: Operation, *, session: SessionState, late: bool) -> bool:
+    async def mark_delivered(self, op: Operation, *, session: SessionState, late: bool) -> None:
         """Record that ``op``, as it is, was told to ``session``'s conversation.
 
-        Returns False if exactly this status was already recorded as told (told again, not
-        heard the first time): its acknowledgement is still owed.
+        Nothing is written if exactly this status was recorded as told already (told again,
+        not heard the first time): its acknowledgement is still owed.
         """
         if op.delivered_status is op.status:
-            return False
+            return
         await self.ledger.annotate(
             op.operation_id,
             actor=_actor(session),
@@ -216,7 +216,6 @@ class Deliveries:
                 "acknowledged_at": None,
             },
         )
-        return True
 
     async def mark_acknowledged(self, operation_ids: list[str], *, session: SessionState) -> None:
         """Record that what was told about ``operation_ids`` was heard to the end."""
@@ -294,12 +293,12 @@ class Deliveries:
         return binding is not None and binding.policy.kind is ToolKind.READ
 
 
-def _is_owed(op: Operation, compensation_told: ActionStatus | None) -> bool:
+def _is_owed(op: Operation, *, compensation_heard: bool) -> bool:
     if op.status in _NEVER_OWED:
         return False
     if op.status is S.REJECTED and op.delivered_status in (None, S.REJECTED):
         return False  # refused at the call, and told so there
-    if op.status in (S.COMPENSATED, S.COMPENSATING) and compensation_told is not None:
+    if op.status in (S.COMPENSATED, S.COMPENSATING) and compensation_heard:
         return False  # told through its compensation, and heard
     return op.delivered_status is not op.status or op.acknowledged_at is None
 
@@ -557,7 +556,6 @@ class SessionDelivery:
             current.delivered_status is current.status and current.operation_id not in state.retell
         )
         if told is current.status or (told is None and told_elsewhere):
-            state.delivering.discard(current.operation_id)
             if current.status in TERMINAL_STATUSES:
                 self._forget(current.operation_id)
             return

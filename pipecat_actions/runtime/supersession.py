@@ -25,6 +25,7 @@ from typing import Any
 from pipecat_actions.actions import Binding
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
 from pipecat_actions.policy import ToolKind, ToolPolicy
+from pipecat_actions.session import turn_number
 from pipecat_actions.status import HAPPENED_STATUSES, ActionStatus
 
 S = ActionStatus
@@ -66,16 +67,19 @@ def superseded_fields(op: Operation, newer: str, policy: ToolPolicy | None) -> d
 
 
 def _turn(op: Operation) -> int | None:
-    try:
-        return int(op.turn_id) if op.turn_id is not None else None
-    except ValueError:
-        return None
+    return turn_number(op.turn_id)
 
 
 def _before(op: Operation, turn: int) -> bool:
     """Whether ``op`` was proposed in a user turn before ``turn`` (False if it has none)."""
     own = _turn(op)
     return own is not None and own < turn
+
+
+def _earliest_later(ops: list[Operation], turn: int) -> Operation | None:
+    """The one of ``ops`` proposed first in a user turn after ``turn``, if any."""
+    later = [o for o in ops if (_turn(o) or 0) > turn]
+    return min(later, key=lambda o: (_turn(o) or 0, o.created_at)) if later else None
 
 
 class Supersession:
@@ -98,25 +102,30 @@ class Supersession:
             policy is not None and policy.resource is not None and policy.kind is not ToolKind.READ
         )
 
-    async def superseded_by(self, op: Operation) -> str | None:
-        """The operation of a later user turn on the same resource and tool, if any."""
+    async def _rivals(self, op: Operation) -> tuple[int, list[Operation]] | None:
+        """``op``'s user turn and the session's other operations of its tool on its resource.
+
+        None when ``op`` cannot be superseded (no resource, no turn, a tool that cannot be):
+        then nothing is read.
+        """
         turn = _turn(op)
         if op.resource_key is None or turn is None or not self._applies(op.tool):
             return None
         candidates = await self._ledger.list(
             OperationFilter(session_id=op.session_id, resource_key=op.resource_key)
         )
-        later = [
-            other
-            for other in candidates
-            if other.tool == op.tool
-            and other.operation_id != op.operation_id
-            and other.status is not ActionStatus.REJECTED
-            and (_turn(other) or 0) > turn
-        ]
-        if not later:
+        others = [o for o in candidates if o.tool == op.tool and o.operation_id != op.operation_id]
+        return turn, others
+
+    async def superseded_by(self, op: Operation) -> str | None:
+        """The operation of a later user turn on the same resource and tool, if any."""
+        rivals = await self._rivals(op)
+        if rivals is None:
             return None
-        return min(later, key=lambda o: (_turn(o) or 0, o.created_at)).operation_id
+        turn, others = rivals
+        asked = [o for o in others if o.status is not ActionStatus.REJECTED]
+        newer = _earliest_later(asked, turn)
+        return newer.operation_id if newer is not None else None
 
     async def replaced_on_commit(self, op: Operation) -> list[tuple[Operation, Operation]]:
         """The committed operations that stand although a committed newer one replaced them.
@@ -130,24 +139,16 @@ class Supersession:
         Returns:
             ``(superseded, newer)`` pairs, oldest first; empty when ``op`` is not committed.
         """
-        turn = _turn(op)
-        if (
-            op.status is not S.COMMITTED
-            or op.resource_key is None
-            or turn is None
-            or not self._applies(op.tool)
-        ):
+        rivals = await self._rivals(op) if op.status is S.COMMITTED else None
+        if rivals is None:
             return []
-        candidates = await self._ledger.list(
-            OperationFilter(session_id=op.session_id, resource_key=op.resource_key)
-        )
-        others = [o for o in candidates if o.tool == op.tool and o.operation_id != op.operation_id]
+        turn, others = rivals
         pairs = [
             (other, op) for other in others if other.status is S.COMMITTED and _before(other, turn)
         ]
-        newer = [o for o in others if o.status in HAPPENED_STATUSES and (_turn(o) or 0) > turn]
-        if newer:
-            pairs.append((op, min(newer, key=lambda o: (_turn(o) or 0, o.created_at))))
+        newer = _earliest_later([o for o in others if o.status in HAPPENED_STATUSES], turn)
+        if newer is not None:
+            pairs.append((op, newer))
         return pairs
 
     def fields(self, op: Operation, newer: str) -> dict[str, Any]:
