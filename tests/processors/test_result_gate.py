@@ -41,6 +41,7 @@ from pipecat_actions import (
     SessionState,
     action,
 )
+from pipecat_actions.binding import CONFIRM_TOOL
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.status import ActionStatus
@@ -82,9 +83,12 @@ class HoldInProgress(FrameProcessor):
     def release(self) -> None:
         self._released.set()
 
+    def holds(self, frame: Frame) -> bool:
+        return isinstance(frame, FunctionCallInProgressFrame)
+
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
-        if isinstance(frame, FunctionCallInProgressFrame):
+        if self.holds(frame):
             self.held.append(frame)
             self.create_task(self._later(frame, direction))
             return
@@ -976,6 +980,40 @@ def _confirm_the_question(messages: list[Any]) -> ToolCalls:
     return ToolCalls([("confirm_action", token)])
 
 
+def _the_user_says_yes(agent: Agent) -> Step:
+    """A script step: the user answers in a new turn (a confirmation counts from a later one)."""
+
+    async def step() -> None:
+        agent.session.start_user_turn()
+
+    return step
+
+
+@contextlib.asynccontextmanager
+async def _verbal_cancel_order(tmp_path: Path) -> AsyncIterator[Agent]:
+    """An agent whose order cancellation needs the user's yes; the model asks, then confirms."""
+    clock = ScriptClock()
+
+    @action
+    async def cancel_order(ctx: ActionContext, order_id: str) -> dict[str, Any]:
+        """Cancel an order."""
+        return {"order_id": order_id, "status": "cancelled"}
+
+    async with agent_on(
+        tmp_path,
+        "version: 1\ntools:\n  cancel_order:\n    kind: mutation\n"
+        "    confirmation: {mode: verbal}\n",
+        [cancel_order],
+        FakeSystemOfRecord(clock=clock),
+        clock,
+    ) as agent:
+        agent.llm.push_step(ToolCalls([("cancel_order", {"order_id": "o1"})]))
+        agent.llm.push_step(Say("Shall I cancel order o1?"))
+        agent.llm.push_step(_confirm_the_question)
+        agent.llm.push_step(Say("It is cancelled."))
+        yield agent
+
+
 def _in_the_gates_close() -> bool:
     task = asyncio.current_task()
     name = task.get_name() if task is not None else ""
@@ -1153,9 +1191,6 @@ async def test_a_background_action_confirmed_by_the_user_is_announced_when_it_st
         agent.llm.push_step(Say("It is on its way."))
         tap = Tap()
 
-        async def the_user_says_yes() -> None:
-            agent.session.start_user_turn()
-
         def results() -> list[Any]:
             return [f.result for f in tap.frames if isinstance(f, FunctionCallResultFrame)]
 
@@ -1164,7 +1199,7 @@ async def test_a_background_action_confirmed_by_the_user_is_announced_when_it_st
                 LLMRunFrame(),
                 lambda: until(lambda: len(results()) == 1, what="the confirmation question"),
                 FLUSH,
-                the_user_says_yes,
+                _the_user_says_yes(agent),
                 LLMRunFrame(),
                 lambda: until(lambda: len(results()) == 2, what="the confirmation's answer"),
                 lambda: clock.asked(0.5),
@@ -1188,36 +1223,13 @@ async def test_a_verbally_confirmed_action_is_told_once_by_the_confirmations_res
     # The outcome reaches the runtime's listeners before the confirm_action result reaches
     # the gate: it was told twice (a developer message, then the result), with an extra
     # inference.
-    clock = ScriptClock()
-    sor = FakeSystemOfRecord(clock=clock)
-
-    @action
-    async def cancel_order(ctx: ActionContext, order_id: str) -> dict[str, Any]:
-        """Cancel an order."""
-        return {"order_id": order_id, "status": "cancelled"}
-
-    async with agent_on(
-        tmp_path,
-        "version: 1\ntools:\n  cancel_order:\n    kind: mutation\n"
-        "    confirmation: {mode: verbal}\n",
-        [cancel_order],
-        sor,
-        clock,
-    ) as agent:
-        agent.llm.push_step(ToolCalls([("cancel_order", {"order_id": "o1"})]))
-        agent.llm.push_step(Say("Shall I cancel order o1?"))
-        agent.llm.push_step(_confirm_the_question)
-        agent.llm.push_step(Say("It is cancelled."))
-
-        async def the_user_says_yes() -> None:
-            agent.session.start_user_turn()
-
+    async with _verbal_cancel_order(tmp_path) as agent:
         await agent.run(
             [
                 LLMRunFrame(),
                 agent.closed("awaiting_confirmation"),
                 FLUSH,
-                the_user_says_yes,
+                _the_user_says_yes(agent),
                 LLMRunFrame(),
                 agent.closed("committed"),
                 agent.delivered(1),
@@ -1237,28 +1249,11 @@ async def test_a_verbally_confirmed_action_is_told_once_by_the_confirmations_res
     ]
 
 
-class HoldConfirmResults(FrameProcessor):
+class HoldConfirmResults(HoldInProgress):
     """Holds confirm_action results back until released (they sit behind the bot's audio)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.held: list[Frame] = []
-        self._released = asyncio.Event()
-
-    def release(self) -> None:
-        self._released.set()
-
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
-        if isinstance(frame, FunctionCallResultFrame) and frame.function_name == "confirm_action":
-            self.held.append(frame)
-            self.create_task(self._later(frame, direction))
-            return
-        await self.push_frame(frame, direction)
-
-    async def _later(self, frame: Frame, direction: FrameDirection) -> None:
-        await self._released.wait()
-        await self.push_frame(frame, direction)
+    def holds(self, frame: Frame) -> bool:
+        return isinstance(frame, FunctionCallResultFrame) and frame.function_name == CONFIRM_TOOL
 
 
 async def test_a_confirmed_outcome_heard_by_the_runtime_first_is_still_told_once_in_place(
@@ -1266,30 +1261,8 @@ async def test_a_confirmed_outcome_heard_by_the_runtime_first_is_still_told_once
 ) -> None:
     # The same as above with the race made certain: the gate hears the outcome from the
     # runtime, and does all it does with it, before the confirm_action result comes.
-    clock = ScriptClock()
-    sor = FakeSystemOfRecord(clock=clock)
-
-    @action
-    async def cancel_order(ctx: ActionContext, order_id: str) -> dict[str, Any]:
-        """Cancel an order."""
-        return {"order_id": order_id, "status": "cancelled"}
-
-    async with agent_on(
-        tmp_path,
-        "version: 1\ntools:\n  cancel_order:\n    kind: mutation\n"
-        "    confirmation: {mode: verbal}\n",
-        [cancel_order],
-        sor,
-        clock,
-    ) as agent:
-        agent.llm.push_step(ToolCalls([("cancel_order", {"order_id": "o1"})]))
-        agent.llm.push_step(Say("Shall I cancel order o1?"))
-        agent.llm.push_step(_confirm_the_question)
-        agent.llm.push_step(Say("It is cancelled."))
+    async with _verbal_cancel_order(tmp_path) as agent:
         hold = HoldConfirmResults()
-
-        async def the_user_says_yes() -> None:
-            agent.session.start_user_turn()
 
         async def release() -> None:
             hold.release()
@@ -1303,7 +1276,7 @@ async def test_a_confirmed_outcome_heard_by_the_runtime_first_is_still_told_once
                 LLMRunFrame(),
                 agent.closed("awaiting_confirmation"),
                 FLUSH,
-                the_user_says_yes,
+                _the_user_says_yes(agent),
                 LLMRunFrame(),
                 lambda: until(lambda: hold.held, what="the confirmation's result held back"),
                 lambda: until(committed, what="the cancellation committed"),

@@ -116,16 +116,23 @@ async def _booked_elsewhere(
         return await ledger.record_refusal(new)
     op = (await ledger.admit(new)).operation
     for to in path:
-        changes = {"result": {"booking_id": "bk_1"}} if to is S.COMMITTED else None
-        op = await ledger.transition(
-            op.operation_id,
-            expected=op.status,
-            to=to,
-            fence=op.fence,
-            actor="worker:elsewhere",
-            changes=changes,
-        )
+        op = await _moved_elsewhere(runtime, op, to)
     return op
+
+
+async def _moved_elsewhere(
+    runtime: ActionRuntime,
+    op: Operation,
+    to: ActionStatus,
+    *,
+    actor: str = "worker:elsewhere",
+    result: Any = None,
+) -> Operation:
+    """``op`` moved on to ``to`` by another process (a commit records ``result``)."""
+    committed = {"result": result or {"booking_id": "bk_1"}} if to is S.COMMITTED else None
+    return await runtime.ledger.transition(
+        op.operation_id, expected=op.status, to=to, fence=op.fence, actor=actor, changes=committed
+    )
 
 
 async def _pipeline(
@@ -197,14 +204,7 @@ async def test_an_unknown_told_and_heard_then_settled_elsewhere_is_owed_its_sett
     heard = await runtime.ledger.get(op.operation_id)
     assert heard.delivered_status is S.UNKNOWN and heard.acknowledged_at is not None
 
-    await runtime.ledger.transition(
-        op.operation_id,
-        expected=S.UNKNOWN,
-        to=S.COMMITTED,
-        fence=heard.fence,
-        actor="worker:reconcile",
-        changes={"result": {"booking_id": "bk_1"}},
-    )
+    await _moved_elsewhere(runtime, heard, S.COMMITTED, actor="worker:reconcile")
 
     second, again = await _pipeline(runtime, session)
     assert again.statuses() == ["committed"]
@@ -239,13 +239,8 @@ async def test_an_outcome_is_told_through_the_outlet_when_it_comes_and_calls_of_
     delivery.await_outcome(half.operation_id, group="g1")
 
     for op in (nine, half):
-        committed = await runtime.ledger.transition(
-            op.operation_id,
-            expected=S.RUNNING,
-            to=S.COMMITTED,
-            fence=op.fence,
-            actor="test",
-            changes={"result": {"booking_id": op.operation_id}},
+        committed = await _moved_elsewhere(
+            runtime, op, S.COMMITTED, result={"booking_id": op.operation_id}
         )
         delivery.on_outcome(committed)  # as the runtime's listener is called
         await outlet.settled()
@@ -280,14 +275,7 @@ async def test_an_awaited_outcome_settled_by_another_process_is_told_while_the_p
         delivery, outlet = await _pipeline(runtime, session)
         assert outlet.statuses() == ["unknown"]
 
-        await runtime.ledger.transition(
-            op.operation_id,
-            expected=S.UNKNOWN,
-            to=S.COMMITTED,
-            fence=op.fence,
-            actor="worker:reconcile",
-            changes={"result": {"booking_id": "bk_1"}},
-        )
+        await _moved_elsewhere(runtime, op, S.COMMITTED, actor="worker:reconcile")
         assert outlet.statuses() == ["unknown"]  # nothing re-read before its time
         clock.advance(WATCH_SECS)
         await eventually(lambda: len(outlet.told) == 2, what="the settled outcome told")
