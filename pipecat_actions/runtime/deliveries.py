@@ -64,6 +64,8 @@ UNKNOWN as "not yet known, being checked"; what reconciliation finds is told lat
 WATCH_SECS = 2.0
 """How often an awaited operation this process does not run is re-read (another process, a
 worker or an operator settles it; this process's listeners never hear of that)."""
+_NOT_OUTCOMES = frozenset(IN_FLIGHT_STATUSES | AWAITING_PERSON_STATUSES)
+"""Statuses that are no outcome: an operation seen in one is told when it leaves it."""
 PENDING_STATUSES = frozenset(IN_FLIGHT_STATUSES | AWAITING_PERSON_STATUSES | {S.UNKNOWN})
 """Not finished: what a new agent is briefed on at a handoff, and told later when it finishes."""
 
@@ -441,7 +443,13 @@ class SessionDelivery:
     # --- outcomes --------------------------------------------------------------------------
 
     def on_outcome(self, op: Operation) -> None:
-        """An operation of the session got an outcome (a runtime listener; never awaits)."""
+        """An operation of the session got an outcome (a runtime listener; never awaits).
+
+        Also called with what a re-read found (a catch-up, a watcher): a status that is no
+        outcome (it runs, or waits for a person) is not told; its outcome is, when it comes.
+        """
+        if op.status in _NOT_OUTCOMES:
+            return
         state = self._state
         # The operation stays awaited until it is told (see _push), so that siblings told
         # meanwhile know it is still to come. An UNKNOWN told stays awaited: what

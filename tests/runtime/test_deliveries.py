@@ -281,3 +281,25 @@ async def test_an_awaited_outcome_settled_by_another_process_is_told_while_the_p
         await eventually(lambda: len(outlet.told) == 2, what="the settled outcome told")
         assert outlet.statuses() == ["unknown", "committed"]
         delivery.close()
+
+
+async def test_a_call_seen_admitted_and_running_now_is_not_told_until_its_outcome(
+    runtime: ActionRuntime,
+) -> None:
+    # A confirmed background action answers "admitted" and is running by the time the
+    # result reaches the pipeline. That change of status is no outcome: telling it gave the
+    # model an "outcome" saying running (and an inference), before the real one.
+    session = new_session()
+    outlet = Recorder()
+    delivery = runtime.deliveries.open(session, outlet)
+    delivery.listen()
+    op = await _booked_elsewhere(runtime, session)  # RUNNING
+
+    delivery.expect(op.operation_id, shown="admitted")
+    await outlet.settled()
+    assert outlet.told == []
+
+    delivery.on_outcome(await _moved_elsewhere(runtime, op, S.COMMITTED))
+    await outlet.settled()
+    assert outlet.statuses() == ["committed"]
+    delivery.close()
