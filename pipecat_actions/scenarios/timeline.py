@@ -47,7 +47,12 @@ class TimelineEntry:
 
 
 class TimelineLedger(ForwardingLedger):
-    """A ledger wrapper that notes each write on the timeline once it is committed.
+    """A ledger wrapper that notes each write on the timeline, stamped when it was asked for.
+
+    A write is visible to other readers from its commit, which can be well before its caller
+    resumes (a loaded machine): the delivery service may read a new status and tell it first.
+    So each write is stamped at the moment it was asked for, which is before anything could
+    have seen it; what the write was (created? which status?) is noted once it returns.
 
     It also counts the calls in flight (`in_flight`, `calls`): the ledger is the only real
     I/O the runtime does in a scenario (the provider and every timer run on the manual
@@ -86,32 +91,37 @@ class TimelineLedger(ForwardingLedger):
 
     async def admit(self, new: NewOperation) -> AdmitResult:
         """Forward; note a new operation."""
+        asked_at = time.monotonic()
         result = await self._counted(super().admit(new))
         if result.created:
-            self._note(result.operation, f"admitted {result.operation.tool}")
+            self._note(asked_at, result.operation, f"admitted {result.operation.tool}")
         return result
 
     async def record_refusal(self, new: NewOperation) -> Operation:
         """Forward; note the refusal."""
+        asked_at = time.monotonic()
         op = await self._counted(super().record_refusal(new))
-        self._note(op, f"refused {op.tool}: {op.error}")
+        self._note(asked_at, op, f"refused {op.tool}: {op.error}")
         return op
 
     async def record_completed(self, new: NewOperation) -> Operation:
         """Forward; note the recorded read."""
+        asked_at = time.monotonic()
         op = await self._counted(super().record_completed(new))
-        self._note(op, f"recorded {op.tool}")
+        self._note(asked_at, op, f"recorded {op.tool}")
         return op
 
     async def transition(self, operation_id: str, **kwargs: Any) -> Operation:
         """Forward; note the status change."""
+        asked_at = time.monotonic()
         op = await self._counted(super().transition(operation_id, **kwargs))
-        self._note(op, f"{kwargs.get('expected')} -> {op.status} by {kwargs.get('actor')}")
+        what = f"{kwargs.get('expected')} -> {op.status} by {kwargs.get('actor')}"
+        self._note(asked_at, op, what)
         return op
 
     async def annotate(self, operation_id: str, **kwargs: Any) -> Operation:
-        """Forward; note a recorded delivery, stamped when it was asked for."""
-        asked_at = time.monotonic()  # the gate records a delivery right after pushing it
+        """Forward; note a recorded delivery (the gate records one right after pushing it)."""
+        asked_at = time.monotonic()
         op = await self._counted(super().annotate(operation_id, **kwargs))
         if "delivered_at" in (kwargs.get("changes") or {}):
             self.timeline.append(
@@ -151,9 +161,9 @@ class TimelineLedger(ForwardingLedger):
             super().renew_lease(owner, lease_secs=lease_secs, except_ids=except_ids)
         )
 
-    def _note(self, op: Operation, what: str) -> None:
+    def _note(self, at: float, op: Operation, what: str) -> None:
         self.timeline.append(
-            TimelineEntry(time.monotonic(), f"{op.operation_id} {what}", op.operation_id, op.status)
+            TimelineEntry(at, f"{op.operation_id} {what}", op.operation_id, op.status)
         )
 
 
