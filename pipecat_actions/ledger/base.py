@@ -6,8 +6,10 @@ import builtins
 
 __all__ = ["Ledger"]
 
+import asyncio
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any, Self
 
 from pipecat_actions.ledger.records import (
@@ -164,6 +166,18 @@ class Ledger(ABC):
         The operations in ``except_ids`` are left to expire: their owner cannot settle them,
         so that another owner may claim them once their lease runs out.
         """
+
+    @contextlib.asynccontextmanager
+    async def notices(self, operation_id: str) -> AsyncIterator[asyncio.Event | None]:
+        """While open, an event set when another process may have settled ``operation_id``.
+
+        Settled here means: a transition out of the in-flight statuses (an outcome, or a
+        wait for a person). Listening has started when the block is entered, so a caller
+        that reads the operation after entering misses nothing; the event may also be set
+        for nothing (a lost notification connection wakes everyone), so the caller re-reads
+        and clears it. None: this ledger cannot tell, and the caller polls.
+        """
+        yield None
 
     @abstractmethod
     async def close(self) -> None:

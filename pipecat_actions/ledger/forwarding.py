@@ -9,8 +9,10 @@ from __future__ import annotations
 
 __all__ = ["ForwardingLedger"]
 
+import asyncio
 import builtins
-from collections.abc import Collection, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any
 
 from pipecat_actions.ledger.base import Ledger
@@ -124,6 +126,12 @@ class ForwardingLedger(Ledger):
     ) -> int:
         """See `Ledger.renew_lease`."""
         return await self.inner.renew_lease(owner, lease_secs=lease_secs, except_ids=except_ids)
+
+    @contextlib.asynccontextmanager
+    async def notices(self, operation_id: str) -> AsyncIterator[asyncio.Event | None]:
+        """See `Ledger.notices`."""
+        async with self.inner.notices(operation_id) as changed:
+            yield changed
 
     async def close(self) -> None:
         """See `Ledger.close`."""

@@ -1,9 +1,11 @@
 """The SQL ledger, for SQLite (the default) and PostgreSQL, on SQLAlchemy Core (no ORM).
 
 Each public method builds a work function (``_writer.Work``) and hands it to the write path of
-its backend (`_writer`); reads run on the async engine (aiosqlite or asyncpg). Several processes
-may share one database: on SQLite they take turns on the file lock (``busy_timeout``), on
-PostgreSQL row locks and ``FOR UPDATE SKIP LOCKED`` keep them apart.
+its backend (`_writer`); reads run on the async engine (aiosqlite or asyncpg). On PostgreSQL the
+calls on a tool call's critical path (admit, transition, annotate, get, find_by_key) skip
+SQLAlchemy and run as one statement each on asyncpg (`_postgres`). Several processes may share
+one database: on SQLite they take turns on the file lock (``busy_timeout``), on PostgreSQL row
+locks and ``FOR UPDATE SKIP LOCKED`` keep them apart.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import builtins
 __all__ = ["CHANGEABLE_FIELDS", "SqlLedger"]
 
 import asyncio
-from collections.abc import Collection, Mapping
-from dataclasses import replace
+import contextlib
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +38,8 @@ from pipecat_actions.errors import (
 )
 from pipecat_actions.ledger import migrate
 from pipecat_actions.ledger._filters import filter_conditions
+from pipecat_actions.ledger._notices import Notices, PostgresNotices, SqliteNotices
+from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
 from pipecat_actions.ledger._rows import (
     ADMIT_STATUSES,
     CHANGEABLE_FIELDS,
@@ -78,6 +83,7 @@ from pipecat_actions.ledger.records import (
 )
 from pipecat_actions.ledger.schema import events, operations
 from pipecat_actions.status import (
+    IN_FLIGHT_STATUSES,
     REPEATABLE_STATUSES,
     TERMINAL_STATUSES,
     ActionStatus,
@@ -110,6 +116,8 @@ class SqlLedger(Ledger):
         settings: LedgerSettings,
         sqlite_writer: Engine | None,
         sqlite_file: SqliteFile | None = None,
+        postgres: PostgresFastPath | None = None,
+        notices: Notices | None = None,
     ) -> None:
         self._engine = engine
         self.url = url
@@ -123,13 +131,18 @@ class SqlLedger(Ledger):
             .on_conflict_do_nothing(index_elements=["tenant", "key_slot"])
             .returning(operations.c.operation_id)
         )
-        self._insert_refusal = insert(operations).returning(*operations.c)
+        self._insert_row = insert(operations)
         self._insert_events = insert(events)
         self._select_slot = select(operations).where(
             operations.c.tenant == bindparam("tenant"),
             operations.c.key_slot == bindparam("key_slot"),
         )
         self._file = sqlite_file
+        self._fast = postgres
+        self._notices = notices
+        self._announce = notices.send if isinstance(notices, SqliteNotices) else None
+        """Sends a SQLite ledger's notices once a settling write committed (PostgreSQL's
+        writes send their own)."""
         self._writer = (
             None
             if sqlite_writer is None
@@ -188,6 +201,20 @@ class SqlLedger(Ledger):
             except BaseException:
                 await engine.dispose()
                 raise
+        fast: PostgresFastPath | None = None
+        notices: Notices | None = None
+        if is_sqlite:
+            notices = SqliteNotices(Path(parsed.database or ""), url=redact_url(parsed))
+        else:
+            dsn = asyncpg_dsn(parsed)
+            fast = PostgresFastPath(
+                dsn=dsn,
+                url=redact_url(parsed),
+                max_idle=settings.pool_size,
+                connect_timeout=settings.pool_timeout_secs,
+                check_durability=not settings.allow_unsafe_postgres,
+            )
+            notices = PostgresNotices(dsn=dsn, url=redact_url(parsed))
         ledger = cls(
             engine,
             url=redact_url(parsed),
@@ -195,6 +222,8 @@ class SqlLedger(Ledger):
             settings=settings,
             sqlite_writer=create_sqlite_writer_engine(parsed, settings) if is_sqlite else None,
             sqlite_file=SqliteFile(Path(parsed.database or "")) if is_sqlite else None,
+            postgres=fast,
+            notices=notices,
         )
         try:
             await ledger._open(create_schema=create_schema, check_schema=check_schema)
@@ -207,6 +236,8 @@ class SqlLedger(Ledger):
         if self._sqlite_writer is not None:
             assert self._writer is not None
             await self._writer.start()
+        if self._fast is not None:
+            await self._fast.open()
         if check_schema:
             state = await self._write(self._check_schema_work(create_schema))
             logger.debug("ledger {} at schema {}", self.url, state.current)
@@ -263,6 +294,10 @@ class SqlLedger(Ledger):
         self._closed = True
         if self._writer is not None:
             await self._writer.close()
+        if self._notices is not None:
+            await self._notices.close()
+        if self._fast is not None:
+            await self._fast.close()
         await self._engine.dispose()
 
     async def _write(self, work: Work[T]) -> T:
@@ -271,6 +306,28 @@ class SqlLedger(Ledger):
         if self._writer is not None:
             return await self._writer.run(work)
         return await run_postgres_write(self._engine, work, url=self.url, turn=self._turns)
+
+    async def _fast_write(self, write: Coroutine[Any, Any, T]) -> T:
+        """Run a PostgreSQL one-statement write once its turn comes.
+
+        A cancelled caller interrupts neither the wait nor the write: it was handed over.
+        """
+        if self._closed:
+            write.close()
+            raise LedgerUnavailable("the ledger is closed")
+
+        async def run() -> T:
+            async with self._turns:
+                return await write
+
+        return await asyncio.shield(run())
+
+    async def _fast_read(self, read: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            read.close()
+            raise LedgerUnavailable("the ledger is closed")
+        async with self._read_turns, self._turns:
+            return await read
 
     # --- admit -----------------------------------------------------------------------------
 
@@ -282,6 +339,16 @@ class SqlLedger(Ledger):
             )
         encoded = EncodedOperation.of(new)
         args_hash = encoded.args_hash
+        if self._fast is not None:
+            # One statement when the key is free (nearly always); a taken key is looked at
+            # below, in a transaction, like on SQLite.
+            now = self._clock.now()
+            row = new_row(encoded, now, key_slot=new.idempotency_key)
+            created = await self._fast_write(
+                self._fast.insert(row, creation_events(encoded, now), bind_key=True)
+            )
+            if created:
+                return AdmitResult(operation_from_row(row), created=True)
 
         def work(conn: Connection) -> AdmitResult:
             now = self._clock.now()
@@ -329,26 +396,27 @@ class SqlLedger(Ledger):
             refused = replace(refused, detail={"unencodable_detail": repr(refused.detail)[:4096]})
         if not _encodes(refused.before_state):
             refused = replace(refused, before_state=None)
-        encoded = EncodedOperation.of(refused)
-
-        def work(conn: Connection) -> Operation:
-            now = self._clock.now()
-            row = new_row(encoded, now, key_slot=None)
-            inserted = (conn.execute(self._insert_refusal, row)).one()
-            conn.execute(self._insert_events, creation_events(encoded, now))
-            return to_operation(inserted)
-
-        return await self._write(work)
+        return await self._insert_unbound(EncodedOperation.of(refused))
 
     async def record_completed(self, new: NewOperation) -> Operation:  # noqa: D102 - see Ledger
         if new.status not in (ActionStatus.COMMITTED, ActionStatus.FAILED_FINAL):
             raise ValueError(f"record_completed takes COMMITTED or FAILED_FINAL, not {new.status}")
-        encoded = EncodedOperation.of(new)
+        return await self._insert_unbound(EncodedOperation.of(new))
+
+    async def _insert_unbound(self, encoded: EncodedOperation) -> Operation:
+        """Insert an operation that binds no idempotency key, with its creation events."""
+        if self._fast is not None:
+            now = self._clock.now()
+            row = new_row(encoded, now, key_slot=None)
+            await self._fast_write(
+                self._fast.insert(row, creation_events(encoded, now), bind_key=False)
+            )
+            return operation_from_row(row)
 
         def work(conn: Connection) -> Operation:
             now = self._clock.now()
             row = new_row(encoded, now, key_slot=None)
-            conn.execute(self._insert_refusal, row)
+            conn.execute(self._insert_row, row)
             conn.execute(self._insert_events, creation_events(encoded, now))
             return operation_from_row(row)
 
@@ -399,8 +467,7 @@ class SqlLedger(Ledger):
         columns = column_changes(changes)
         detail_json = encode_detail(detail)
 
-        def work(conn: Connection) -> Operation:
-            now = self._clock.now()
+        def values_at(now: float) -> dict[str, Any]:
             values: dict[str, Any] = {"status": to.value, "updated_at": now, **columns}
             if to is ActionStatus.ADMITTED:
                 values["admitted_at"] = now
@@ -411,20 +478,18 @@ class SqlLedger(Ledger):
                 values["committed_at"] = now
             if to in TERMINAL_STATUSES:
                 values["finished_at"] = now
-            return self._update_and_audit(
-                conn,
-                operation_id,
-                values,
-                expected=expected,
-                fence=fence,
-                starts_attempt=to is ActionStatus.RUNNING,
-                kind=EventKind.TRANSITION,
-                actor=actor,
-                detail_json=detail_json,
-                now=now,
-            )
+            return values
 
-        return await self._write(work)
+        audit = _Audit(
+            kind=EventKind.TRANSITION,
+            actor=actor,
+            detail_json=detail_json,
+            starts_attempt=to is ActionStatus.RUNNING,
+            notify=to not in IN_FLIGHT_STATUSES,  # an outcome, or a wait for a person
+        )
+        return await self._update(
+            operation_id, values_at, expected=expected, fence=fence, audit=audit
+        )
 
     async def annotate(  # noqa: D102 - see Ledger
         self,
@@ -439,21 +504,66 @@ class SqlLedger(Ledger):
         columns = column_changes(changes)
         detail_json = encode_detail(detail)
 
+        audit = _Audit(kind=EventKind.ANNOTATION, actor=actor, detail_json=detail_json)
+        return await self._update(
+            operation_id,
+            lambda now: {"updated_at": now, **columns},
+            expected=expected,
+            fence=fence,
+            audit=audit,
+        )
+
+    async def _update(
+        self,
+        operation_id: str,
+        values_at: Callable[[float], dict[str, Any]],
+        *,
+        expected: ActionStatus | None,
+        fence: int | None,
+        audit: _Audit,
+    ) -> Operation:
+        """Set ``values_at(now)`` on the operation if it matches, with its audit event."""
+        if self._fast is not None:
+            now = self._clock.now()
+            updated = await self._fast_write(
+                self._fast.update(
+                    operation_id,
+                    values_at(now),
+                    expected=None if expected is None else expected.value,
+                    fence=fence,
+                    starts_attempt=audit.starts_attempt,
+                    kind=audit.kind.value,
+                    actor=audit.actor,
+                    detail_json=audit.detail_json,
+                    event_from=None if expected is None else expected.value,
+                    now=now,
+                    notify=audit.notify,
+                )
+            )
+            if updated is None:
+                found = await self._fast_read(self._fast.status_and_fence(operation_id))
+                raise _refusal(found, operation_id, expected=expected, fence=fence)
+            return operation_from_row(updated)
+
         def work(conn: Connection) -> Operation:
             now = self._clock.now()
             return self._update_and_audit(
                 conn,
                 operation_id,
-                {"updated_at": now, **columns},
+                values_at(now),
                 expected=expected,
                 fence=fence,
-                kind=EventKind.ANNOTATION,
-                actor=actor,
-                detail_json=detail_json,
+                kind=audit.kind,
+                actor=audit.actor,
+                detail_json=audit.detail_json,
                 now=now,
+                starts_attempt=audit.starts_attempt,
             )
 
-        return await self._write(work)
+        written = await self._write(work)
+        if audit.notify and self._announce is not None:
+            self._announce(operation_id)
+        return written
 
     def _update_and_audit(
         self,
@@ -509,19 +619,8 @@ class SqlLedger(Ledger):
                 )
             )
         ).first()
-        if found is None:
-            return OperationNotFound(operation_id=operation_id)
-        if fence is not None and found.fence != fence:
-            return StaleFence(
-                operation_id=operation_id,
-                given_fence=fence,
-                actual_fence=found.fence,
-                actual_status=found.status,
-            )
-        return UnexpectedStatus(
-            operation_id=operation_id,
-            expected_status=str(expected),
-            actual_status=found.status,
+        return _refusal(
+            None if found is None else found._mapping, operation_id, expected=expected, fence=fence
         )
 
     def _append_event(
@@ -630,6 +729,21 @@ class SqlLedger(Ledger):
 
         return await self._write(work)
 
+    # --- notices ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def notices(  # noqa: D102 - see Ledger
+        self, operation_id: str
+    ) -> AsyncIterator[asyncio.Event | None]:
+        if self._notices is None or self._closed:
+            yield None
+            return
+        changed = await self._notices.subscribe(operation_id)
+        try:
+            yield changed
+        finally:
+            self._notices.unsubscribe(operation_id, changed)
+
     # --- reads -----------------------------------------------------------------------------
 
     async def _read(self, work: Work[T]) -> T:
@@ -645,6 +759,12 @@ class SqlLedger(Ledger):
         return await guard_database_errors(run(), url=self.url)
 
     async def get(self, operation_id: str) -> Operation:  # noqa: D102 - see Ledger
+        if self._fast is not None:
+            found = await self._fast_read(self._fast.get(operation_id))
+            if found is None:
+                raise OperationNotFound(operation_id=operation_id)
+            return operation_from_row(found)
+
         def work(conn: Connection) -> Operation:
             row = (
                 conn.execute(select(operations).where(operations.c.operation_id == operation_id))
@@ -658,14 +778,18 @@ class SqlLedger(Ledger):
     async def find_by_key(  # noqa: D102 - see Ledger
         self, tenant: str, idempotency_key: str
     ) -> Operation | None:
+        def alive(held: Operation) -> Operation | None:
+            live = held.key_expires_at > self._clock.now()
+            return held if live and held.status not in REPEATABLE_STATUSES else None
+
+        if self._fast is not None:
+            found = await self._fast_read(self._fast.by_slot(tenant, idempotency_key))
+            return None if found is None else alive(operation_from_row(found))
+
         def work(conn: Connection) -> Operation | None:
             slot = {"tenant": tenant, "key_slot": idempotency_key}
             row = (conn.execute(self._select_slot, slot)).first()
-            if row is None:
-                return None
-            held = to_operation(row)
-            alive = held.key_expires_at > self._clock.now()
-            return held if alive and held.status not in REPEATABLE_STATUSES else None
+            return None if row is None else alive(to_operation(row))
 
         return await self._read(work)
 
@@ -698,6 +822,38 @@ class SqlLedger(Ledger):
             return [to_event(r) for r in conn.execute(query)]
 
         return await self._read(work)
+
+
+@dataclass(frozen=True, slots=True)
+class _Audit:
+    """The audit event an update writes, and what else it does."""
+
+    kind: EventKind
+    actor: str
+    detail_json: str | None
+    starts_attempt: bool = False
+    notify: bool = False
+    """Wake other processes' waiters at commit (PostgreSQL)."""
+
+
+def _refusal(
+    found: Any, operation_id: str, *, expected: ActionStatus | None, fence: int | None
+) -> LedgerError:
+    """Why an update matched no row: ``found`` is the row's (status, fence), or None."""
+    if found is None:
+        return OperationNotFound(operation_id=operation_id)
+    if fence is not None and found["fence"] != fence:
+        return StaleFence(
+            operation_id=operation_id,
+            given_fence=fence,
+            actual_fence=found["fence"],
+            actual_status=found["status"],
+        )
+    return UnexpectedStatus(
+        operation_id=operation_id,
+        expected_status=str(expected),
+        actual_status=found["status"],
+    )
 
 
 def _no_check() -> None:

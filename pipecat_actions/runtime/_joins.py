@@ -7,12 +7,14 @@ must cost the ledger a few calls, not one or more per duplicate:
   are answered. A note is best effort: one that cannot be written is logged; it never fails
   the call it describes, which has already joined.
 * `SharedWaits` lets every call of this process that waits for an operation another process
-  runs share one poller of the ledger.
+  runs share one waiter, woken by the ledger's notice when the operation settles
+  (`Ledger.notices`: PostgreSQL ``LISTEN/NOTIFY``), and re-reading on a slow pause in case a
+  notice is lost; a ledger that cannot notify is polled on a growing pause.
 """
 
 from __future__ import annotations
 
-__all__ = ["JOINS_PER_NOTE", "JoinNotes", "SharedWaits"]
+__all__ = ["JOINS_PER_NOTE", "NOTICED_PAUSE_SECS", "JoinNotes", "SharedWaits", "nap"]
 
 import asyncio
 from collections.abc import Callable, Coroutine
@@ -28,6 +30,25 @@ from pipecat_actions.status import IN_FLIGHT_STATUSES
 
 JOINS_PER_NOTE = 100
 """The most joins one audit note lists (a bound on the size of one event's detail)."""
+NOTICED_PAUSE_SECS = 1.0
+"""How often a waiter that gets the ledger's notices re-reads anyway (a notice may be lost)."""
+
+
+async def nap(clock: Clock, secs: float, changed: asyncio.Event | None) -> None:
+    """Wait ``secs`` of ``clock``, or until ``changed`` is set; clear ``changed`` after."""
+    if changed is None:
+        await clock.sleep(secs)
+        return
+    if not changed.is_set():
+        sleeper = asyncio.ensure_future(clock.sleep(secs))
+        noticed = asyncio.ensure_future(changed.wait())
+        try:
+            await asyncio.wait({sleeper, noticed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            noticed.cancel()
+    changed.clear()
+
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
 
@@ -93,13 +114,15 @@ class JoinNotes:
 
 
 class SharedWaits:
-    """Waits for operations that another process runs, one ledger poller per operation.
+    """Waits for operations that another process runs, one waiter per operation.
 
-    Each poller reads the ledger with a growing pause (50 ms to 1 s of the clock) until the
-    operation leaves the in-flight statuses or its deadline has passed by a second; the ledger
-    is the only place two processes share. A read that fails is retried at the next pause, so
-    a struggling ledger makes the waiters wait longer, never fail; past the deadline they get
-    the operation as last read (an in-flight status, told as "the outcome will follow").
+    Each waiter re-reads the operation until it leaves the in-flight statuses or its deadline
+    has passed by a second; the ledger is the only place two processes share. It re-reads when
+    the ledger notices the operation settled (and every `NOTICED_PAUSE_SECS` in case a notice
+    is lost), or, on a ledger that cannot notify, on a growing pause (50 ms to 1 s of the
+    clock). A read that fails is retried at the next pause, so a struggling ledger makes the
+    waiters wait longer, never fail; past the deadline they get the operation as last read (an
+    in-flight status, told as "the outcome will follow").
 
     Args:
         ledger: Where the operations are read.
@@ -138,21 +161,23 @@ class SharedWaits:
             self._waiting -= 1
 
     async def _poll(self, op: Operation) -> Operation:
-        pause = 0.05
         failures = 0
-        while op.status in IN_FLIGHT_STATUSES:
-            if op.deadline_at is not None and self._clock.now() > op.deadline_at + 1.0:
-                break
-            await self._clock.sleep(pause)
-            pause = min(pause * 2, 1.0)
-            try:
-                op = await self._ledger.get(op.operation_id)
-            except LedgerError as exc:
-                failures += 1
-                if failures == 1:
-                    logger.bind(operation_id=op.operation_id).warning(
-                        "waiting for operation {}: the ledger failed ({}); still waiting",
-                        op.operation_id,
-                        exc,
-                    )
+        async with self._ledger.notices(op.operation_id) as changed:
+            # Listening from here on: a first re-read at once sees an outcome that came before.
+            pause = 0.0 if changed is not None else 0.05
+            while op.status in IN_FLIGHT_STATUSES:
+                if op.deadline_at is not None and self._clock.now() > op.deadline_at + 1.0:
+                    break
+                await nap(self._clock, pause, changed)
+                pause = NOTICED_PAUSE_SECS if changed is not None else min(pause * 2, 1.0)
+                try:
+                    op = await self._ledger.get(op.operation_id)
+                except LedgerError as exc:
+                    failures += 1
+                    if failures == 1:
+                        logger.bind(operation_id=op.operation_id).warning(
+                            "waiting for operation {}: the ledger failed ({}); still waiting",
+                            op.operation_id,
+                            exc,
+                        )
         return op

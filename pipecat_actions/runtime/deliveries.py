@@ -42,6 +42,7 @@ from pipecat_actions.ledger import Ledger, Operation, OperationFilter
 from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import DeliveryMode, ToolKind
 from pipecat_actions.results import render_operation
+from pipecat_actions.runtime._joins import nap
 from pipecat_actions.runtime._operations import Operations
 from pipecat_actions.runtime.supersession import Supersession
 from pipecat_actions.session import SessionState
@@ -63,7 +64,8 @@ _TOLD_ON_RESUME = frozenset(
 UNKNOWN as "not yet known, being checked"; what reconciliation finds is told later)."""
 WATCH_SECS = 2.0
 """How often an awaited operation this process does not run is re-read (another process, a
-worker or an operator settles it; this process's listeners never hear of that)."""
+worker or an operator settles it; this process's listeners never hear of that). Where the
+ledger gives notices (`Ledger.notices`), it is re-read when one comes, and this often anyway."""
 _NOT_OUTCOMES = frozenset(IN_FLIGHT_STATUSES | AWAITING_PERSON_STATUSES)
 """Statuses that are no outcome: an operation seen in one is told when it leaves it."""
 PENDING_STATUSES = frozenset(IN_FLIGHT_STATUSES | AWAITING_PERSON_STATUSES | {S.UNKNOWN})
@@ -487,18 +489,23 @@ class SessionDelivery:
         state, service = self._state, self._service
         seen: ActionStatus | None = None
         try:
-            while operation_id in state.awaited:
-                await service.clock.sleep(WATCH_SECS)
-                if service.operations.get(operation_id) is not None:
-                    return  # this process runs it now (recovered here): its listener tells
-                try:
-                    current = await service.ledger.get(operation_id)
-                except Exception as exc:  # tried again at the next turn
-                    logger.debug("{}: could not re-read {}: {}", self, operation_id, exc)
-                    continue
-                if current.status is not seen:
-                    seen = current.status
-                    self.on_outcome(current)
+            async with service.ledger.notices(operation_id) as changed:
+                # Woken by the ledger's notice where it gives them (re-read at once once
+                # listening: a change since the caller's read is not missed), else polled.
+                pause = 0.0 if changed is not None else WATCH_SECS
+                while operation_id in state.awaited:
+                    await nap(service.clock, pause, changed)
+                    pause = WATCH_SECS
+                    if service.operations.get(operation_id) is not None:
+                        return  # this process runs it now (recovered here): its listener tells
+                    try:
+                        current = await service.ledger.get(operation_id)
+                    except Exception as exc:  # tried again at the next turn
+                        logger.debug("{}: could not re-read {}: {}", self, operation_id, exc)
+                        continue
+                    if current.status is not seen:
+                        seen = current.status
+                        self.on_outcome(current)
         finally:
             state.watched.discard(operation_id)
 

@@ -16,7 +16,7 @@ import pytest
 
 from pipecat_actions.actions import ActionContext, action
 from pipecat_actions.clock import ManualClock
-from pipecat_actions.ledger import NewOperation, Operation
+from pipecat_actions.ledger import NewOperation, Operation, SqlLedger
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.runtime.deliveries import WATCH_SECS, SessionDelivery, Told
 from pipecat_actions.session import SessionState
@@ -278,6 +278,34 @@ async def test_an_awaited_outcome_settled_by_another_process_is_told_while_the_p
         await _moved_elsewhere(runtime, op, S.COMMITTED, actor="worker:reconcile")
         assert outlet.statuses() == ["unknown"]  # nothing re-read before its time
         clock.advance(WATCH_SECS)
+        await eventually(lambda: len(outlet.told) == 2, what="the settled outcome told")
+        assert outlet.statuses() == ["unknown", "committed"]
+        delivery.close()
+
+
+async def test_an_outcome_settled_by_another_process_is_told_on_its_notice_without_the_clock(
+    ledger_url: str,
+) -> None:
+    # The clock never moves: the watcher's pause never ends, so only the ledger's notice of
+    # the reconciliation (sent by the other process's write) can wake it.
+    clock = ManualClock()
+    async with running(POLICY, [book_table], ledger_url=ledger_url, clock=clock) as runtime:
+        session = new_session()
+        op = await _booked_elsewhere(runtime, session, S.UNKNOWN)
+        delivery, outlet = await _pipeline(runtime, session)
+        assert outlet.statuses() == ["unknown"]
+        elsewhere = await SqlLedger.create(ledger_url, clock=clock)
+        try:
+            await elsewhere.transition(
+                op.operation_id,
+                expected=S.UNKNOWN,
+                to=S.COMMITTED,
+                fence=op.fence,
+                actor="worker:reconcile",
+                changes={"result": {"booking_id": "bk_1"}},
+            )
+        finally:
+            await elsewhere.close()
         await eventually(lambda: len(outlet.told) == 2, what="the settled outcome told")
         assert outlet.statuses() == ["unknown", "committed"]
         delivery.close()

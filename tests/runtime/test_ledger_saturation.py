@@ -265,13 +265,25 @@ async def test_a_joined_call_that_cannot_read_the_outcome_is_told_it_is_not_yet_
 
 
 class CheckedOut:
-    """The most connections of an engine's pool in use at once."""
+    """The most connections in use at once, over the ledger's SQLAlchemy and asyncpg pools."""
 
     def __init__(self, ledger: SqlLedger) -> None:
         self.now = self.most = 0
         pool_events = ledger._engine.sync_engine
         event.listen(pool_events, "checkout", self._out)
         event.listen(pool_events, "checkin", self._in)
+        fast = ledger._fast
+        if fast is not None:  # PostgreSQL's hot path runs on asyncpg connections of its own
+            call = fast._call
+
+            async def counted(run: Any) -> Any:
+                self._out()
+                try:
+                    return await call(run)
+                finally:
+                    self._in()
+
+            fast._call = counted  # type: ignore[method-assign]
 
     def _out(self, *_: Any) -> None:
         self.now += 1

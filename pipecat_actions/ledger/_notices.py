@@ -1,0 +1,227 @@
+"""Notices that an operation settled, from the process that wrote it to those that wait for it.
+
+A caller waiting for an operation another process runs used to re-read the ledger at 50, 100,
+200 ms...: the last of 200 joined callers heard a 50 ms booking after about a second. Here each
+ledger wakes its waiters when another process commits an outcome (`Ledger.notices`):
+
+* PostgreSQL: the write itself sends ``NOTIFY pa_operations, '<operation id>'`` (`_postgres`),
+  delivered at its commit; one connection per process ``LISTEN``s.
+* SQLite (one machine by construction): each process that waits binds a Unix datagram socket
+  in a directory named for the ledger file's identity (device and inode, so every path to the
+  same file meets there); a process that commits an outcome sends the operation's id to every
+  socket there. A socket whose process died refuses the datagram and is removed.
+
+Either way a notice is a hint: waiters re-read the operation, and still re-read on a slow
+pause in case one is lost (a listener connection dropped, a full socket buffer).
+"""
+
+from __future__ import annotations
+
+__all__ = ["Notices", "PostgresNotices", "SqliteNotices"]
+
+import asyncio
+import contextlib
+import os
+import socket
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from loguru import logger
+
+from pipecat_actions.ledger._postgres import CHANNEL
+
+
+class Notices:
+    """The waiters of one ledger, by operation; subclasses start listening and wake them."""
+
+    def __init__(self, *, url: str) -> None:
+        self._url = url
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._opening: asyncio.Lock | None = None
+        self._closed = False
+
+    async def subscribe(self, operation_id: str) -> asyncio.Event:
+        """An event set when ``operation_id`` may have settled; `unsubscribe` it when done.
+
+        Listening has started when this returns (or failed, logged: the waiter then relies on
+        its own pause), so a settle committed after it is not missed.
+        """
+        changed = asyncio.Event()
+        self._waiters.setdefault(operation_id, set()).add(changed)
+        if not self._closed and not self._listening():
+            if self._opening is None:
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                try:
+                    if not self._closed and not self._listening():
+                        await self._listen()
+                except Exception as exc:
+                    logger.debug("ledger {}: cannot listen for notices: {}", self._url, exc)
+        return changed
+
+    def unsubscribe(self, operation_id: str, changed: asyncio.Event) -> None:
+        """Stop waking ``changed``."""
+        waiters = self._waiters.get(operation_id)
+        if waiters is not None:
+            waiters.discard(changed)
+            if not waiters:
+                del self._waiters[operation_id]
+
+    async def close(self) -> None:
+        """Stop listening."""
+        self._closed = True
+
+    def _wake(self, operation_id: str) -> None:
+        for changed in self._waiters.get(operation_id, ()):
+            changed.set()
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for changed in waiters:
+                changed.set()
+
+    def _listening(self) -> bool:
+        raise NotImplementedError
+
+    async def _listen(self) -> None:
+        raise NotImplementedError
+
+
+class PostgresNotices(Notices):
+    """``LISTEN`` on one connection of its own, opened by the first waiter, kept until `close`.
+
+    If it is lost, every waiter is woken (so that it re-reads), and the next waiter opens it
+    again.
+
+    Args:
+        dsn: Where the database is (asyncpg's form).
+        url: The URL to name in logs (password hidden).
+    """
+
+    def __init__(self, *, dsn: str, url: str) -> None:
+        super().__init__(url=url)
+        self._dsn = dsn
+        self._conn: asyncpg.Connection | None = None
+
+    async def close(self) -> None:
+        await super().close()
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            try:
+                await asyncio.wait_for(conn.close(), timeout=5)
+            except (TimeoutError, asyncpg.InterfaceError, OSError):
+                conn.terminate()
+
+    def _listening(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
+
+    async def _listen(self) -> None:
+        conn = await asyncpg.connect(self._dsn, timeout=10)
+        conn.add_termination_listener(self._lost)
+        await conn.add_listener(CHANNEL, self._notified)
+        self._conn = conn
+
+    def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        self._wake(payload)
+
+    def _lost(self, _conn: Any) -> None:
+        self._conn = None
+        self._wake_all()
+
+
+class SqliteNotices(Notices):
+    """Unix datagram sockets beside a SQLite ledger file (see the module docstring).
+
+    Args:
+        path: The ledger file (already open, so it exists).
+        url: The URL to name in logs.
+    """
+
+    def __init__(self, path: Path, *, url: str) -> None:
+        super().__init__(url=url)
+        found = path.stat()
+        self.directory = (
+            Path(tempfile.gettempdir())
+            / f"pipecat-actions-{os.getuid()}"
+            / f"{found.st_dev:x}-{found.st_ino:x}"
+        )
+        self._socket: socket.socket | None = None
+        self._address: Path | None = None
+        self._sender: socket.socket | None = None
+
+    def send(self, operation_id: str) -> None:
+        """Tell every waiting process that ``operation_id`` settled (best effort, never raises)."""
+        try:
+            peers = list(os.scandir(self.directory))
+        except OSError:
+            return  # nobody ever waited on this ledger
+        if not peers:
+            return
+        if self._sender is None:
+            self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sender.setblocking(False)
+        payload = operation_id.encode()
+        for peer in peers:
+            try:
+                self._sender.sendto(payload, peer.path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                with contextlib.suppress(OSError):
+                    os.unlink(peer.path)  # its process is gone
+            except OSError as exc:  # a full buffer: that waiter re-reads on its own pause
+                logger.debug("ledger {}: notice to {} dropped: {}", self._url, peer.name, exc)
+
+    async def close(self) -> None:
+        await super().close()
+        if self._socket is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._socket.fileno())
+            self._socket.close()
+            self._socket = None
+        if self._address is not None:
+            with contextlib.suppress(OSError):
+                self._address.unlink()
+            self._address = None
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
+
+    def _listening(self) -> bool:
+        return self._socket is not None
+
+    async def _listen(self) -> None:
+        for directory in (self.directory.parent, self.directory):
+            # Private to this user: only its processes may wake its waiters.
+            directory.mkdir(mode=0o700, exist_ok=True)
+            found = directory.lstat()
+            if not directory.is_dir() or directory.is_symlink() or found.st_uid != os.getuid():
+                raise OSError(f"{directory} is not a directory of this user's own")
+        address = self.directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if len(os.fsencode(address)) > 100:  # the limit of a Unix socket's address
+            raise OSError(f"socket path too long: {address}")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            listener.setblocking(False)
+            listener.bind(os.fspath(address))
+            asyncio.get_running_loop().add_reader(listener.fileno(), self._readable)
+        except BaseException:
+            listener.close()
+            with contextlib.suppress(OSError):
+                address.unlink()
+            raise
+        self._socket, self._address = listener, address
+
+    def _readable(self) -> None:
+        listener = self._socket
+        while listener is not None:
+            try:
+                payload = listener.recv(256)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                logger.debug("ledger {}: notice socket failed: {}", self._url, exc)
+                self._wake_all()
+                return
+            self._wake(payload.decode(errors="replace"))

@@ -1,0 +1,341 @@
+"""The hot path of a PostgreSQL ledger on asyncpg itself: each write one statement, one trip.
+
+Measured on ``055ff8b``: 59 % of a PostgreSQL ``propose`` went to SQLAlchemy's
+``engine.connect()`` / ``conn.begin()`` / ``run_sync`` dance, once per write, and each write
+took four round trips (BEGIN, two statements, COMMIT). Here the writes on a call's critical
+path (a new operation, a transition, an annotation) and the reads the runtime makes while a
+call waits are each **one statement** on an asyncpg pool: the row change and its audit event
+are one ``WITH ... INSERT/UPDATE ... RETURNING`` statement, which PostgreSQL runs as one
+transaction of its own, so a write is one round trip and is answered only once it committed.
+SQLAlchemy keeps the schema, the migrations, the operator queries and every rarer write.
+
+A transition that leaves the in-flight statuses also sends ``NOTIFY pa_operations`` with the
+operation's id, in the same statement (so at its commit, never before): `_notices`
+wakes the waiters of other processes (`Ledger.notices`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["CHANNEL", "PostgresFastPath", "asyncpg_dsn", "map_asyncpg_error"]
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import lru_cache
+from typing import Any, TypeVar
+
+import asyncpg
+
+from pipecat_actions.errors import (
+    LedgerConfigurationError,
+    LedgerError,
+    LedgerIntegrityError,
+    LedgerUnavailable,
+)
+from pipecat_actions.ledger.schema import events, operations
+
+T = TypeVar("T")
+
+CHANNEL = "pa_operations"
+"""The notification channel: its payload is the id of an operation that got an outcome."""
+
+_OPERATION_COLUMNS = tuple(c.name for c in operations.c)
+_EVENT_COLUMNS = tuple(c.name for c in events.c)
+
+
+def asyncpg_dsn(url: Any) -> str:
+    """The asyncpg DSN of a SQLAlchemy ``postgresql+asyncpg`` URL (password kept)."""
+    rendered: str = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return rendered
+
+
+def map_asyncpg_error(exc: BaseException, *, url: str) -> BaseException:
+    """Return the ledger error a caller should see for an asyncpg failure ``exc``."""
+    if isinstance(exc, LedgerError):
+        return exc
+    if isinstance(exc, asyncpg.IntegrityConstraintViolationError | asyncpg.DataError):
+        error: LedgerError = LedgerIntegrityError(f"ledger database {url} refused the write: {exc}")
+    elif isinstance(
+        exc, asyncpg.PostgresError | asyncpg.InterfaceError | OSError | asyncio.TimeoutError
+    ):
+        error = LedgerUnavailable(
+            f"ledger database {url} failed: {type(exc).__name__}: {str(exc)[:300]}"
+        )
+    else:
+        return exc
+    error.__cause__ = exc
+    return error
+
+
+async def _checked(awaitable: Awaitable[T], *, url: str) -> T:
+    try:
+        return await awaitable
+    except Exception as exc:
+        mapped = map_asyncpg_error(exc, url=url)
+        if mapped is exc:
+            raise
+        raise mapped from exc
+
+
+def _columns(names: Sequence[str]) -> str:
+    return ", ".join(names)
+
+
+_ADMIT = f"""
+WITH ins AS (
+    INSERT INTO pa_operations ({_columns(_OPERATION_COLUMNS)})
+    VALUES ({", ".join(f"${i}" for i in range(1, len(_OPERATION_COLUMNS) + 1))})
+    ON CONFLICT (tenant, key_slot) DO NOTHING
+    RETURNING operation_id
+), ev AS (
+    INSERT INTO pa_operation_events ({_columns(_EVENT_COLUMNS)})
+    SELECT ins.operation_id, e.seq, e.at, e.kind, e.from_status, e.to_status, e.actor,
+           e.detail_json
+    FROM ins, unnest(
+        ${len(_OPERATION_COLUMNS) + 1}::int[], ${len(_OPERATION_COLUMNS) + 2}::float8[],
+        ${len(_OPERATION_COLUMNS) + 3}::text[], ${len(_OPERATION_COLUMNS) + 4}::text[],
+        ${len(_OPERATION_COLUMNS) + 5}::text[], ${len(_OPERATION_COLUMNS) + 6}::text[],
+        ${len(_OPERATION_COLUMNS) + 7}::text[]
+    ) AS e(seq, at, kind, from_status, to_status, actor, detail_json)
+)
+SELECT count(*) FROM ins
+"""
+"""Insert a new operation and its creation events if its key is free: one statement."""
+
+_INSERT = f"""
+WITH ins AS (
+    INSERT INTO pa_operations ({_columns(_OPERATION_COLUMNS)})
+    VALUES ({", ".join(f"${i}" for i in range(1, len(_OPERATION_COLUMNS) + 1))})
+    RETURNING operation_id
+), ev AS (
+    INSERT INTO pa_operation_events ({_columns(_EVENT_COLUMNS)})
+    SELECT ins.operation_id, e.seq, e.at, e.kind, e.from_status, e.to_status, e.actor,
+           e.detail_json
+    FROM ins, unnest(
+        ${len(_OPERATION_COLUMNS) + 1}::int[], ${len(_OPERATION_COLUMNS) + 2}::float8[],
+        ${len(_OPERATION_COLUMNS) + 3}::text[], ${len(_OPERATION_COLUMNS) + 4}::text[],
+        ${len(_OPERATION_COLUMNS) + 5}::text[], ${len(_OPERATION_COLUMNS) + 6}::text[],
+        ${len(_OPERATION_COLUMNS) + 7}::text[]
+    ) AS e(seq, at, kind, from_status, to_status, actor, detail_json)
+)
+SELECT count(*) FROM ins
+"""
+"""Insert an operation that binds no key (a refusal, a recorded read): one statement."""
+
+_GET = f"SELECT {_columns(_OPERATION_COLUMNS)} FROM pa_operations WHERE operation_id = $1"
+_BY_SLOT = (
+    f"SELECT {_columns(_OPERATION_COLUMNS)} FROM pa_operations WHERE tenant = $1 AND key_slot = $2"
+)
+_STATUS_AND_FENCE = "SELECT status, fence FROM pa_operations WHERE operation_id = $1"
+
+
+@lru_cache(maxsize=512)
+def update_sql(
+    columns: tuple[str, ...],
+    *,
+    starts_attempt: bool,
+    match_status: bool,
+    match_fence: bool,
+    notify: bool,
+) -> str:
+    """The one statement of a conditional update and its audit event; see `PostgresFastPath`.
+
+    Parameters: $1 operation id, $2 expected status (or NULL), $3 fence (or NULL), $4 now,
+    $5 event kind, $6 actor, $7 detail JSON, $8 the event's from-status (NULL: the row's),
+    then one per column of ``columns``, in order. It returns the updated row, or nothing when
+    no row matched.
+    """
+    sets = [f"{column} = ${i}" for i, column in enumerate(columns, start=9)]
+    sets.append("event_seq = event_seq + 1")
+    if starts_attempt:
+        sets += ["attempt = attempt + 1", "started_at = COALESCE(started_at, $4::float8)"]
+    where = ["operation_id = $1"]
+    where.append("status = $2::text" if match_status else "$2::text IS NULL")
+    where.append("fence = $3::int" if match_fence else "$3::int IS NULL")
+    notice = f", pg_notify('{CHANNEL}', upd.operation_id)" if notify else ""
+    return f"""
+WITH upd AS (
+    UPDATE pa_operations SET {", ".join(sets)}
+    WHERE {" AND ".join(where)}
+    RETURNING {_columns(_OPERATION_COLUMNS)}
+), ev AS (
+    INSERT INTO pa_operation_events ({_columns(_EVENT_COLUMNS)})
+    SELECT operation_id, event_seq, $4::float8, $5::text, COALESCE($8::text, status), status,
+           $6::text, $7::text
+    FROM upd
+)
+SELECT upd.*{notice} FROM upd
+"""
+
+
+def _event_arrays(rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+    return [
+        [row[name] for row in rows]
+        for name in ("seq", "at", "kind", "from_status", "to_status", "actor", "detail_json")
+    ]
+
+
+class PostgresFastPath:
+    """One-statement writes and reads on asyncpg connections of its own (see the module).
+
+    Its connections are a plain stack, not an `asyncpg.Pool`: the ledger already bounds its
+    calls on the database (``pool_size`` turns), so a call always finds an idle connection or
+    opens one, and the pool's acquire timeout, reset query (a second round trip per write) and
+    futures would be overhead only. A connection that fails or whose call was cancelled
+    mid-statement is closed, never reused.
+
+    Args:
+        dsn: Where the database is (asyncpg's form).
+        url: The URL to name in errors (password hidden).
+        max_idle: The most idle connections kept open.
+        connect_timeout: How long opening a connection may take.
+        check_durability: Refuse a server that runs with ``synchronous_commit`` or ``fsync``
+            off (checked on every new connection).
+    """
+
+    def __init__(
+        self,
+        *,
+        dsn: str,
+        url: str,
+        max_idle: int,
+        connect_timeout: float,
+        check_durability: bool,
+    ) -> None:
+        self._dsn = dsn
+        self.url = url
+        self._max_idle = max_idle
+        self._connect_timeout = connect_timeout
+        self._check_durability = check_durability
+        self._idle: list[asyncpg.Connection] = []
+        self._closed = False
+
+    async def open(self) -> None:
+        """Open a first connection: a server that cannot be reached or is unsafe is refused."""
+        self._idle.append(await _checked(self._connect(), url=self.url))
+
+    async def close(self) -> None:
+        """Close every idle connection (calls under way close theirs when they end)."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            try:
+                await asyncio.wait_for(conn.close(), timeout=self._connect_timeout)
+            except (TimeoutError, asyncpg.InterfaceError, OSError):
+                conn.terminate()
+
+    async def _connect(self) -> asyncpg.Connection:
+        conn: asyncpg.Connection = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
+        if self._check_durability:
+            try:
+                for name in ("synchronous_commit", "fsync"):
+                    value = str(await conn.fetchval(f"SHOW {name}")).lower()
+                    if value == "off":
+                        raise LedgerConfigurationError(
+                            f"PostgreSQL runs with {name}=off: a committed operation could be "
+                            "lost on a crash. Turn it on, or pass allow_unsafe_postgres=True "
+                            "(--allow-unsafe-postgres) if you accept that"
+                        )
+            except BaseException:
+                conn.terminate()
+                raise
+        return conn
+
+    async def _call(self, run: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        if self._closed:
+            raise LedgerUnavailable("the ledger is closed")
+
+        async def on_a_connection() -> T:
+            conn = self._idle.pop() if self._idle else await self._connect()
+            try:
+                result = await run(conn)
+            except asyncpg.PostgresError:
+                # The server refused the statement: the connection itself is fine (a
+                # statement that fails outside a transaction leaves none open).
+                self._release(conn)
+                raise
+            except BaseException:
+                conn.terminate()  # lost, or cancelled mid-statement: never reused
+                raise
+            self._release(conn)
+            return result
+
+        return await _checked(on_a_connection(), url=self.url)
+
+    def _release(self, conn: asyncpg.Connection) -> None:
+        if self._closed or conn.is_closed() or len(self._idle) >= self._max_idle:
+            conn.terminate()
+        else:
+            self._idle.append(conn)
+
+    # --- writes ----------------------------------------------------------------------------
+
+    async def insert(
+        self, row: Mapping[str, Any], events_rows: Sequence[Mapping[str, Any]], *, bind_key: bool
+    ) -> bool:
+        """Insert ``row`` and its creation events; return False if its key was taken.
+
+        ``bind_key``: the row binds its idempotency key (an admit): a taken key inserts
+        nothing. Otherwise every conflict is an error.
+        """
+        params = [row[name] for name in _OPERATION_COLUMNS] + _event_arrays(events_rows)
+        sql = _ADMIT if bind_key else _INSERT
+
+        async def run(conn: asyncpg.Connection) -> bool:
+            inserted: int = await conn.fetchval(sql, *params)
+            return inserted == 1
+
+        return await self._call(run)
+
+    async def update(
+        self,
+        operation_id: str,
+        values: Mapping[str, Any],
+        *,
+        expected: str | None,
+        fence: int | None,
+        starts_attempt: bool,
+        kind: str,
+        actor: str,
+        detail_json: str | None,
+        event_from: str | None,
+        now: float,
+        notify: bool,
+    ) -> asyncpg.Record | None:
+        """Update one operation if it matches, with its audit event; None when it did not."""
+        columns = tuple(sorted(values))
+        sql = update_sql(
+            columns,
+            starts_attempt=starts_attempt,
+            match_status=expected is not None,
+            match_fence=fence is not None,
+            notify=notify,
+        )
+        params = [operation_id, expected, fence, now, kind, actor, detail_json, event_from]
+        params += [values[column] for column in columns]
+
+        async def run(conn: asyncpg.Connection) -> asyncpg.Record | None:
+            row: asyncpg.Record | None = await conn.fetchrow(sql, *params)
+            return row
+
+        return await self._call(run)
+
+    # --- reads -----------------------------------------------------------------------------
+
+    async def get(self, operation_id: str) -> asyncpg.Record | None:
+        """The row of ``operation_id``, or None."""
+        return await self._fetchrow(_GET, operation_id)
+
+    async def by_slot(self, tenant: str, key_slot: str) -> asyncpg.Record | None:
+        """The row holding ``key_slot`` for ``tenant``, or None."""
+        return await self._fetchrow(_BY_SLOT, tenant, key_slot)
+
+    async def status_and_fence(self, operation_id: str) -> asyncpg.Record | None:
+        """``(status, fence)`` of ``operation_id``, or None (why an update matched nothing)."""
+        return await self._fetchrow(_STATUS_AND_FENCE, operation_id)
+
+    async def _fetchrow(self, sql: str, *params: Any) -> asyncpg.Record | None:
+        async def run(conn: asyncpg.Connection) -> asyncpg.Record | None:
+            row: asyncpg.Record | None = await conn.fetchrow(sql, *params)
+            return row
+
+        return await self._call(run)
