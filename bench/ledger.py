@@ -45,6 +45,12 @@ ARGS = {"restaurant_id": "r-17", "date": "2026-12-24", "time": "21:00", "party_s
 class Sample:
     latencies: list[float]
     seconds: float
+    cpu: float = 0.0
+    """Process time over the measurement (every thread: the writer's included)."""
+
+    @property
+    def cpu_us(self) -> float:
+        return self.cpu / len(self.latencies) * 1e6
 
     @property
     def median_ms(self) -> float:
@@ -62,12 +68,12 @@ class Sample:
 
 async def _timed_sequential(n: int, op: Callable[[int], Awaitable[object]]) -> Sample:
     latencies = []
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     for i in range(n):
         t = time.perf_counter()
         await op(i)
         latencies.append(time.perf_counter() - t)
-    return Sample(latencies, time.perf_counter() - start)
+    return Sample(latencies, time.perf_counter() - start, time.process_time() - cpu)
 
 
 async def _timed_concurrent(n: int, writers: int, op: Callable[[int], Awaitable[object]]) -> Sample:
@@ -229,7 +235,10 @@ def _median_round(samples: list[Sample], key: Callable[[Sample], float]) -> Samp
 
 def report(results: dict[str, dict[str, list[Sample]]], args: argparse.Namespace) -> None:
     print(f"ops per measurement: {args.ops}, rounds: {args.rounds}, writers: {args.writers}")
-    print(f"{'configuration':<24}{'metric':<12}{'median ms':>10}{'p99 ms':>10}{'ops/s':>10}")
+    print(
+        f"{'configuration':<24}{'metric':<12}{'median ms':>10}{'p99 ms':>10}{'ops/s':>10}"
+        f"{'CPU us':>8}"
+    )
     chosen: dict[tuple[str, str], Sample] = {}
     for config, metrics in results.items():
         for metric, samples in metrics.items():
@@ -239,7 +248,8 @@ def report(results: dict[str, dict[str, list[Sample]]], args: argparse.Namespace
             )
             chosen[config, metric] = s
             print(
-                f"{config:<24}{metric:<12}{s.median_ms:>10.3f}{s.p99_ms:>10.3f}{s.ops_per_sec:>10.0f}"
+                f"{config:<24}{metric:<12}{s.median_ms:>10.3f}{s.p99_ms:>10.3f}"
+                f"{s.ops_per_sec:>10.0f}{s.cpu_us:>8.0f}"
             )
     print()
     print("ratios (targets: write <= 2.0x the raw floor; concurrent >= 0.7x raw single-connection)")
@@ -248,7 +258,10 @@ def report(results: dict[str, dict[str, list[Sample]]], args: argparse.Namespace
         ours = f"ledger sqlite {sync}"
         for metric in ("admit", "transition"):
             ratio = chosen[ours, metric].median_ms / floor.median_ms
-            print(f"  {ours} {metric:<10} median {ratio:5.2f}x the raw {sync} floor")
+            cpu = chosen[ours, metric].cpu_us / floor.cpu_us
+            print(
+                f"  {ours} {metric:<10} median {ratio:5.2f}x the raw {sync} floor (CPU {cpu:4.2f}x)"
+            )
         throughput = chosen[ours, "concurrent"].ops_per_sec / floor.ops_per_sec
         print(
             f"  {ours} {args.writers} writers   {throughput:5.2f}x the raw single-connection "

@@ -15,16 +15,14 @@ __all__ = [
     "storable",
     "to_event",
     "to_operation",
-    "update_statement",
 ]
 
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Row, String, Update, bindparam, func, update
+from sqlalchemy import Row, String
 
 from pipecat_actions.ledger.records import (
     EventKind,
@@ -68,30 +66,6 @@ CHANGEABLE_FIELDS: Mapping[str, str] = {
 
 _JSON_FIELDS = frozenset({"result", "before_state"})
 OPERATION_COLUMNS = tuple(c.name for c in operations.c if c.name != "key_slot")
-
-
-@lru_cache(maxsize=512)
-def update_statement(
-    columns: tuple[str, ...], *, starts_attempt: bool, match_status: bool, match_fence: bool
-) -> Update:
-    """Return the conditional ``UPDATE ... RETURNING`` that sets ``columns`` (``v_<column>``).
-
-    It matches ``w_operation_id`` and, when asked, ``w_status`` and ``w_fence``; it always bumps
-    ``event_seq``, and for a new attempt ``attempt`` and ``started_at`` (from ``v_now``).
-    """
-    # Built once per shape and reused: building an UPDATE ... RETURNING per call costs ~0.25 ms
-    # of Python (measured), more than the SQLite write itself; a reused one costs ~0.03 ms.
-    conditions = [operations.c.operation_id == bindparam("w_operation_id")]
-    if match_status:
-        conditions.append(operations.c.status == bindparam("w_status"))
-    if match_fence:
-        conditions.append(operations.c.fence == bindparam("w_fence"))
-    values: dict[str, Any] = {column: bindparam(f"v_{column}") for column in columns}
-    values["event_seq"] = operations.c.event_seq + 1
-    if starts_attempt:
-        values["attempt"] = operations.c.attempt + 1
-        values["started_at"] = func.coalesce(operations.c.started_at, bindparam("v_now"))
-    return update(operations).where(*conditions).values(**values).returning(*operations.c)
 
 
 def to_operation(row: Row[Any]) -> Operation:

@@ -53,13 +53,19 @@ def as_ledger_error(exc: Exception, *, url: str) -> Exception:
     """
     if isinstance(exc, LedgerError):
         return exc
-    if isinstance(exc, DBAPIError) and _is_damage(exc.orig):
+    # The hot path's statements run on the driver itself (`_sqlite`): its errors come bare.
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    if isinstance(orig, sqlite3.Error) and _is_damage(orig):
         error: Exception = LedgerLost(
-            f"ledger database {url} is damaged ({exc.orig}): its records cannot be trusted; "
+            f"ledger database {url} is damaged ({orig}): its records cannot be trusted; "
             "restore it from a backup"
         )
-    elif isinstance(exc, IntegrityError | DataError):
-        error = LedgerIntegrityError(f"ledger database {url} refused the write: {exc.orig}")
+    elif isinstance(exc, IntegrityError | DataError | sqlite3.IntegrityError | sqlite3.DataError):
+        error = LedgerIntegrityError(f"ledger database {url} refused the write: {orig}")
+    elif isinstance(exc, sqlite3.Error):
+        error = LedgerUnavailable(
+            f"ledger database {url} failed: {type(exc).__name__}: {str(exc)[:300]}"
+        )
     elif isinstance(exc, DBAPIError | OSError | TimeoutError | SATimeoutError):
         # The driver's own error, not SQLAlchemy's text (which carries the whole statement).
         cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
@@ -202,12 +208,19 @@ class SqliteWriter:
     def _run_group(self, group: list[_Job]) -> list[tuple[Any, BaseException | None]]:
         # Runs in the writer thread. Each write runs inside a savepoint of the group's
         # transaction: a write that fails, wherever it fails, is rolled back alone, and the
-        # others still commit. Savepoints cost microseconds here (no thread hand-off).
+        # others still commit. Savepoints cost microseconds here (no thread hand-off). The
+        # transaction statements go to the driver itself (SQLAlchemy's execution of them cost
+        # more than they do); SQLAlchemy's own transaction is begun too (no statement on
+        # pysqlite), so a write that uses SQLAlchemy runs inside the transaction it expects,
+        # and its commit or rollback ends both.
         conn = self._connection
         assert conn is not None
+        raw = conn.connection.driver_connection
+        assert isinstance(raw, sqlite3.Connection)
         outcomes: list[tuple[Any, BaseException | None]] = []
         self._check_file()
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        raw.execute("BEGIN IMMEDIATE")
+        conn.begin()
         if len(group) == 1:
             # Alone in its transaction, a failed write is undone by the rollback itself.
             try:
@@ -221,15 +234,15 @@ class SqliteWriter:
             return outcomes
         try:
             for job in group:
-                conn.exec_driver_sql("SAVEPOINT pa_write")
+                raw.execute("SAVEPOINT pa_write")
                 try:
                     value = job.work(conn)
                 except Exception as exc:
-                    conn.exec_driver_sql("ROLLBACK TO pa_write")
+                    raw.execute("ROLLBACK TO pa_write")
                     outcomes.append((None, as_ledger_error(exc, url=self._url)))
                 else:
                     outcomes.append((value, None))
-                conn.exec_driver_sql("RELEASE pa_write")
+                raw.execute("RELEASE pa_write")
             conn.commit()
         except BaseException:
             conn.rollback()

@@ -36,7 +36,7 @@ from pipecat_actions.errors import (
     StaleFence,
     UnexpectedStatus,
 )
-from pipecat_actions.ledger import migrate
+from pipecat_actions.ledger import _sqlite, migrate
 from pipecat_actions.ledger._filters import filter_conditions
 from pipecat_actions.ledger._notices import Notices, PostgresNotices, SqliteNotices
 from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
@@ -52,7 +52,6 @@ from pipecat_actions.ledger._rows import (
     operation_from_row,
     to_event,
     to_operation,
-    update_statement,
 )
 from pipecat_actions.ledger._statistics import read_statistics
 from pipecat_actions.ledger._writer import (
@@ -131,7 +130,6 @@ class SqlLedger(Ledger):
             .on_conflict_do_nothing(index_elements=["tenant", "key_slot"])
             .returning(operations.c.operation_id)
         )
-        self._insert_row = insert(operations)
         self._insert_events = insert(events)
         self._select_slot = select(operations).where(
             operations.c.tenant == bindparam("tenant"),
@@ -354,8 +352,7 @@ class SqlLedger(Ledger):
             now = self._clock.now()
             row = new_row(encoded, now, key_slot=new.idempotency_key)
             for _ in range(_ADMIT_RETRIES):
-                if conn.execute(self._insert_operation, row).first() is not None:
-                    conn.execute(self._insert_events, creation_events(encoded, now))
+                if self._insert_new(conn, row, creation_events(encoded, now)):
                     return AdmitResult(operation_from_row(row), created=True)
                 slot = {"tenant": new.tenant, "key_slot": new.idempotency_key}
                 existing = (conn.execute(self._select_slot, slot)).first()
@@ -416,11 +413,21 @@ class SqlLedger(Ledger):
         def work(conn: Connection) -> Operation:
             now = self._clock.now()
             row = new_row(encoded, now, key_slot=None)
-            conn.execute(self._insert_row, row)
-            conn.execute(self._insert_events, creation_events(encoded, now))
+            _sqlite.insert(conn, row, creation_events(encoded, now), bind_key=False)
             return operation_from_row(row)
 
         return await self._write(work)
+
+    def _insert_new(
+        self, conn: Connection, row: dict[str, Any], creation: builtins.list[dict[str, Any]]
+    ) -> bool:
+        """Insert a new operation binding its key, in ``conn``'s transaction; False if taken."""
+        if self._sqlite:
+            return _sqlite.insert(conn, row, creation, bind_key=True)
+        if conn.execute(self._insert_operation, row).first() is None:
+            return False
+        conn.execute(self._insert_events, creation)
+        return True
 
     def _release_key(self, conn: Connection, held: Operation, now: float, *, reason: str) -> None:
         released = (
@@ -547,62 +554,26 @@ class SqlLedger(Ledger):
 
         def work(conn: Connection) -> Operation:
             now = self._clock.now()
-            return self._update_and_audit(
+            updated = _sqlite.update(
                 conn,
                 operation_id,
                 values_at(now),
-                expected=expected,
+                expected=None if expected is None else expected.value,
                 fence=fence,
-                kind=audit.kind,
+                starts_attempt=audit.starts_attempt,
+                kind=audit.kind.value,
                 actor=audit.actor,
                 detail_json=audit.detail_json,
                 now=now,
-                starts_attempt=audit.starts_attempt,
             )
+            if updated is None:
+                raise self._refusal(conn, operation_id, expected=expected, fence=fence)
+            return operation_from_row(updated)
 
         written = await self._write(work)
         if audit.notify and self._announce is not None:
             self._announce(operation_id)
         return written
-
-    def _update_and_audit(
-        self,
-        conn: Connection,
-        operation_id: str,
-        values: dict[str, Any],
-        *,
-        expected: ActionStatus | None,
-        fence: int | None,
-        kind: EventKind,
-        actor: str,
-        detail_json: str | None,
-        now: float,
-        starts_attempt: bool = False,
-    ) -> Operation:
-        statement = update_statement(
-            tuple(sorted(values)),
-            starts_attempt=starts_attempt,
-            match_status=expected is not None,
-            match_fence=fence is not None,
-        )
-        params = {f"v_{column}": value for column, value in values.items()}
-        params.update(w_operation_id=operation_id, w_status=expected, w_fence=fence, v_now=now)
-        row = conn.execute(statement, params).first()
-        if row is None:
-            raise self._refusal(conn, operation_id, expected=expected, fence=fence)
-        updated = to_operation(row)
-        self._append_event(
-            conn,
-            operation_id,
-            seq=updated.event_seq,
-            at=now,
-            kind=kind,
-            from_status=expected.value if expected is not None else updated.status.value,
-            to_status=updated.status.value,
-            actor=actor,
-            detail_json=detail_json,
-        )
-        return updated
 
     def _refusal(
         self,
