@@ -209,6 +209,9 @@ class ActionStatusReporter(FrameProcessor):
             operation_id = self.runtime.operation_for_call(call)
             ours_only = True
         if operation_id is not None and not self._is_read(frame.function_name):
+            told = self._told.get(operation_id)
+            if told is not None and told[1] == result.get("status"):
+                return  # the client has this status already (the runtime's word came first)
             fallback = (frame.function_name, result)
             self._spawn(
                 self._read(operation_id, "changed", call, ours_only=ours_only, fallback=fallback)

@@ -13,7 +13,7 @@ read from the ledger. The map of Pipecat tool calls keeps the most recent `RECEN
 
 from __future__ import annotations
 
-__all__ = ["RECENT_CALLS", "Listener", "Operations"]
+__all__ = ["RECENT_CALLS", "RECENT_TOLD", "Listener", "Operations"]
 
 import asyncio
 from collections import OrderedDict
@@ -32,6 +32,8 @@ Listener = Callable[[Operation], None]
 
 RECENT_CALLS = 10_000
 """How many tool call → operation links are kept (a call is looked up while it is answered)."""
+RECENT_TOLD = 1_024
+"""How many operations answered to a call are kept as answered, for the delivery record."""
 
 
 class Operations:
@@ -50,6 +52,7 @@ class Operations:
         self._tracked: dict[str, Tracked] = {}
         self._calls: OrderedDict[str, str] = OrderedDict()
         self._first_noted: OrderedDict[str, int] = OrderedDict()
+        self._answered: OrderedDict[str, Operation] = OrderedDict()
         self._notes = 0
         self._listeners: dict[str, list[Listener]] = {}
         self._watchers: list[Listener] = []
@@ -80,6 +83,21 @@ class Operations:
             self._first_noted[operation_id] = self._notes
             if len(self._first_noted) > RECENT_CALLS:
                 self._first_noted.popitem(last=False)
+
+    def note_answered(self, op: Operation) -> None:
+        """A call's result was rendered from ``op``: what its conversation is told in place."""
+        self._answered[op.operation_id] = op
+        self._answered.move_to_end(op.operation_id)
+        if len(self._answered) > RECENT_TOLD:
+            self._answered.popitem(last=False)
+
+    def answered(self, operation_id: str) -> Operation | None:
+        """The record a call was last answered with (`note_answered`), if still kept.
+
+        The delivery record is made from it, not from a read of the ledger: it is what the
+        conversation was told, even if the operation has moved on since.
+        """
+        return self._answered.get(operation_id)
 
     @property
     def call_mark(self) -> int:

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 import json
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -43,7 +43,7 @@ from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import DeliveryMode, ToolKind
 from pipecat_actions.results import render_operation
 from pipecat_actions.runtime._joins import nap
-from pipecat_actions.runtime._operations import Operations
+from pipecat_actions.runtime._operations import RECENT_TOLD, Operations
 from pipecat_actions.runtime.supersession import Supersession
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import (
@@ -171,6 +171,8 @@ class Deliveries:
         self.telemetry = telemetry
         self.supersession = supersession
         self.operations = operations
+        self._recorded: OrderedDict[str, ActionStatus] = OrderedDict()
+        """The status this process last recorded as told, per operation (the most recent)."""
 
     def open(self, session: SessionState, outlet: Outlet) -> SessionDelivery:
         """Start delivering to one pipeline of ``session`` through ``outlet``."""
@@ -205,9 +207,10 @@ class Deliveries:
         """Record that ``op``, as it is, was told to ``session``'s conversation.
 
         Nothing is written if exactly this status was recorded as told already (told again,
-        not heard the first time): its acknowledgement is still owed.
+        not heard the first time): its acknowledgement is still owed. This process remembers
+        what it recorded (a burst of calls joined to one operation writes it once).
         """
-        if op.delivered_status is op.status:
+        if op.delivered_status is op.status or self._recorded.get(op.operation_id) is op.status:
             return
         await self.ledger.annotate(
             op.operation_id,
@@ -220,6 +223,10 @@ class Deliveries:
                 "acknowledged_at": None,
             },
         )
+        self._recorded[op.operation_id] = op.status
+        self._recorded.move_to_end(op.operation_id)
+        if len(self._recorded) > RECENT_TOLD:
+            self._recorded.popitem(last=False)
 
     async def mark_acknowledged(self, operation_ids: list[str], *, session: SessionState) -> None:
         """Record that what was told about ``operation_ids`` was heard to the end."""
@@ -634,9 +641,13 @@ class SessionDelivery:
             await self._record(op, late=True)
 
     async def _record_in_place(self, operation_id: str) -> None:
+        service = self._service
         try:
-            op = await self._service.ledger.get(operation_id)
-            with self._service.telemetry.delivery(op, self.session, late=False):
+            # What the call was answered with, as the runtime rendered it: no read back, and
+            # the record says what was told even if the operation moved on meanwhile (then
+            # the newer status stays owed). Read only if the runtime no longer keeps it.
+            op = service.operations.answered(operation_id) or await service.ledger.get(operation_id)
+            with service.telemetry.delivery(op, self.session, late=False):
                 self._state.interrupted = False
                 await self._record(op, late=False)
         except Exception as exc:  # a record of delivery must never break the conversation

@@ -247,8 +247,10 @@ class Proposals:
         """A call's final result, saying whether a later user turn superseded ``op``.
 
         Decided here, in the handler's task, from the operation at hand: never in the
-        pipeline's frame path, and with no read of the operation again.
+        pipeline's frame path, and with no read of the operation again. The delivery record
+        is made from ``op`` too, when the result reaches the conversation.
         """
+        self._operations.note_answered(op)
         return await self._supersession.note(result, op)
 
     def _asking(self, result: dict[str, Any], op: Operation) -> dict[str, Any]:

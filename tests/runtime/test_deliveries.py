@@ -311,6 +311,27 @@ async def test_an_outcome_settled_by_another_process_is_told_on_its_notice_witho
         delivery.close()
 
 
+async def test_a_result_told_in_place_is_recorded_as_told_even_if_the_operation_moved_on(
+    runtime: ActionRuntime,
+) -> None:
+    # The call was answered "committed"; before its delivery is recorded, another process
+    # starts compensating it. The record says what the conversation was told (COMMITTED),
+    # not what a read would find: the compensation is still owed, and told.
+    session = new_session()
+    delivery, outlet = await _pipeline(runtime, session)
+    op = await _booked_elsewhere(runtime, session, S.COMMITTED)
+    runtime.deliveries.operations.note_answered(op)  # what the runtime answered the call with
+    await _moved_elsewhere(runtime, op, S.COMPENSATING)
+    delivery.told_in_place(op.operation_id)
+    await outlet.settled()
+    recorded = await runtime.ledger.get(op.operation_id)
+    owed = await runtime.deliveries.owed(session.session_id, before=1e12, mark=0)
+    delivery.close()
+    assert outlet.told == []  # told in place, by the call's result
+    assert recorded.delivered_status is S.COMMITTED
+    assert [o.operation_id for o in owed] == [op.operation_id]
+
+
 async def test_a_call_seen_admitted_and_running_now_is_not_told_until_its_outcome(
     runtime: ActionRuntime,
 ) -> None:
