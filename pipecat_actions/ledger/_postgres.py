@@ -48,15 +48,18 @@ def asyncpg_dsn(url: Any) -> str:
     return rendered
 
 
+_CONNECTION_ERRORS = (asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
+"""What asyncpg raises when a connection is lost or in a broken state (its protocol caught
+mid-operation by the server's goodbye, say), besides the server's own errors."""
+
+
 def map_asyncpg_error(exc: BaseException, *, url: str) -> BaseException:
     """Return the ledger error a caller should see for an asyncpg failure ``exc``."""
     if isinstance(exc, LedgerError):
         return exc
     if isinstance(exc, asyncpg.IntegrityConstraintViolationError | asyncpg.DataError):
         error: LedgerError = LedgerIntegrityError(f"ledger database {url} refused the write: {exc}")
-    elif isinstance(
-        exc, asyncpg.PostgresError | asyncpg.InterfaceError | OSError | asyncio.TimeoutError
-    ):
+    elif isinstance(exc, (*_CONNECTION_ERRORS, asyncpg.PostgresError, asyncio.TimeoutError)):
         error = LedgerUnavailable(
             f"ledger database {url} failed: {type(exc).__name__}: {str(exc)[:300]}"
         )
@@ -240,26 +243,49 @@ class PostgresFastPath:
                 raise
         return conn
 
-    async def _call(self, run: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    async def _call(
+        self, run: Callable[[asyncpg.Connection], Awaitable[T]], *, read: bool = False
+    ) -> T:
+        """Run ``run`` on an idle connection (or a new one).
+
+        A lost connection means the server's others are likely lost too (a restart, a
+        failover): the idle ones are dropped with it. A read found a lost connection is tried
+        once more on a new one; a write never is (it may have been sent and committed: the
+        caller learns the ledger failed, and the runtime treats the write as not known).
+        """
         if self._closed:
             raise LedgerUnavailable("the ledger is closed")
 
         async def on_a_connection() -> T:
-            conn = self._idle.pop() if self._idle else await self._connect()
-            try:
-                result = await run(conn)
-            except asyncpg.PostgresError:
-                # The server refused the statement: the connection itself is fine (a
-                # statement that fails outside a transaction leaves none open).
+            for attempt in (1, 2):
+                conn = self._idle.pop() if self._idle else await self._connect()
+                try:
+                    result = await run(conn)
+                except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                    # The server refused the statement (the connection is fine: a statement
+                    # that fails outside a transaction leaves none open), or it was lost.
+                    lost = conn.is_closed() or not isinstance(exc, asyncpg.PostgresError)
+                    if lost:
+                        conn.terminate()
+                        self._drop_idle()
+                        if read and attempt == 1:
+                            continue
+                    else:
+                        self._release(conn)
+                    raise
+                except BaseException:
+                    conn.terminate()  # cancelled mid-statement: never reused
+                    raise
                 self._release(conn)
-                raise
-            except BaseException:
-                conn.terminate()  # lost, or cancelled mid-statement: never reused
-                raise
-            self._release(conn)
-            return result
+                return result
+            raise AssertionError("unreachable")  # pragma: no cover
 
         return await _checked(on_a_connection(), url=self.url)
+
+    def _drop_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.terminate()
 
     def _release(self, conn: asyncpg.Connection) -> None:
         if self._closed or conn.is_closed() or len(self._idle) >= self._max_idle:
@@ -338,4 +364,4 @@ class PostgresFastPath:
             row: asyncpg.Record | None = await conn.fetchrow(sql, *params)
             return row
 
-        return await self._call(run)
+        return await self._call(run, read=True)

@@ -1,0 +1,187 @@
+"""PostgreSQL's hot path: each write one statement on asyncpg, and connections that stay sound.
+
+Every write on a tool call's critical path (admit with a free key, transition, annotate) and
+every read a waiting call makes (get, find_by_key) is one statement on the ledger's own asyncpg
+connections, never SQLAlchemy's engine. A connection that fails or is cut off mid-statement is
+never used again; a refused statement leaves its connection usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import event
+
+from pipecat_actions.clock import ManualClock
+from pipecat_actions.errors import LedgerIntegrityError, LedgerUnavailable
+from pipecat_actions.ledger import SqlLedger
+from pipecat_actions.status import ActionStatus
+from tests._waiting import eventually, guarded
+from tests.ledger._support import new_op
+
+S = ActionStatus
+pytestmark = pytest.mark.postgres
+
+
+class Statements:
+    """Counts the statements sent on the hot path's connections, and the engine's checkouts."""
+
+    def __init__(self, ledger: SqlLedger) -> None:
+        self.sent: Counter[str] = Counter()
+        self.engine_checkouts = 0
+        event.listen(ledger._engine.sync_engine, "checkout", self._checked_out)
+        fast = ledger._fast
+        assert fast is not None
+        call = fast._call
+
+        async def counted(run: Any, **kwargs: Any) -> Any:
+            async def counting(conn: asyncpg.Connection) -> Any:
+                return await run(_Counting(conn, self.sent))
+
+            return await call(counting, **kwargs)
+
+        fast._call = counted  # type: ignore[method-assign]
+
+    def _checked_out(self, *_: Any) -> None:
+        self.engine_checkouts += 1
+
+    def total(self) -> int:
+        return sum(self.sent.values())
+
+
+class _Counting:
+    def __init__(self, conn: asyncpg.Connection, sent: Counter[str]) -> None:
+        self._conn, self._sent = conn, sent
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._conn, name)
+        if name in {"fetch", "fetchrow", "fetchval", "execute", "executemany"}:
+            self._sent[name] += 1
+        return found
+
+
+async def test_each_hot_write_and_read_is_one_statement_and_none_uses_the_engine(
+    pg_fresh_url: str,
+) -> None:
+    clock = ManualClock()
+    async with await SqlLedger.create(pg_fresh_url, clock=clock) as ledger:
+        seen = Statements(ledger)
+        counts = []
+        op = (await ledger.admit(new_op("k1"))).operation
+        counts.append(seen.total())
+        op = await ledger.transition(
+            op.operation_id, expected=S.ADMITTED, to=S.RUNNING, fence=op.fence, actor="t"
+        )
+        counts.append(seen.total())
+        await ledger.annotate(op.operation_id, actor="t", detail={"note": 1})
+        counts.append(seen.total())
+        await ledger.transition(
+            op.operation_id,
+            expected=S.RUNNING,
+            to=S.COMMITTED,
+            fence=op.fence,
+            actor="t",
+            changes={"result": {"booking_id": "bk_1"}},
+        )
+        counts.append(seen.total())
+        await ledger.get(op.operation_id)
+        counts.append(seen.total())
+        await ledger.find_by_key("default", "k1")
+        counts.append(seen.total())
+        trail = await ledger.events(op.operation_id)
+    assert counts == [1, 2, 3, 4, 5, 6]
+    assert seen.engine_checkouts == 1  # only the audit trail's read, an operator query
+    # One statement each, and the audit trail is whole: created, running, note, committed.
+    assert [e.to_status for e in trail] == [S.ADMITTED, S.RUNNING, S.RUNNING, S.COMMITTED]
+
+
+async def test_a_refused_write_is_an_integrity_error_and_its_connection_stays_usable(
+    pg_fresh_url: str,
+) -> None:
+    async with await SqlLedger.create(pg_fresh_url, clock=ManualClock()) as ledger:
+        fast = ledger._fast
+        assert fast is not None
+        idle_before = list(fast._idle)
+        with pytest.raises(LedgerIntegrityError, match="refused the write"):
+            await ledger.admit(new_op("k1", compensates="op_that_does_not_exist"))
+        assert fast._idle == idle_before  # the same connection, back and usable
+        admitted = await ledger.admit(new_op("k2"))
+    assert admitted.created
+
+
+async def test_a_read_cancelled_mid_statement_never_hands_its_connection_to_the_next_call(
+    pg_fresh_url: str,
+) -> None:
+    async with await SqlLedger.create(pg_fresh_url, clock=ManualClock()) as ledger:
+        fast = ledger._fast
+        assert fast is not None
+        op = (await ledger.admit(new_op("k1"))).operation
+        used = fast._idle[-1]
+
+        async def slow(conn: asyncpg.Connection) -> Any:
+            return await conn.fetchval("SELECT pg_sleep(30)")
+
+        reading = asyncio.ensure_future(fast._call(slow, read=True))
+        watcher = await asyncpg.connect(pg_fresh_url)
+        try:
+
+            async def on_the_server() -> bool:
+                running = await watcher.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' "
+                    "AND state = 'active'"
+                )
+                return bool(running)
+
+            await eventually(on_the_server, what="the statement to run on the server")
+        finally:
+            await watcher.close()
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+        assert used.is_closed()
+        assert used not in fast._idle
+        read = await guarded(ledger.get(op.operation_id), what="a read after the cancel")
+    assert read.status is S.ADMITTED
+
+
+async def test_connections_dropped_by_the_server_are_replaced_and_reads_go_on(
+    pg_fresh_url: str,
+) -> None:
+    # A restart or failover drops every connection: the first read that finds one dead
+    # drops the idle ones too and tries again on a new one; the caller never sees it.
+    async with await SqlLedger.create(pg_fresh_url, clock=ManualClock()) as ledger:
+        fast = ledger._fast
+        assert fast is not None
+        op = (await ledger.admit(new_op("k1"))).operation
+        conn = await asyncpg.connect(pg_fresh_url)
+        try:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await conn.close()
+        read = await ledger.get(op.operation_id)
+        assert read.status is S.ADMITTED
+        # A write on a connection found dead is not retried (it may have committed): it
+        # fails as the ledger being unavailable, and the next write goes through.
+        for dead in list(fast._idle):
+            dead.terminate()
+        fast._idle.append(await _dead_connection(pg_fresh_url))
+        with pytest.raises(LedgerUnavailable):
+            await ledger.annotate(op.operation_id, actor="t", detail={"n": 1})
+        await ledger.annotate(op.operation_id, actor="t", detail={"n": 2})
+
+
+async def _dead_connection(url: str) -> asyncpg.Connection:
+    conn = await asyncpg.connect(url)
+    killer = await asyncpg.connect(url)
+    try:
+        await killer.execute("SELECT pg_terminate_backend($1)", conn.get_server_pid())
+    finally:
+        await killer.close()
+    return conn
