@@ -276,10 +276,10 @@ class CheckedOut:
         if fast is not None:  # PostgreSQL's hot path runs on asyncpg connections of its own
             call = fast._call
 
-            async def counted(run: Any) -> Any:
+            async def counted(run: Any, **kwargs: Any) -> Any:
                 self._out()
                 try:
-                    return await call(run)
+                    return await call(run, **kwargs)
                 finally:
                     self._in()
 
