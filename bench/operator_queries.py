@@ -7,7 +7,8 @@ tables (SQLAlchemy Core executemany), on SQLite in a temporary directory and on 
 when the server answers (``$PIPECAT_ACTIONS_PG_ADMIN_URL``, default
 postgresql://postgres@127.0.0.1:5432/postgres: a database of its own, dropped afterwards).
 The mix is plausible: five tools, mostly committed and delivered mutations, committed reads,
-refusals, failures, UNKNOWN, cancellations and joined duplicates, two to four events each.
+refusals, failures, UNKNOWN, cancellations and joined duplicates, two to five events each
+(every told operation has its delivery recorded, as the delivery service writes it).
 
 Then times, through `SqlLedger` as `pipecat-actions` calls it:
 
@@ -160,6 +161,11 @@ def _operation_rows(count: int) -> Iterator[tuple[dict[str, Any], list[dict[str,
                     row.update(delivered_at=None, acknowledged_at=None, delivered_status=None)
                 if roll % 17 == 0:
                     event("COMMITTED", "COMMITTED", detail={"duplicates_joined": [{"turn": 2}]})
+        if row["delivered_status"] is not None:
+            # The delivery service's record of the telling, as every told operation has one
+            # (about 1 in 30 of them told late, after the conversation moved on).
+            told = {"agent": None, "delivered": row["delivered_status"], "late": roll % 30 == 0}
+            event(row["status"], row["status"], actor=f"gate:call-{i // 6}", detail=told)
         if row["status"] in (S.COMMITTED.value, S.FAILED_FINAL.value, S.REJECTED.value,
                              S.CANCELLED.value):  # fmt: skip
             row["finished_at"] = row["committed_at"] or created + 0.5
@@ -169,7 +175,7 @@ def _operation_rows(count: int) -> Iterator[tuple[dict[str, Any], list[dict[str,
                 "operation_id": op_id,
                 "seq": seq,
                 "at": created + seq * 0.01,
-                "kind": "created" if seq == 1 else "transition",
+                "kind": "created" if seq == 1 else "annotation" if src == dst else "transition",
                 "from_status": src,
                 "to_status": dst,
                 "actor": actor,

@@ -5,13 +5,18 @@ sampled says so: the p50 and p95 of a tool with more than `EXACT_SPREAD_UP_TO` v
 time spread are ranked among 1 in 16 (or 256) of its operations, and carry ``"sampled"``
 (how many values were ranked). Their count and maximum stay exact.
 
-1. counts and sums per tool and status (one GROUP BY over ``pa_operations``);
-2. the three time spreads, their counts and maxima in query 1, their p50 and p95 each one
-   window query that keeps the few ranked rows the figures need;
+1. how many operations each tool has (a count over a narrow index), which decides whose
+   spreads are ranked among a sample;
+2. counts and sums per tool and status, and the three time spreads' values (all of them, or
+   the sample's), in one GROUP BY over ``pa_operations``: the values come back joined as
+   text, and their p50 and p95 are ranked in Python;
 3. one pass over the audit events that can count for something (a watchdog's, an UNKNOWN,
    a cancellation, or a detail naming a duplicate, a timeout, a late result, a handoff or a
    reconciliation), their detail JSON decoded in Python, and one over the first events of
    refusals (their reasons).
+
+On SQLite, unfiltered, passes 2 and 3 read their table in order (``NOT INDEXED``): walking an
+index whose order is not the table's costs a random read per row, a third more than the scan.
 
 A read that committed contributes no event figure: nothing past its creation is recorded.
 """
@@ -28,9 +33,12 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Text,
     and_,
     case,
+    cast,
     func,
+    literal,
     not_,
     or_,
     select,
@@ -44,11 +52,13 @@ S = ActionStatus
 _DUPLICATE_REFUSALS = frozenset({"duplicate", "idempotency_mismatch"})
 # Texts whose presence in an event's canonical detail JSON may make it count; what matches
 # is decoded and checked in Python, so a false match costs a decode, never a wrong figure.
+# Each is as narrow as the canonical text allows: every telling is recorded with a "late"
+# field, so '"late"' alone made every operation's delivery record a candidate.
 _DETAIL_MARKERS = (
     '"duplicates_joined"',
     '"duplicate_joined"',
     '"timed_out"',
-    '"late"',
+    '"late":true',
     '"handoff_to"',
     '"reconcile_error"',
     '"reconciled"',
@@ -67,8 +77,9 @@ _SAMPLES = (("%0", 16), ("%00", 256))
 
 def read_statistics(conn: Connection, where: list[ColumnElement[bool]]) -> dict[str, Any]:
     """Return ``{"operations": N, "tools": {tool: figures}}`` for the rows ``where`` matches."""
-    totals = _operation_totals(conn, where)
-    spreads = {name: _spread(conn, where, name, value, totals) for name, value in _SPREADS.items()}
+    samples, tools_seen = _samples(conn, where)
+    totals = _operation_totals(conn, where, _in_sample(samples, tools_seen))
+    spreads = {name: _spread(name, totals, samples) for name in _SPREADS}
     trails = _event_counts(conn, where)
     tools: dict[str, dict[str, Any]] = {}
     for tool in sorted(totals):
@@ -110,6 +121,43 @@ def read_statistics(conn: Connection, where: list[ColumnElement[bool]]) -> dict[
     return {"operations": sum(t["operations"] for t in totals.values()), "tools": tools}
 
 
+def _samples(
+    conn: Connection, where: list[ColumnElement[bool]]
+) -> tuple[dict[str, int], list[str]]:
+    """Which tools' spreads are ranked among 1 in N of their operations, and every tool.
+
+    Returns:
+        ``{tool: N}`` for the sampled tools, and the list of all the tools matched.
+    """
+    c = operations.c
+    sizes = list(conn.execute(select(c.tool, func.count()).where(*where).group_by(c.tool)))
+    chosen: dict[str, int] = {}
+    for tool, size in sizes:
+        if size <= EXACT_SPREAD_UP_TO:
+            continue
+        for _pattern, one_in in _SAMPLES:
+            chosen[tool] = one_in
+            if size // one_in <= EXACT_SPREAD_UP_TO:
+                break
+    return chosen, [tool for tool, _ in sizes]
+
+
+def _in_sample(samples: dict[str, int], tools: list[str]) -> ColumnElement[bool]:
+    """True for the rows whose spread values are ranked (every row of an exact tool)."""
+    c = operations.c
+    by_pattern = {
+        pattern: sorted(t for t, n in samples.items() if n == one_in)
+        for pattern, one_in in _SAMPLES
+    }
+    if not samples:
+        return literal(True)
+    if len(samples) == len(tools) and len([p for p, t in by_pattern.items() if t]) == 1:
+        # One rule for every tool (a large ledger): no per-row test of the tool.
+        return c.operation_id.like(next(p for p, t in by_pattern.items() if t))
+    sampled = [and_(c.tool.in_(t), c.operation_id.like(p)) for p, t in by_pattern.items() if t]
+    return or_(c.tool.not_in(sorted(samples)), *sampled)
+
+
 def _ratio(part: int, whole: int) -> float | None:
     return None if whole <= 0 else round(part / whole, 4)
 
@@ -119,7 +167,7 @@ def _count_if(condition: ColumnElement[bool]) -> ColumnElement[Any]:
 
 
 def _operation_totals(
-    conn: Connection, where: list[ColumnElement[bool]]
+    conn: Connection, where: list[ColumnElement[bool]], ranked: ColumnElement[bool]
 ) -> dict[str, dict[str, Any]]:
     c = operations.c
     query = (
@@ -139,10 +187,16 @@ def _operation_totals(
             ),
             *(func.count(value).label(f"{name}_count") for name, value in _SPREADS.items()),
             *(func.max(value).label(f"{name}_max") for name, value in _SPREADS.items()),
+            *(
+                _joined(conn, case((ranked, value))).label(f"{name}_values")
+                for name, value in _SPREADS.items()
+            ),
         )
         .where(*where)
         .group_by(c.tool, c.status)
     )
+    if conn.dialect.name == "sqlite" and not where:
+        query = query.with_hint(operations, "NOT INDEXED", "sqlite")
     fields = ("operations", "executed", "retried", "retries", "escalated", "compensations")
     totals: dict[str, dict[str, Any]] = {}
     for row in conn.execute(query):
@@ -157,74 +211,44 @@ def _operation_totals(
             entry[f"{name}_count"] = entry.get(f"{name}_count", 0) + int(count)
             if most is not None:
                 entry[f"{name}_max"] = max(float(most), entry.get(f"{name}_max", float(most)))
+            joined = getattr(row, f"{name}_values")
+            if joined:
+                entry.setdefault(f"{name}_values", []).extend(map(float, joined.split(",")))
     return totals
 
 
+def _joined(conn: Connection, value: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The group's non-NULL ``value``s as one comma-joined text (NULL when there are none)."""
+    if conn.dialect.name == "sqlite":
+        return func.group_concat(value, ",")
+    return func.string_agg(cast(value, Text), ",")
+
+
 def _spread(
-    conn: Connection,
-    where: list[ColumnElement[bool]],
-    name: str,
-    value: ColumnElement[Any],
-    totals: dict[str, dict[str, Any]],
+    name: str, totals: dict[str, dict[str, Any]], samples: dict[str, int]
 ) -> dict[str, dict[str, Any]]:
     """Return p50 (the median, halfway between the two middle values when even), p95, max.
 
-    The count and the maximum are exact (from `_operation_totals`). A tool with more than
-    `EXACT_SPREAD_UP_TO` values has its p50 and p95 ranked among a sample of its operations
-    (their id's last hex digits), and its figures say ``"sampled": <values ranked>``.
+    The count and the maximum are exact. A tool in ``samples`` has its p50 and p95 ranked
+    among a sample of its operations (their id's last hex digits), and its figures say
+    ``"sampled": <values ranked>``.
     """
-    c = operations.c
-    sizes = {tool: t[f"{name}_count"] for tool, t in totals.items() if t[f"{name}_count"]}
-    if not sizes:
-        return {}
-    scopes: list[ColumnElement[bool]] = []
-    sampled: dict[str, int] = {}
-    exact = [tool for tool, size in sizes.items() if size <= EXACT_SPREAD_UP_TO]
-    if exact:
-        scopes.append(c.tool.in_(exact))
-    for pattern, one_in in _SAMPLES:
-        tools = [
-            tool
-            for tool, size in sizes.items()
-            if tool not in exact and tool not in sampled
-            and (size // one_in <= EXACT_SPREAD_UP_TO or one_in == _SAMPLES[-1][1])
-        ]  # fmt: skip
-        if tools:
-            scopes.append(and_(c.tool.in_(tools), c.operation_id.like(pattern)))
-            sampled.update(dict.fromkeys(tools, one_in))
-    ranked = (
-        select(
-            c.tool.label("tool"),
-            value.label("value"),
-            func.row_number().over(partition_by=c.tool, order_by=value).label("rank"),
-            func.count().over(partition_by=c.tool).label("n"),
-        )
-        .where(*where, value.is_not(None), or_(*scopes))
-        .subquery()
-    )
-    # 1-based ranks; integer division on both backends. p95 is the value at index
-    # floor(0.95 n) of the sorted values (clamped to the last), as the in-process metrics say.
-    n, rank = ranked.c.n, ranked.c.rank
-    p95 = case((n * 95 // 100 + 1 > n, n), else_=n * 95 // 100 + 1)
-    wanted = select(ranked.c.tool, ranked.c.value, rank, n).where(
-        or_(rank == (n + 1) // 2, rank == n // 2 + 1, rank == p95)
-    )
-    found: dict[str, dict[int, float]] = defaultdict(dict)
-    ranked_sizes: dict[str, int] = {}
-    for row in conn.execute(wanted):
-        found[row.tool][int(row.rank)] = float(row.value)
-        ranked_sizes[row.tool] = int(row.n)
     spreads: dict[str, dict[str, Any]] = {}
-    for tool, values in found.items():
-        size = ranked_sizes[tool]
-        median = (values[(size + 1) // 2] + values[size // 2 + 1]) / 2
+    for tool, t in totals.items():
+        values = sorted(t.get(f"{name}_values", ()))
+        if not t[f"{name}_count"] or not values:
+            continue
+        # 1-based ranks: p95 is the value at index floor(0.95 n) of the sorted values
+        # (clamped to the last), as the in-process metrics say.
+        size = len(values)
+        median = (values[(size + 1) // 2 - 1] + values[size // 2]) / 2
         spreads[tool] = {
-            "count": sizes[tool],
+            "count": t[f"{name}_count"],
             "p50_secs": round(median, 4),
-            "p95_secs": round(values[min(size, size * 95 // 100 + 1)], 4),
-            "max_secs": round(totals[tool][f"{name}_max"], 4),
+            "p95_secs": round(values[min(size, size * 95 // 100 + 1) - 1], 4),
+            "max_secs": round(t[f"{name}_max"], 4),
         }
-        if tool in sampled:
+        if tool in samples:
             spreads[tool]["sampled"] = size
     return spreads
 
@@ -267,6 +291,10 @@ def _event_counts(conn: Connection, where: list[ColumnElement[bool]]) -> dict[st
         )
         .order_by(e.operation_id, e.seq)
     )
+    if conn.dialect.name == "sqlite" and not where:
+        # Every operation counts: read the events in table order and sort the few
+        # candidates, rather than walk every event in key order (a random read each).
+        query = query.with_hint(events, "NOT INDEXED", "sqlite")
     per_tool: dict[str, _EventCounts] = defaultdict(_EventCounts)
     for trail in _trails(iter(conn.execute(query))):
         _count_trail(per_tool[trail[0].tool], trail[0].op_status, trail)

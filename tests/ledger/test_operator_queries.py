@@ -1,6 +1,6 @@
 """Operator queries read every row, page by keyset, and use an index, on both backends.
 
-`stats` counts every operation a filter matches (no cap, no sampling) with the same figures
+`stats` counts every operation a filter matches (no cap; a sampled spread says so) with the figures
 a trail-by-trail reading gives; `ledger list` and `undelivered` return each row exactly once
 across pages, in (created_at, operation_id) order, even while rows of the same instant are
 inserted between pages; on SQLite their queries are index range scans, never a sort.
@@ -18,12 +18,15 @@ import pytest
 from sqlalchemy import event, insert
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from pipecat_actions.actions import ActionContext, action
 from pipecat_actions.cli import main
 from pipecat_actions.ledger import NewOperation, OperationFilter, SqlLedger
 from pipecat_actions.ledger._rows import EncodedOperation, creation_events, new_row
 from pipecat_actions.ledger.engine import normalize_url
 from pipecat_actions.ledger.schema import events, operations
+from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
+from tests.runtime._execution_support import running
 
 S = ActionStatus
 BULK = 2_500  # more than `OperationFilter.limit`'s default, the old reading's silent cap
@@ -253,3 +256,22 @@ async def test_stats_say_when_a_spread_is_ranked_among_a_sample(
     }
     assert stats["operations"] == 1_000
     assert "p50 and p95 from a sample of 100" in render_statistics(stats)
+
+
+async def test_stats_count_as_late_only_the_outcomes_told_late(ledger_url: str) -> None:
+    # Every telling is recorded with its "late" field (the delivery service's own record):
+    # the in-place ones must neither count nor be read as candidates for the figure.
+    @action
+    async def book_table(ctx: ActionContext, n: int) -> dict[str, Any]:
+        """Book."""
+        return {"booking_id": f"bk_{n}"}
+
+    policy_text = "version: 1\ntools:\n  book_table: {kind: mutation, on_duplicate: allow}\n"
+    async with running(policy_text, [book_table], ledger_url=ledger_url) as runtime:
+        session = SessionState(session_id="s1", principal="alice")
+        told = [await runtime.propose("book_table", {"n": n}, session) for n in range(3)]
+        for n, result in enumerate(told):
+            op = await runtime.ledger.get(result["operation_id"])
+            await runtime.deliveries.mark_delivered(op, session=session, late=n == 0)
+        stats = await runtime.ledger.statistics()
+    assert stats["tools"]["book_table"]["late_results"] == 1
