@@ -101,10 +101,11 @@ _API_KEY_TRIGGERS = (
 """Substrings one of which a text must hold before `_API_KEY` is run on it."""
 
 _URL_PASSWORD = re.compile(r"(?P<url>://[^:/@\s]{1,256}:)(?P<urlval>[^@/\s]{1,256})(?=@)")
-_CARD = re.compile(r"[2-6](?<!\d[2-6])(?:[ \-]?\d){12,18}(?!\d)")
-"""13 to 19 digits, not inside a longer number, spaces or dashes allowed; Luhn is checked by
-`_mask_card`. It starts with a character class, not the look-behind, so that the regex engine
-can skip ahead fast to the digits that could start a card."""
+_CARD = re.compile(r"[2-6](?<!\w[2-6])(?:[ \-]?\d){12,18}(?!\w)")
+"""13 to 19 digits, spaces or dashes allowed, not inside a longer number nor glued to a word
+(an operation id's hex holds runs of digits that pass Luhn); Luhn is checked by `_mask_card`.
+It starts with a character class, not the look-behind, so that the regex engine can skip ahead
+fast to the digits that could start a card."""
 
 _KEY_VALUE_SEPARATOR = re.compile(r"\\{0,8}[\"']\s*:\s*")
 _KEYWORD_SEPARATOR = re.compile(r"\s*=(?!=)\s*")

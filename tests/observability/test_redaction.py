@@ -6,6 +6,8 @@ import json
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from loguru import logger
 
 from pipecat_actions.observability.redaction import (
@@ -121,11 +123,20 @@ def test_a_card_number_after_another_digit_is_still_masked() -> None:
         "4111111111111112",  # fails Luhn
         "ts 1718000000000 ms",  # an epoch in milliseconds
         "op_01a22bb2c9377b38edbc3b9fde",  # an operation id
+        "op_01a23352279260744595e90f2d",  # one whose digits hold a Luhn-valid run
         "9999999999999995",  # passes Luhn but no card starts with 9
     ],
 )
 def test_numbers_that_are_not_card_numbers_are_left_alone(text: str) -> None:
     assert Redactor().redact_text(text) == text
+
+
+@settings(max_examples=500)
+@given(st.text("0123456789abcdef", min_size=26, max_size=26))
+def test_identifiers_are_never_masked_whatever_digits_they_hold(hex_id: str) -> None:
+    # Operation ids are 26 hex characters: their digit runs pass Luhn one time in ten.
+    line = f"op=op_{hex_id} key=book|{hex_id}"
+    assert Redactor().redact_text(line) == line
 
 
 @pytest.mark.parametrize(
