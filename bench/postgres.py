@@ -123,10 +123,17 @@ def _new(i: int) -> NewOperation:
 
 
 class Floor:
-    """The ledger's own statements on one raw asyncpg connection, parameters built first."""
+    """The ledger's own statements on raw asyncpg connections, parameters built first.
 
-    def __init__(self, conn: asyncpg.Connection, n: int) -> None:
-        self.conn = conn
+    Sequential calls use the first connection; concurrent ones take turns on all of them (as
+    many as the ledger's pool).
+    """
+
+    def __init__(self, conns: list[asyncpg.Connection], n: int) -> None:
+        self.conn = conns[0]
+        self.free: asyncio.Queue[asyncpg.Connection] = asyncio.Queue()
+        for conn in conns:
+            self.free.put_nowait(conn)
         self.admits = []
         for i in range(n):
             encoded = EncodedOperation.of(_new(i))
@@ -145,6 +152,17 @@ class Floor:
 
     async def admit(self, i: int) -> None:
         await self.conn.fetchval(_ADMIT, *self.admits[i])
+
+    def admit_later(self, offset: int) -> Callable[[int], Awaitable[None]]:
+        """``admit_on_a_turn`` of the calls from ``offset`` on."""
+        return lambda i: self.admit_on_a_turn(offset + i)
+
+    async def admit_on_a_turn(self, i: int) -> None:
+        conn = await self.free.get()
+        try:
+            await conn.fetchval(_ADMIT, *self.admits[i])
+        finally:
+            self.free.put_nowait(conn)
 
     async def transition(self, i: int) -> None:
         op_id = self.admits[i][0]
@@ -257,16 +275,26 @@ async def measure(args: argparse.Namespace) -> dict[str, list[Sample]]:
     try:
         for round_no in range(args.rounds):
             ledger = await SqlLedger.create(url)  # creates the schema the floor writes to
-            conn = await asyncpg.connect(url)
+            pool_size = LedgerSettings().pool_size
+            conns = [await asyncpg.connect(url) for _ in range(pool_size)]
             try:
-                floor = Floor(conn, args.ops)
+                floor = Floor(conns, args.ops * 3)
                 keep("floor admit", await _sequential(args.ops, floor.admit))
                 keep("floor transition", await _sequential(args.ops, floor.transition))
+                keep(
+                    f"floor admit x{args.callers}",
+                    await _concurrent(args.ops * 2, args.callers, floor.admit_later(args.ops)),
+                )
                 ours = Ours(ledger)
                 keep("ledger admit", await _sequential(args.ops, ours.admit))
                 keep("ledger transition", await _sequential(args.ops, ours.transition))
+                keep(
+                    f"ledger admit x{args.callers}",
+                    await _concurrent(args.ops * 2, args.callers, ours.admit),
+                )
             finally:
-                await conn.close()
+                for conn in conns:
+                    await conn.close()
                 await ledger.close()
             runtime = await _runtime(url)
             try:
@@ -309,6 +337,9 @@ def report(results: dict[str, list[Sample]], args: argparse.Namespace) -> None:
         print(f"{name:<24}{s.median_ms:>10.3f}{s.p99_ms:>10.3f}{s.cpu_us:>10.0f}{s.per_sec:>10.0f}")
     print()
     print("ratios (target: admit <= 1.3x the floor, the same SQL on raw asyncpg)")
+    x = f" x{args.callers}"
+    ratio = chosen["ledger admit" + x].per_sec / chosen["floor admit" + x].per_sec
+    print(f"  ledger admit{x:<12} throughput {ratio:5.2f}x the floor's on as many connections")
     for metric in ("admit", "transition"):
         floor = chosen[f"floor {metric}"]
         s = chosen[f"ledger {metric}"]
