@@ -65,8 +65,10 @@ class LedgerSettings:
             the database at once: on PostgreSQL reads take at most half of them, so polling
             waiters never starve writes (SQLite's writes have a thread of their own). Further
             calls wait their turn in order: a busy ledger makes callers wait, it never fails
-            them. Keep the sum over every process sharing a PostgreSQL server (pool_size +
-            max_overflow each) under its ``max_connections`` (100 by default).
+            them. On PostgreSQL a process holds up to ``pool_size`` connections for the hot
+            path (asyncpg), ``pool_size + max_overflow`` for SQLAlchemy's rarer calls and one
+            that listens for notices: keep the sum over every process sharing the server
+            under its ``max_connections`` (100 by default).
         max_overflow: Extra PostgreSQL connections the pool may open beyond ``pool_size``
             (headroom: the ledger's own calls never need them).
         pool_timeout_secs: How long a call that holds its turn waits for a free PostgreSQL
