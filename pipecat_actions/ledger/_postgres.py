@@ -83,46 +83,34 @@ def _columns(names: Sequence[str]) -> str:
     return ", ".join(names)
 
 
-_ADMIT = f"""
-WITH ins AS (
-    INSERT INTO pa_operations ({_columns(_OPERATION_COLUMNS)})
-    VALUES ({", ".join(f"${i}" for i in range(1, len(_OPERATION_COLUMNS) + 1))})
-    ON CONFLICT (tenant, key_slot) DO NOTHING
-    RETURNING operation_id
-), ev AS (
-    INSERT INTO pa_operation_events ({_columns(_EVENT_COLUMNS)})
-    SELECT ins.operation_id, e.seq, e.at, e.kind, e.from_status, e.to_status, e.actor,
-           e.detail_json
-    FROM ins, unnest(
-        ${len(_OPERATION_COLUMNS) + 1}::int[], ${len(_OPERATION_COLUMNS) + 2}::float8[],
-        ${len(_OPERATION_COLUMNS) + 3}::text[], ${len(_OPERATION_COLUMNS) + 4}::text[],
-        ${len(_OPERATION_COLUMNS) + 5}::text[], ${len(_OPERATION_COLUMNS) + 6}::text[],
-        ${len(_OPERATION_COLUMNS) + 7}::text[]
-    ) AS e(seq, at, kind, from_status, to_status, actor, detail_json)
-)
-SELECT count(*) FROM ins
-"""
-"""Insert a new operation and its creation events if its key is free: one statement."""
+def _insert_sql(on_conflict: str) -> str:
+    """One statement: insert an operation (``on_conflict`` applied) and its creation events.
 
-_INSERT = f"""
+    Parameters: one per operation column, then the events as seven arrays (seq, at, kind,
+    from_status, to_status, actor, detail_json). It returns how many operations it inserted.
+    """
+    first_array = len(_OPERATION_COLUMNS) + 1
+    types = ("int", "float8", "text", "text", "text", "text", "text")
+    arrays = ", ".join(f"${first_array + i}::{kind}[]" for i, kind in enumerate(types))
+    return f"""
 WITH ins AS (
     INSERT INTO pa_operations ({_columns(_OPERATION_COLUMNS)})
-    VALUES ({", ".join(f"${i}" for i in range(1, len(_OPERATION_COLUMNS) + 1))})
+    VALUES ({", ".join(f"${i}" for i in range(1, len(_OPERATION_COLUMNS) + 1))}){on_conflict}
     RETURNING operation_id
 ), ev AS (
     INSERT INTO pa_operation_events ({_columns(_EVENT_COLUMNS)})
     SELECT ins.operation_id, e.seq, e.at, e.kind, e.from_status, e.to_status, e.actor,
            e.detail_json
-    FROM ins, unnest(
-        ${len(_OPERATION_COLUMNS) + 1}::int[], ${len(_OPERATION_COLUMNS) + 2}::float8[],
-        ${len(_OPERATION_COLUMNS) + 3}::text[], ${len(_OPERATION_COLUMNS) + 4}::text[],
-        ${len(_OPERATION_COLUMNS) + 5}::text[], ${len(_OPERATION_COLUMNS) + 6}::text[],
-        ${len(_OPERATION_COLUMNS) + 7}::text[]
-    ) AS e(seq, at, kind, from_status, to_status, actor, detail_json)
+    FROM ins, unnest({arrays}) AS e(seq, at, kind, from_status, to_status, actor, detail_json)
 )
 SELECT count(*) FROM ins
 """
-"""Insert an operation that binds no key (a refusal, a recorded read): one statement."""
+
+
+_ADMIT = _insert_sql("\n    ON CONFLICT (tenant, key_slot) DO NOTHING")
+"""Insert a new operation and its creation events if its key is free."""
+_INSERT = _insert_sql("")
+"""Insert an operation that binds no key (a refusal, a recorded read)."""
 
 _GET = f"SELECT {_columns(_OPERATION_COLUMNS)} FROM pa_operations WHERE operation_id = $1"
 _BY_SLOT = (
