@@ -1,11 +1,12 @@
 """The SQL ledger, for SQLite (the default) and PostgreSQL, on SQLAlchemy Core (no ORM).
 
 Each public method builds a work function (``_writer.Work``) and hands it to the write path of
-its backend (`_writer`); reads run on the async engine (aiosqlite or asyncpg). On PostgreSQL the
-calls on a tool call's critical path (admit, transition, annotate, get, find_by_key) skip
-SQLAlchemy and run as one statement each on asyncpg (`_postgres`). Several processes may share
-one database: on SQLite they take turns on the file lock (``busy_timeout``), on PostgreSQL row
-locks and ``FOR UPDATE SKIP LOCKED`` keep them apart.
+its backend (`_writer`); reads run on the async engine (aiosqlite or asyncpg). The calls on a
+tool call's critical path skip SQLAlchemy's execution: on PostgreSQL (admit, transition,
+annotate, get, find_by_key) they run as one statement each on asyncpg (`_postgres`); on SQLite
+the writes run their SQL on the writer's own ``sqlite3`` cursor (`_sqlite`). Several processes
+may share one database: on SQLite they take turns on the file lock (``busy_timeout``), on
+PostgreSQL row locks and ``FOR UPDATE SKIP LOCKED`` keep them apart.
 """
 
 from __future__ import annotations
@@ -98,12 +99,15 @@ class SqlLedger(Ledger):
 
     Create it with `SqlLedger.create`; close it with `close` (or ``async with``).
 
-    Each write is a plain function of a SQLAlchemy `Connection`. On PostgreSQL it runs on the
-    async (asyncpg) engine through ``run_sync``. On SQLite it runs in the ledger's writer thread
-    on the one write connection; measured on this machine, aiosqlite through SQLAlchemy costs
+    On PostgreSQL the hot path (admit with a free key, transition, annotate, get, find_by_key)
+    is one statement each on asyncpg connections of the ledger's own (`_postgres`); every other
+    write is a plain function of a SQLAlchemy `Connection`, run on the async engine through
+    ``run_sync`` in a transaction of its own. On SQLite every write runs in the ledger's writer
+    thread on the one write connection, in group commits; the hot path's statements go to the
+    driver's own cursor (`_sqlite`). Measured on this machine, aiosqlite through SQLAlchemy costs
     three to four thread hand-offs per statement (~0.12 ms each), so a transaction run as one
-    hand-off is what keeps a write within twice the raw aiosqlite insert+commit. Reads use the
-    async (aiosqlite) engine.
+    hand-off is what keeps a write near the raw aiosqlite insert+commit. Other reads use the
+    async engine. Waiters hear other processes' outcomes through `notices`.
     """
 
     def __init__(
