@@ -17,7 +17,7 @@ pause in case one is lost (a listener connection dropped, a full socket buffer).
 
 from __future__ import annotations
 
-__all__ = ["Notices", "PostgresNotices", "SqliteNotices"]
+__all__ = ["OPEN_WAIT_SECS", "Notices", "PostgresNotices", "SqliteNotices"]
 
 import asyncio
 import contextlib
@@ -33,6 +33,9 @@ from loguru import logger
 
 from pipecat_actions.ledger._postgres import CHANNEL
 
+OPEN_WAIT_SECS = 1.0
+"""How long a waiter waits for listening to start before it goes on without (real time)."""
+
 
 class Notices:
     """The waiters of one ledger, by operation; subclasses start listening and wake them."""
@@ -40,27 +43,40 @@ class Notices:
     def __init__(self, *, url: str) -> None:
         self._url = url
         self._waiters: dict[str, set[asyncio.Event]] = {}
-        self._opening: asyncio.Lock | None = None
+        self._opening: asyncio.Task[None] | None = None
+        self._went_on = False
+        """A waiter stopped waiting for listening to start (see `subscribe`)."""
         self._closed = False
 
     async def subscribe(self, operation_id: str) -> asyncio.Event:
         """An event set when ``operation_id`` may have settled; `unsubscribe` it when done.
 
-        Listening has started when this returns (or failed, logged: the waiter then relies on
-        its own pause), so a settle committed after it is not missed.
+        Listening has started when this returns, so a settle committed after it is not missed;
+        or, if listening cannot start within `OPEN_WAIT_SECS` (a slow server), the waiter goes
+        on re-reading on its own pause, and every waiter is woken once it has started (to
+        re-read what settled before). A failure to listen is logged; waiters then re-read on
+        their pause.
         """
         changed = asyncio.Event()
         self._waiters.setdefault(operation_id, set()).add(changed)
         if not self._closed and not self._listening():
-            if self._opening is None:
-                self._opening = asyncio.Lock()
-            async with self._opening:
-                try:
-                    if not self._closed and not self._listening():
-                        await self._listen()
-                except Exception as exc:
-                    logger.debug("ledger {}: cannot listen for notices: {}", self._url, exc)
+            if self._opening is None or self._opening.done():
+                self._opening = asyncio.ensure_future(self._open())
+            opening = self._opening
+            done, _ = await asyncio.wait({opening}, timeout=OPEN_WAIT_SECS)
+            if not done:
+                self._went_on = True
         return changed
+
+    async def _open(self) -> None:
+        try:
+            await self._listen()
+        except Exception as exc:
+            logger.debug("ledger {}: cannot listen for notices: {}", self._url, exc)
+            return
+        if self._went_on:
+            self._went_on = False
+            self._wake_all()  # waiters that went on without it re-read what settled meanwhile
 
     def unsubscribe(self, operation_id: str, changed: asyncio.Event) -> None:
         """Stop waking ``changed``."""
@@ -73,6 +89,9 @@ class Notices:
     async def close(self) -> None:
         """Stop listening."""
         self._closed = True
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
+            await asyncio.gather(self._opening, return_exceptions=True)
 
     def _wake(self, operation_id: str) -> None:
         for changed in self._waiters.get(operation_id, ()):
@@ -120,8 +139,15 @@ class PostgresNotices(Notices):
 
     async def _listen(self) -> None:
         conn = await asyncpg.connect(self._dsn, timeout=10)
-        conn.add_termination_listener(self._lost)
-        await conn.add_listener(CHANNEL, self._notified)
+        try:
+            conn.add_termination_listener(self._lost)
+            await conn.add_listener(CHANNEL, self._notified)
+        except BaseException:
+            conn.terminate()
+            raise
+        if self._closed:
+            conn.terminate()
+            return
         self._conn = conn
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:

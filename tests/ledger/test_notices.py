@@ -6,6 +6,7 @@ connections, and a notice crosses the database server as it would between proces
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import stat
 from collections.abc import AsyncIterator
@@ -15,7 +16,8 @@ import asyncpg
 import pytest
 
 from pipecat_actions.clock import ManualClock
-from pipecat_actions.ledger import SqlLedger
+from pipecat_actions.ledger import SqlLedger, _notices
+from pipecat_actions.ledger._notices import Notices
 from pipecat_actions.status import ActionStatus
 from tests._waiting import guarded
 from tests.ledger._support import new_op
@@ -136,3 +138,35 @@ async def test_a_dead_sqlite_waiter_is_forgotten_and_the_live_ones_still_woken(
             await guarded(changed.wait(), what="the notice of the commit")
         assert not dead.exists()
     assert list(directory.iterdir()) == []  # the waiter unbound its socket when it closed
+
+
+class SlowToListen(Notices):
+    """Listening starts only when the test lets it (a server slow to accept the connection)."""
+
+    def __init__(self) -> None:
+        super().__init__(url="test")
+        self.accept = asyncio.Event()
+        self.up = False
+
+    def _listening(self) -> bool:
+        return self.up
+
+    async def _listen(self) -> None:
+        await self.accept.wait()
+        self.up = True
+
+
+async def test_a_waiter_goes_on_without_a_slow_listener_and_is_woken_once_it_listens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # It must not wait on the connection (its re-reads on its own pause go on), and nothing
+    # that settled before listening started may be missed: it is woken to re-read then.
+    monkeypatch.setattr(_notices, "OPEN_WAIT_SECS", 0.01)
+    notices = SlowToListen()
+    first = await guarded(notices.subscribe("op_1"), what="subscribe without the listener")
+    second = await guarded(notices.subscribe("op_2"), what="a second subscribe")
+    assert not first.is_set() and not second.is_set()
+    notices.accept.set()
+    await guarded(first.wait(), what="the wake-up once listening started")
+    await guarded(second.wait(), what="the other waiter's wake-up")
+    await notices.close()
