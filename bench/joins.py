@@ -27,15 +27,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-import asyncpg
-
 ROOT = Path(__file__).resolve().parents[1]
-PG_ADMIN_URL = os.environ.get(
-    "PIPECAT_ACTIONS_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
+sys.path.insert(0, str(ROOT))
+
+from _measure import drop_pg, fresh_pg  # noqa: E402 - after the path is set
+
 POLICY = """
 version: 1
 tools:
@@ -136,24 +134,6 @@ def _round(url: str, args: argparse.Namespace, notices: str, tag: str) -> tuple[
     return last, ran, sorted({s for r in reports for s in r["statuses"]})
 
 
-async def _fresh_pg() -> tuple[str, str]:
-    name = f"pa_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    conn = await asyncpg.connect(PG_ADMIN_URL)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return name, PG_ADMIN_URL.rpartition("/")[0] + "/" + name
-
-
-async def _drop_pg(name: str) -> None:
-    conn = await asyncpg.connect(PG_ADMIN_URL)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=4)
@@ -167,7 +147,7 @@ def main() -> None:
         backends = {"sqlite": f"sqlite:///{Path(tmp, 'ledger.db')}"}
         pg_name = None
         if not args.no_postgres:
-            pg_name, backends["postgres"] = asyncio.run(_fresh_pg())
+            pg_name, backends["postgres"] = asyncio.run(fresh_pg())
         results: dict[tuple[str, str], list[float]] = {}
         ran: dict[tuple[str, str], set[int]] = {}
         statuses: dict[tuple[str, str], set[str]] = {}
@@ -182,7 +162,7 @@ def main() -> None:
                         statuses.setdefault(key, set()).update(told)
         finally:
             if pg_name is not None:
-                asyncio.run(_drop_pg(pg_name))
+                asyncio.run(drop_pg(pg_name))
 
     target = args.effect_ms + 100
     print(

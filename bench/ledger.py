@@ -17,78 +17,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import statistics
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import aiosqlite
-import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _measure import Sample, concurrent, drop_pg, fresh_pg, sequential
 
 from pipecat_actions.ledger import LedgerSettings, NewOperation, SqlLedger
 from pipecat_actions.status import ActionStatus
 
-PG_ADMIN_URL = os.environ.get(
-    "PIPECAT_ACTIONS_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 ARGS = {"restaurant_id": "r-17", "date": "2026-12-24", "time": "21:00", "party_size": 4}
-
-
-@dataclass
-class Sample:
-    latencies: list[float]
-    seconds: float
-    cpu: float = 0.0
-    """Process time over the measurement (every thread: the writer's included)."""
-
-    @property
-    def cpu_us(self) -> float:
-        return self.cpu / len(self.latencies) * 1e6
-
-    @property
-    def median_ms(self) -> float:
-        return statistics.median(self.latencies) * 1000
-
-    @property
-    def p99_ms(self) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
-
-    @property
-    def ops_per_sec(self) -> float:
-        return len(self.latencies) / self.seconds
-
-
-async def _timed_sequential(n: int, op: Callable[[int], Awaitable[object]]) -> Sample:
-    latencies = []
-    cpu, start = time.process_time(), time.perf_counter()
-    for i in range(n):
-        t = time.perf_counter()
-        await op(i)
-        latencies.append(time.perf_counter() - t)
-    return Sample(latencies, time.perf_counter() - start, time.process_time() - cpu)
-
-
-async def _timed_concurrent(n: int, writers: int, op: Callable[[int], Awaitable[object]]) -> Sample:
-    latencies: list[float] = []
-    per_writer = n // writers
-
-    async def writer(w: int) -> None:
-        for i in range(per_writer):
-            t = time.perf_counter()
-            await op(w * per_writer + i)
-            latencies.append(time.perf_counter() - t)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(writer(w) for w in range(writers)))
-    return Sample(latencies, time.perf_counter() - start)
 
 
 # --- the raw floor -------------------------------------------------------------------------
@@ -157,24 +101,6 @@ class Ours:
         )
 
 
-async def _fresh_pg() -> tuple[str, str]:
-    name = f"pa_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    conn = await asyncpg.connect(PG_ADMIN_URL)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return name, PG_ADMIN_URL.rpartition("/")[0] + "/" + name
-
-
-async def _drop_pg(name: str) -> None:
-    conn = await asyncpg.connect(PG_ADMIN_URL)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
-
-
 async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[Sample]]]:
     results: dict[str, dict[str, list[Sample]]] = {}
 
@@ -183,7 +109,7 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[Sample]]
 
     pg_name = pg_url = None
     if not args.no_postgres:
-        pg_name, pg_url = await _fresh_pg()
+        pg_name, pg_url = await fresh_pg()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(args.rounds):
@@ -193,12 +119,12 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[Sample]]
                         keep(
                             f"raw aiosqlite {sync}",
                             "write",
-                            await _timed_sequential(args.ops, raw.write),
+                            await sequential(args.ops, raw.write),
                         )
                         keep(
                             f"raw aiosqlite {sync}",
                             "concurrent",
-                            await _timed_concurrent(args.ops, args.writers, raw.write),
+                            await concurrent(args.ops, args.writers, raw.write),
                         )
                     ledger = await SqlLedger.create(
                         f"sqlite:///{Path(tmp, f'ours-{sync}-{r}.db')}",
@@ -210,7 +136,7 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[Sample]]
                     await _measure_ours(ledger, "ledger postgres", args, keep)
     finally:
         if pg_name is not None:
-            await _drop_pg(pg_name)
+            await drop_pg(pg_name)
     return results
 
 
@@ -222,9 +148,9 @@ async def _measure_ours(
 ) -> None:
     try:
         ours = Ours(ledger)
-        keep(config, "admit", await _timed_sequential(args.ops, ours.admit))
-        keep(config, "transition", await _timed_sequential(args.ops, ours.transition))
-        keep(config, "concurrent", await _timed_concurrent(args.ops, args.writers, ours.admit))
+        keep(config, "admit", await sequential(args.ops, ours.admit))
+        keep(config, "transition", await sequential(args.ops, ours.transition))
+        keep(config, "concurrent", await concurrent(args.ops, args.writers, ours.admit))
     finally:
         await ledger.close()
 
@@ -243,13 +169,11 @@ def report(results: dict[str, dict[str, list[Sample]]], args: argparse.Namespace
     for config, metrics in results.items():
         for metric, samples in metrics.items():
             by_throughput = metric == "concurrent"
-            s = _median_round(
-                samples, lambda x, t=by_throughput: -x.ops_per_sec if t else x.median_ms
-            )
+            s = _median_round(samples, lambda x, t=by_throughput: -x.per_sec if t else x.median_ms)
             chosen[config, metric] = s
             print(
                 f"{config:<24}{metric:<12}{s.median_ms:>10.3f}{s.p99_ms:>10.3f}"
-                f"{s.ops_per_sec:>10.0f}{s.cpu_us:>8.0f}"
+                f"{s.per_sec:>10.0f}{s.cpu_us:>8.0f}"
             )
     print()
     print("ratios (targets: write <= 2.0x the raw floor; concurrent >= 0.7x raw single-connection)")
@@ -262,11 +186,11 @@ def report(results: dict[str, dict[str, list[Sample]]], args: argparse.Namespace
             print(
                 f"  {ours} {metric:<10} median {ratio:5.2f}x the raw {sync} floor (CPU {cpu:4.2f}x)"
             )
-        throughput = chosen[ours, "concurrent"].ops_per_sec / floor.ops_per_sec
+        throughput = chosen[ours, "concurrent"].per_sec / floor.per_sec
         print(
             f"  {ours} {args.writers} writers   {throughput:5.2f}x the raw single-connection "
-            f"throughput ({chosen[ours, 'concurrent'].ops_per_sec:.0f} "
-            f"vs {floor.ops_per_sec:.0f} ops/s)"
+            f"throughput ({chosen[ours, 'concurrent'].per_sec:.0f} "
+            f"vs {floor.per_sec:.0f} ops/s)"
         )
     if ("ledger postgres", "admit") in chosen:
         floor = chosen["raw aiosqlite FULL", "write"]

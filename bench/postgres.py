@@ -25,12 +25,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,8 @@ from loguru import logger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _measure import PG_ADMIN_URL, Sample, concurrent, sequential
+
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
 from pipecat_actions.ledger import LedgerSettings, NewOperation, SqlLedger
 from pipecat_actions.ledger._postgres import _ADMIT, _OPERATION_COLUMNS, _event_arrays, update_sql
@@ -47,9 +47,6 @@ from pipecat_actions.ledger._rows import EncodedOperation, creation_events, new_
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.status import ActionStatus
 
-PG_ADMIN_URL = os.environ.get(
-    "PIPECAT_ACTIONS_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 ARGS = {"restaurant_id": "r-17", "date": "2026-12-24", "time": "21:00", "party_size": 4}
 POLICY = """
 version: 1
@@ -59,55 +56,6 @@ tools:
     idempotency: {provider_dedupes: false}
     deadline_secs: 30
 """
-
-
-@dataclass
-class Sample:
-    latencies: list[float]
-    cpu: float
-    seconds: float
-
-    @property
-    def median_ms(self) -> float:
-        return statistics.median(self.latencies) * 1000
-
-    @property
-    def p99_ms(self) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
-
-    @property
-    def cpu_us(self) -> float:
-        return self.cpu / len(self.latencies) * 1e6
-
-    @property
-    def per_sec(self) -> float:
-        return len(self.latencies) / self.seconds
-
-
-async def _sequential(n: int, call: Callable[[int], Awaitable[object]]) -> Sample:
-    latencies = []
-    cpu, start = time.process_time(), time.perf_counter()
-    for i in range(n):
-        t = time.perf_counter()
-        await call(i)
-        latencies.append(time.perf_counter() - t)
-    return Sample(latencies, time.process_time() - cpu, time.perf_counter() - start)
-
-
-async def _concurrent(n: int, callers: int, call: Callable[[int], Awaitable[object]]) -> Sample:
-    latencies: list[float] = []
-    each = n // callers
-
-    async def caller(c: int) -> None:
-        for i in range(each):
-            t = time.perf_counter()
-            await call(c * each + i)
-            latencies.append(time.perf_counter() - t)
-
-    cpu, start = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(caller(c) for c in range(callers)))
-    return Sample(latencies, time.process_time() - cpu, time.perf_counter() - start)
 
 
 def _new(i: int) -> NewOperation:
@@ -279,18 +227,18 @@ async def measure(args: argparse.Namespace) -> dict[str, list[Sample]]:
             conns = [await asyncpg.connect(url) for _ in range(pool_size)]
             try:
                 floor = Floor(conns, args.ops * 3)
-                keep("floor admit", await _sequential(args.ops, floor.admit))
-                keep("floor transition", await _sequential(args.ops, floor.transition))
+                keep("floor admit", await sequential(args.ops, floor.admit))
+                keep("floor transition", await sequential(args.ops, floor.transition))
                 keep(
                     f"floor admit x{args.callers}",
-                    await _concurrent(args.ops * 2, args.callers, floor.admit_later(args.ops)),
+                    await concurrent(args.ops * 2, args.callers, floor.admit_later(args.ops)),
                 )
                 ours = Ours(ledger)
-                keep("ledger admit", await _sequential(args.ops, ours.admit))
-                keep("ledger transition", await _sequential(args.ops, ours.transition))
+                keep("ledger admit", await sequential(args.ops, ours.admit))
+                keep("ledger transition", await sequential(args.ops, ours.transition))
                 keep(
                     f"ledger admit x{args.callers}",
-                    await _concurrent(args.ops * 2, args.callers, ours.admit),
+                    await concurrent(args.ops * 2, args.callers, ours.admit),
                 )
             finally:
                 for conn in conns:
@@ -299,10 +247,10 @@ async def measure(args: argparse.Namespace) -> dict[str, list[Sample]]:
             runtime = await _runtime(url)
             try:
                 offset = (round_no + 1) * 10 * args.ops  # new intents every round
-                keep("propose", await _sequential(args.ops, partial(_propose, runtime, offset)))
+                keep("propose", await sequential(args.ops, partial(_propose, runtime, offset)))
                 keep(
                     f"propose x{args.callers}",
-                    await _concurrent(
+                    await concurrent(
                         args.ops * 2, args.callers, partial(_propose, runtime, offset + args.ops)
                     ),
                 )
@@ -311,10 +259,10 @@ async def measure(args: argparse.Namespace) -> dict[str, list[Sample]]:
             if _competitor_installed():
                 async with Competitor(url, LedgerSettings().pool_size) as rival:
                     offset = (round_no + 1) * 10 * args.ops
-                    keep("agent-ledger", await _sequential(args.ops, partial(rival.run, offset)))
+                    keep("agent-ledger", await sequential(args.ops, partial(rival.run, offset)))
                     keep(
                         f"agent-ledger x{args.callers}",
-                        await _concurrent(
+                        await concurrent(
                             args.ops * 2, args.callers, partial(rival.run, offset + args.ops)
                         ),
                     )

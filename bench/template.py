@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from loguru import logger
 from pipecat.frames.frames import Frame, FunctionCallResultFrame, LLMRunFrame
 from pipecat.pipeline.pipeline import Pipeline
@@ -46,6 +44,8 @@ from pipecat.workers.runner import WorkerRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _measure import drop_pg, fresh_pg
+
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
 from pipecat_actions.ledger import ForwardingLedger, SqlLedger
 from pipecat_actions.pipeline import check_placement
@@ -53,9 +53,6 @@ from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 from pipecat_actions.testing import Say, ScriptedLLM, ToolCalls
 
-PG_ADMIN_URL = os.environ.get(
-    "PIPECAT_ACTIONS_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 POLICY = """
 version: 1
 tools:
@@ -199,11 +196,7 @@ async def measure(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp, 'ledger.db')}"
         if args.postgres:
-            pg_name = f"pa_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-            admin = await asyncpg.connect(PG_ADMIN_URL)
-            await admin.execute(f'CREATE DATABASE "{pg_name}"')
-            await admin.close()
-            url = PG_ADMIN_URL.rpartition("/")[0] + "/" + pg_name
+            pg_name, url = await fresh_pg()
         try:
             for _ in range(args.rounds):
                 rounds["bare"].append(await _round(args.sessions, args.calls, None))
@@ -217,9 +210,7 @@ async def measure(args: argparse.Namespace) -> None:
                 ledger_calls = ledger.calls
         finally:
             if pg_name is not None:
-                admin = await asyncpg.connect(PG_ADMIN_URL)
-                await admin.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
-                await admin.close()
+                await drop_pg(pg_name)
 
     backend = "PostgreSQL" if args.postgres else "SQLite"
     print(

@@ -1,0 +1,94 @@
+"""What the benchmarks share: timed samples of calls, and a PostgreSQL database of their own.
+
+Imported by the scripts of this folder as ``_measure`` (each runs with the folder on its path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import asyncpg
+
+PG_ADMIN_URL = os.environ.get(
+    "PIPECAT_ACTIONS_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+@dataclass
+class Sample:
+    """The latencies of a run of calls, its length and its process time."""
+
+    latencies: list[float]
+    seconds: float
+    cpu: float
+    """Process time over the run (every thread: a ledger's writer thread included)."""
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.latencies) * 1000
+
+    @property
+    def p99_ms(self) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+
+    @property
+    def cpu_us(self) -> float:
+        return self.cpu / len(self.latencies) * 1e6
+
+    @property
+    def per_sec(self) -> float:
+        return len(self.latencies) / self.seconds
+
+
+async def sequential(n: int, call: Callable[[int], Awaitable[object]]) -> Sample:
+    """``call(0)`` ... ``call(n - 1)``, one after the other."""
+    latencies = []
+    cpu, start = time.process_time(), time.perf_counter()
+    for i in range(n):
+        t = time.perf_counter()
+        await call(i)
+        latencies.append(time.perf_counter() - t)
+    return Sample(latencies, time.perf_counter() - start, time.process_time() - cpu)
+
+
+async def concurrent(n: int, callers: int, call: Callable[[int], Awaitable[object]]) -> Sample:
+    """``n`` calls by ``callers`` concurrent callers, each making its share in turn."""
+    latencies: list[float] = []
+    each = n // callers
+
+    async def caller(c: int) -> None:
+        for i in range(each):
+            t = time.perf_counter()
+            await call(c * each + i)
+            latencies.append(time.perf_counter() - t)
+
+    cpu, start = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(caller(c) for c in range(callers)))
+    return Sample(latencies, time.perf_counter() - start, time.process_time() - cpu)
+
+
+async def fresh_pg() -> tuple[str, str]:
+    """Create an empty database on the server of ``PG_ADMIN_URL``; return its name and URL."""
+    name = f"pa_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    conn = await asyncpg.connect(PG_ADMIN_URL)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return name, PG_ADMIN_URL.rpartition("/")[0] + "/" + name
+
+
+async def drop_pg(name: str) -> None:
+    """Drop a database made by `fresh_pg`, closing its leftover connections."""
+    conn = await asyncpg.connect(PG_ADMIN_URL)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
