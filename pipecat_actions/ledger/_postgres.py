@@ -16,7 +16,7 @@ wakes the waiters of other processes (`Ledger.notices`).
 
 from __future__ import annotations
 
-__all__ = ["CHANNEL", "PostgresFastPath", "asyncpg_dsn", "map_asyncpg_error"]
+__all__ = ["CHANNEL", "PostgresFastPath", "asyncpg_dsn"]
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -25,12 +25,8 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from pipecat_actions.errors import (
-    LedgerConfigurationError,
-    LedgerError,
-    LedgerIntegrityError,
-    LedgerUnavailable,
-)
+from pipecat_actions.errors import LedgerConfigurationError, LedgerUnavailable
+from pipecat_actions.ledger._writer import guard_database_errors
 from pipecat_actions.ledger.schema import events, operations
 
 T = TypeVar("T")
@@ -51,32 +47,6 @@ def asyncpg_dsn(url: Any) -> str:
 _CONNECTION_ERRORS = (asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
 """What asyncpg raises when a connection is lost or in a broken state (its protocol caught
 mid-operation by the server's goodbye, say), besides the server's own errors."""
-
-
-def map_asyncpg_error(exc: BaseException, *, url: str) -> BaseException:
-    """Return the ledger error a caller should see for an asyncpg failure ``exc``."""
-    if isinstance(exc, LedgerError):
-        return exc
-    if isinstance(exc, asyncpg.IntegrityConstraintViolationError | asyncpg.DataError):
-        error: LedgerError = LedgerIntegrityError(f"ledger database {url} refused the write: {exc}")
-    elif isinstance(exc, (*_CONNECTION_ERRORS, asyncpg.PostgresError, asyncio.TimeoutError)):
-        error = LedgerUnavailable(
-            f"ledger database {url} failed: {type(exc).__name__}: {str(exc)[:300]}"
-        )
-    else:
-        return exc
-    error.__cause__ = exc
-    return error
-
-
-async def _checked(awaitable: Awaitable[T], *, url: str) -> T:
-    try:
-        return await awaitable
-    except Exception as exc:
-        mapped = map_asyncpg_error(exc, url=url)
-        if mapped is exc:
-            raise
-        raise mapped from exc
 
 
 def _columns(names: Sequence[str]) -> str:
@@ -202,7 +172,7 @@ class PostgresFastPath:
 
     async def open(self) -> None:
         """Open a first connection: a server that cannot be reached or is unsafe is refused."""
-        self._idle.append(await _checked(self._connect(), url=self.url))
+        self._idle.append(await guard_database_errors(self._connect(), url=self.url))
 
     async def close(self) -> None:
         """Close every idle connection (calls under way close theirs when they end)."""
@@ -268,7 +238,7 @@ class PostgresFastPath:
                 return result
             raise AssertionError("unreachable")  # pragma: no cover
 
-        return await _checked(on_a_connection(), url=self.url)
+        return await guard_database_errors(on_a_connection(), url=self.url)
 
     def _drop_idle(self) -> None:
         idle, self._idle = self._idle, []

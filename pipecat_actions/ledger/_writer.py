@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import asyncpg
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
@@ -43,6 +44,22 @@ Work = Callable[[Connection], T]
 _MAX_GROUP = 128
 
 
+_DRIVER_INTEGRITY_ERRORS = (
+    sqlite3.IntegrityError,
+    sqlite3.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.DataError,
+)
+_DRIVER_ERRORS = (
+    sqlite3.Error,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+"""What the drivers raise for a failure of the database or of the connection to it (asyncpg's
+InternalClientError: its protocol caught mid-operation by the server's goodbye, say)."""
+
+
 def as_ledger_error(exc: Exception, *, url: str) -> Exception:
     """Return the error a ledger caller should see for ``exc``.
 
@@ -53,16 +70,17 @@ def as_ledger_error(exc: Exception, *, url: str) -> Exception:
     """
     if isinstance(exc, LedgerError):
         return exc
-    # The hot path's statements run on the driver itself (`_sqlite`): its errors come bare.
+    # The hot path's statements run on the drivers themselves (`_sqlite`, `_postgres`): their
+    # errors come bare, not wrapped by SQLAlchemy.
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
     if isinstance(orig, sqlite3.Error) and _is_damage(orig):
         error: Exception = LedgerLost(
             f"ledger database {url} is damaged ({orig}): its records cannot be trusted; "
             "restore it from a backup"
         )
-    elif isinstance(exc, IntegrityError | DataError | sqlite3.IntegrityError | sqlite3.DataError):
+    elif isinstance(exc, (IntegrityError, DataError, *_DRIVER_INTEGRITY_ERRORS)):
         error = LedgerIntegrityError(f"ledger database {url} refused the write: {orig}")
-    elif isinstance(exc, sqlite3.Error):
+    elif isinstance(exc, _DRIVER_ERRORS):
         error = LedgerUnavailable(
             f"ledger database {url} failed: {type(exc).__name__}: {str(exc)[:300]}"
         )
