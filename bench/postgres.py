@@ -118,7 +118,7 @@ class Floor:
         admitted, running = ActionStatus.ADMITTED.value, ActionStatus.RUNNING.value
         row = await self.conn.fetchrow(
             self.transition_sql,
-            op_id, admitted, 1, now, "transition", "bench", None, admitted, now, running, now,
+            op_id, admitted, 1, now, "transition", "bench", None, now, running, now,
         )  # fmt: skip
         assert row is not None
 

@@ -4,9 +4,10 @@ Measured on ``055ff8b``: 59 % of a PostgreSQL ``propose`` went to SQLAlchemy's
 ``engine.connect()`` / ``conn.begin()`` / ``run_sync`` dance, once per write, and each write
 took four round trips (BEGIN, two statements, COMMIT). Here the writes on a call's critical
 path (a new operation, a transition, an annotation) and the reads the runtime makes while a
-call waits are each **one statement** on an asyncpg pool: the row change and its audit event
-are one ``WITH ... INSERT/UPDATE ... RETURNING`` statement, which PostgreSQL runs as one
-transaction of its own, so a write is one round trip and is answered only once it committed.
+call waits are each **one statement** on asyncpg connections the ledger keeps itself (a
+plain stack, see `PostgresFastPath`): the row change and its audit event are one
+``WITH ... INSERT/UPDATE ... RETURNING`` statement, which PostgreSQL runs as one transaction of
+its own, so a write is one round trip and is answered only once it committed.
 SQLAlchemy keeps the schema, the migrations, the operator queries and every rarer write.
 
 A transition that leaves the in-flight statuses also sends ``NOTIFY pa_operations`` with the
@@ -100,12 +101,12 @@ def update_sql(
 ) -> str:
     """The one statement of a conditional update and its audit event; see `PostgresFastPath`.
 
-    Parameters: $1 operation id, $2 expected status (or NULL), $3 fence (or NULL), $4 now,
-    $5 event kind, $6 actor, $7 detail JSON, $8 the event's from-status (NULL: the row's),
-    then one per column of ``columns``, in order. It returns the updated row, or nothing when
-    no row matched.
+    Parameters: $1 operation id, $2 expected status (or NULL: any, and the event's
+    from-status is the row's), $3 fence (or NULL), $4 now, $5 event kind, $6 actor, $7 detail
+    JSON, then one per column of ``columns``, in order. It returns the updated row, or nothing
+    when no row matched.
     """
-    sets = [f"{column} = ${i}" for i, column in enumerate(columns, start=9)]
+    sets = [f"{column} = ${i}" for i, column in enumerate(columns, start=8)]
     sets.append("event_seq = event_seq + 1")
     if starts_attempt:
         sets += ["attempt = attempt + 1", "started_at = COALESCE(started_at, $4::float8)"]
@@ -120,7 +121,7 @@ WITH upd AS (
     RETURNING {_columns(_OPERATION_COLUMNS)}
 ), ev AS (
     INSERT INTO pa_operation_events ({_columns(_EVENT_COLUMNS)})
-    SELECT operation_id, event_seq, $4::float8, $5::text, COALESCE($8::text, status), status,
+    SELECT operation_id, event_seq, $4::float8, $5::text, COALESCE($2::text, status), status,
            $6::text, $7::text
     FROM upd
 )
@@ -281,7 +282,6 @@ class PostgresFastPath:
         kind: str,
         actor: str,
         detail_json: str | None,
-        event_from: str | None,
         now: float,
         notify: bool,
     ) -> asyncpg.Record | None:
@@ -294,14 +294,9 @@ class PostgresFastPath:
             match_fence=fence is not None,
             notify=notify,
         )
-        params = [operation_id, expected, fence, now, kind, actor, detail_json, event_from]
+        params = [operation_id, expected, fence, now, kind, actor, detail_json]
         params += [values[column] for column in columns]
-
-        async def run(conn: asyncpg.Connection) -> asyncpg.Record | None:
-            row: asyncpg.Record | None = await conn.fetchrow(sql, *params)
-            return row
-
-        return await self._call(run)
+        return await self._fetchrow(sql, *params, read=False)
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -317,9 +312,9 @@ class PostgresFastPath:
         """``(status, fence)`` of ``operation_id``, or None (why an update matched nothing)."""
         return await self._fetchrow(_STATUS_AND_FENCE, operation_id)
 
-    async def _fetchrow(self, sql: str, *params: Any) -> asyncpg.Record | None:
+    async def _fetchrow(self, sql: str, *params: Any, read: bool = True) -> asyncpg.Record | None:
         async def run(conn: asyncpg.Connection) -> asyncpg.Record | None:
             row: asyncpg.Record | None = await conn.fetchrow(sql, *params)
             return row
 
-        return await self._call(run, read=True)
+        return await self._call(run, read=read)

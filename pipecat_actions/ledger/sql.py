@@ -546,7 +546,6 @@ class SqlLedger(Ledger):
                     kind=audit.kind.value,
                     actor=audit.actor,
                     detail_json=audit.detail_json,
-                    event_from=None if expected is None else expected.value,
                     now=now,
                     notify=audit.notify,
                 )
