@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipecat_actions._recent import remember
 from pipecat_actions.actions import Refused
 from pipecat_actions.policy import Overflow, ToolPolicy
 
@@ -118,10 +119,8 @@ class Limiter:
                 "allowed; tell the user it cannot be done again now",
                 code="session_budget",
             )
-        self._session_calls[key] = self._session_calls.get(key, 0) + 1
-        self._session_calls.move_to_end(key)
-        if len(self._session_calls) > SESSION_BUDGETS_KEPT:
-            self._session_calls.popitem(last=False)
+        calls = self._session_calls.get(key, 0) + 1
+        remember(self._session_calls, key, calls, keep=SESSION_BUDGETS_KEPT)
 
     async def acquire(
         self,

@@ -65,6 +65,7 @@ from pipecat.processors.frameworks.rtvi.observer import (
     RTVIObserverParams,
 )
 
+from pipecat_actions._recent import remember
 from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
 from pipecat_actions.ledger import Operation
 from pipecat_actions.policy import ToolKind
@@ -114,13 +115,6 @@ def rtvi_observer_params(
 
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _remember(memory: OrderedDict[str, Any], key: str, value: Any) -> None:
-    memory[key] = value
-    memory.move_to_end(key)
-    if len(memory) > _REMEMBERED:
-        memory.popitem(last=False)
 
 
 class ActionStatusReporter(FrameProcessor):
@@ -174,7 +168,7 @@ class ActionStatusReporter(FrameProcessor):
                 # About an operation that exists already: told when the confirmation answers.
                 confirmed = (frame.arguments or {}).get("operation_id")
                 if isinstance(confirmed, str) and len(confirmed) <= _MAX_NAME_CHARS:
-                    _remember(self._confirming, call, confirmed)
+                    remember(self._confirming, call, confirmed, keep=_REMEMBERED)
             elif call not in self._closed:  # a cancel (a system frame) may have overtaken it
                 self._send(
                     self._message(
@@ -186,7 +180,7 @@ class ActionStatusReporter(FrameProcessor):
                     )
                 )
             return
-        _remember(self._closed, call, None)
+        remember(self._closed, call, None, keep=_REMEMBERED)
         if isinstance(frame, FunctionCallCancelFrame):
             # Pipecat asks for inference on a cancel only when the call ran past its timeout.
             event = "wait_timed_out" if frame.run_llm else "wait_interrupted"
@@ -272,9 +266,9 @@ class ActionStatusReporter(FrameProcessor):
         status = str(told["status"])
         if not self._is_news(op, status, event, authoritative=authoritative):
             return
-        _remember(self._told, op.operation_id, (op.event_seq, status))
+        remember(self._told, op.operation_id, (op.event_seq, status), keep=_REMEMBERED)
         if tool_call_id is not None:
-            _remember(self._call_of, op.operation_id, tool_call_id)
+            remember(self._call_of, op.operation_id, tool_call_id, keep=_REMEMBERED)
         data = self._message(
             event,
             tool=op.tool,

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from pipecat_actions._recent import remember
 from pipecat_actions.admission.limits import Slot
 from pipecat_actions.errors import TransitionRefused
 from pipecat_actions.execution.tracked import Tracked
@@ -74,10 +75,7 @@ class Operations:
 
     def note_call(self, tool_call_id: str, operation_id: str) -> None:
         """Remember that the Pipecat call ``tool_call_id`` was admitted as (or joined) it."""
-        self._calls[tool_call_id] = operation_id
-        self._calls.move_to_end(tool_call_id)
-        if len(self._calls) > RECENT_CALLS:
-            self._calls.popitem(last=False)
+        remember(self._calls, tool_call_id, operation_id, keep=RECENT_CALLS)
         self._notes += 1
         if operation_id not in self._first_noted:
             self._first_noted[operation_id] = self._notes
@@ -86,10 +84,7 @@ class Operations:
 
     def note_answered(self, op: Operation) -> None:
         """A call's result was rendered from ``op``: what its conversation is told in place."""
-        self._answered[op.operation_id] = op
-        self._answered.move_to_end(op.operation_id)
-        if len(self._answered) > RECENT_TOLD:
-            self._answered.popitem(last=False)
+        remember(self._answered, op.operation_id, op, keep=RECENT_TOLD)
 
     def answered(self, operation_id: str) -> Operation | None:
         """The record a call was last answered with (`note_answered`), if still kept.

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from loguru import logger
 
+from pipecat_actions._recent import remember
 from pipecat_actions.actions import Binding
 from pipecat_actions.clock import Clock
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
@@ -223,10 +224,7 @@ class Deliveries:
                 "acknowledged_at": None,
             },
         )
-        self._recorded[op.operation_id] = op.status
-        self._recorded.move_to_end(op.operation_id)
-        if len(self._recorded) > RECENT_TOLD:
-            self._recorded.popitem(last=False)
+        remember(self._recorded, op.operation_id, op.status, keep=RECENT_TOLD)
 
     async def mark_acknowledged(self, operation_ids: list[str], *, session: SessionState) -> None:
         """Record that what was told about ``operation_ids`` was heard to the end."""
