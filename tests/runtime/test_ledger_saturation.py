@@ -9,7 +9,9 @@ had joined a running booking.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -132,15 +134,25 @@ class CountingLedger(ForwardingLedger):
         return await super().get(operation_id)
 
 
-async def test_callers_waiting_for_another_processs_operation_share_one_poller(
-    ledger_url: str, clock: ManualClock
+class WithoutNotices(CountingLedger):
+    """A ledger that cannot tell its waiters when another process settles: they poll."""
+
+    @contextlib.asynccontextmanager
+    async def notices(self, operation_id: str) -> AsyncIterator[asyncio.Event | None]:
+        yield None
+
+
+@pytest.mark.parametrize("notices", [True, False], ids=["woken_by_notice", "polling"])
+async def test_callers_waiting_for_another_processs_operation_share_one_waiter(
+    ledger_url: str, clock: ManualClock, notices: bool
 ) -> None:
     # Two runtimes on one ledger stand for two processes: the first runs the booking, the
     # second's callers join it and can only learn its outcome from the ledger.
     gate = Gate()
     runner_ledger = await SqlLedger.create(ledger_url, clock=clock)
     runner = await open_runtime(runner_ledger, gate)
-    waiter_ledger = CountingLedger(await SqlLedger.create(ledger_url, clock=clock))
+    counting = CountingLedger if notices else WithoutNotices
+    waiter_ledger = counting(await SqlLedger.create(ledger_url, clock=clock))
     waiter = await open_runtime(waiter_ledger, Gate())
     try:
         first = asyncio.ensure_future(
@@ -152,7 +164,7 @@ async def test_callers_waiting_for_another_processs_operation_share_one_poller(
             for s in callers(50)
         ]
         # Every joiner joined the booking in flight and waits on the ledger; the clock has
-        # not moved, so their poller is still in its first pause.
+        # not moved, so their waiter is still in its first pause.
         await eventually(
             lambda: waiter._elsewhere.waiting == len(joiners),
             what="the 50 joiners to wait for the booking",
@@ -161,9 +173,11 @@ async def test_callers_waiting_for_another_processs_operation_share_one_poller(
         gets_while_waiting = sum(waiter_ledger.gets.values())
         gate.release.set()
         committed = await guarded(first, what="the booking to commit")
-        # One step of the clock (a pause is at most 1 s) wakes the poller once, long before
-        # the deadline: its read finds the booking committed, and every joiner hears it.
-        clock.advance(1.0)
+        if not notices:
+            # One step of the clock (a pause is at most 1 s) wakes the poller once, long
+            # before the deadline: its read finds the booking committed.
+            clock.advance(1.0)
+        # With notices the clock never moves: only the notice of the commit can wake it.
         results = await gather_all(*joiners)
     finally:
         await waiter.close()
@@ -177,8 +191,12 @@ async def test_callers_waiting_for_another_processs_operation_share_one_poller(
     assert {r["operation_id"] for r in results} == {committed["operation_id"]}
     assert {r["result"]["booking_id"] for r in results} == {"bk_1"}
     assert sum(gate.bookings.values()) == 1
-    # One poller: the 50 callers did not read the ledger 50 times per pause.
-    assert waiter_ledger.gets[committed["operation_id"]] - gets_while_waiting < 10
+    if notices:
+        # Woken once, by the notice: one re-read for all of them, not one per caller.
+        assert sum(waiter_ledger.gets.values()) - gets_while_waiting <= 2
+    else:
+        # One poller: the 50 callers did not read the ledger 50 times per pause.
+        assert waiter_ledger.gets[committed["operation_id"]] - gets_while_waiting < 10
 
 
 class FailingLedger(ForwardingLedger):
