@@ -124,6 +124,11 @@ async def run_chain(tool: str, calls: int, runtime: ActionRuntime | None, marks:
     pair = LLMContextAggregatorPair(context)
     done = asyncio.Event()
     pipeline = Pipeline([pair.user(), llm, ResultTap(marks, done, calls), pair.assistant()])
+    await run_until(pipeline, done)
+
+
+async def run_until(pipeline: Pipeline, done: asyncio.Event, timeout: float = 300) -> None:
+    """Run ``pipeline``, make its LLM run once it started, and cancel it once ``done`` is set."""
     worker = PipelineWorker(pipeline, cancel_on_idle_timeout=False, enable_rtvi=False)
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(worker)
@@ -136,7 +141,7 @@ async def run_chain(tool: str, calls: int, runtime: ActionRuntime | None, marks:
     async def drive() -> None:
         await started.wait()
         await worker.queue_frame(LLMRunFrame())
-        await asyncio.wait_for(done.wait(), timeout=120)
+        await asyncio.wait_for(done.wait(), timeout=timeout)
         await worker.cancel()
 
     await asyncio.gather(runner.run(), drive())

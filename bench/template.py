@@ -28,30 +28,26 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
-from pipecat.frames.frames import Frame, FunctionCallResultFrame, LLMRunFrame
 from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.llm_service import FunctionCallParams
-from pipecat.workers.runner import WorkerRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _measure import drop_pg, fresh_pg
+from runtime import Marks, ResultTap, TimedLLM, run_until
 
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
 from pipecat_actions.ledger import ForwardingLedger, SqlLedger
 from pipecat_actions.pipeline import check_placement
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
-from pipecat_actions.testing import Say, ScriptedLLM, ToolCalls
+from pipecat_actions.testing import Say, ToolCalls
 
 POLICY = """
 version: 1
@@ -84,40 +80,13 @@ class Counted(ForwardingLedger):
 _COUNTED = {"admit", "transition", "annotate", "get", "find_by_key", "list", "record_completed"}
 
 
-class TimedLLM(ScriptedLLM):
-    def __init__(self, proposed: list[float], *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.proposed = proposed
-
-    async def run_function_calls(self, function_calls: Sequence[Any]) -> None:
-        self.proposed.append(time.perf_counter())
-        await super().run_function_calls(function_calls)
-
-
-class ResultTap(FrameProcessor):
-    """Notes each result frame; the session is done at its last one."""
-
-    def __init__(self, results: list[float], done: asyncio.Event, calls: int) -> None:
-        super().__init__()
-        self.results, self.done, self.calls = results, done, calls
-
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
-        if isinstance(frame, FunctionCallResultFrame) and direction is FrameDirection.DOWNSTREAM:
-            self.results.append(time.perf_counter())
-            if len(self.results) >= self.calls:
-                self.done.set()
-        await self.push_frame(frame, direction)
-
-
 async def _session(n: int, calls: int, runtime: ActionRuntime | None) -> list[float]:
-    proposed: list[float] = []
-    results: list[float] = []
+    marks = Marks()
     done = asyncio.Event()
     script = [ToolCalls([("book", {"n": i})]) for i in range(calls)] + [Say("done")]
-    llm = TimedLLM(proposed, script)
+    llm = TimedLLM(marks, script)
     context = LLMContext(messages=[{"role": "user", "content": "go"}])
-    tap = ResultTap(results, done, calls)
+    tap = ResultTap(marks, done, calls)
     if runtime is None:
 
         async def bare(params: FunctionCallParams) -> None:
@@ -143,23 +112,8 @@ async def _session(n: int, calls: int, runtime: ActionRuntime | None) -> list[fl
         ]
         check_placement(stages)
         pipeline = Pipeline(stages)
-    worker = PipelineWorker(pipeline, cancel_on_idle_timeout=False, enable_rtvi=False)
-    runner = WorkerRunner(handle_sigint=False)
-    await runner.add_workers(worker)
-    started = asyncio.Event()
-
-    @worker.event_handler("on_pipeline_started")
-    async def _started(worker: Any, frame: Any) -> None:
-        started.set()
-
-    async def drive() -> None:
-        await started.wait()
-        await worker.queue_frame(LLMRunFrame())
-        await asyncio.wait_for(done.wait(), timeout=300)
-        await worker.cancel()
-
-    await asyncio.gather(runner.run(), drive())
-    return [(r - p) * 1000 for p, r in zip(proposed, results, strict=False)]
+    await run_until(pipeline, done)
+    return [(r - p) * 1000 for p, r in zip(marks.proposed, marks.result, strict=False)]
 
 
 async def _round(
