@@ -1,4 +1,5 @@
-"""What the benchmarks share: timed samples of calls, and a PostgreSQL database of their own.
+"""What the benchmarks share: timed samples of calls, a PostgreSQL database of their own, and
+the ledger calls they time.
 
 Imported by the scripts of this folder as ``_measure`` (each runs with the folder on its path).
 """
@@ -14,6 +15,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import asyncpg
+
+from pipecat_actions.ledger import NewOperation, SqlLedger
+from pipecat_actions.status import ActionStatus
 
 PG_ADMIN_URL = os.environ.get(
     "PIPECAT_ACTIONS_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -92,3 +96,40 @@ async def drop_pg(name: str) -> None:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await conn.close()
+
+
+ARGS = {"restaurant_id": "r-17", "date": "2026-12-24", "time": "21:00", "party_size": 4}
+
+
+def new_booking(i: int) -> NewOperation:
+    """The ``i``-th booking a benchmark admits: a mutation with a key of its own."""
+    return NewOperation(
+        tool="book_table",
+        kind="mutation",
+        args={**ARGS, "n": i},
+        idempotency_key=uuid.uuid4().hex,
+        session_id="bench",
+        principal="user-1",
+        lease_owner="bench",
+    )
+
+
+class LedgerCalls:
+    """`SqlLedger.admit` of the ``i``-th booking, and its move to RUNNING."""
+
+    def __init__(self, ledger: SqlLedger) -> None:
+        self.ledger = ledger
+        self.admitted: list[str] = []
+
+    async def admit(self, i: int) -> None:
+        result = await self.ledger.admit(new_booking(i))
+        self.admitted.append(result.operation.operation_id)
+
+    async def transition(self, i: int) -> None:
+        await self.ledger.transition(
+            self.admitted[i],
+            expected=ActionStatus.ADMITTED,
+            to=ActionStatus.RUNNING,
+            fence=1,
+            actor="bench",
+        )

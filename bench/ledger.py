@@ -27,13 +27,9 @@ import aiosqlite
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _measure import Sample, concurrent, drop_pg, fresh_pg, sequential
+from _measure import LedgerCalls, Sample, concurrent, drop_pg, fresh_pg, sequential
 
-from pipecat_actions.ledger import LedgerSettings, NewOperation, SqlLedger
-from pipecat_actions.status import ActionStatus
-
-ARGS = {"restaurant_id": "r-17", "date": "2026-12-24", "time": "21:00", "party_size": 4}
-
+from pipecat_actions.ledger import LedgerSettings, SqlLedger
 
 # --- the raw floor -------------------------------------------------------------------------
 
@@ -70,35 +66,6 @@ class RawSqlite:
 
 
 # --- ours ----------------------------------------------------------------------------------
-
-
-class Ours:
-    def __init__(self, ledger: SqlLedger) -> None:
-        self.ledger = ledger
-        self.admitted: list[str] = []
-
-    async def admit(self, i: int) -> None:
-        result = await self.ledger.admit(
-            NewOperation(
-                tool="book_table",
-                kind="mutation",
-                args={**ARGS, "n": i},
-                idempotency_key=uuid.uuid4().hex,
-                session_id="bench",
-                principal="user-1",
-                lease_owner="bench",
-            )
-        )
-        self.admitted.append(result.operation.operation_id)
-
-    async def transition(self, i: int) -> None:
-        await self.ledger.transition(
-            self.admitted[i],
-            expected=ActionStatus.ADMITTED,
-            to=ActionStatus.RUNNING,
-            fence=1,
-            actor="bench",
-        )
 
 
 async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[Sample]]]:
@@ -147,7 +114,7 @@ async def _measure_ours(
     keep: Callable[[str, str, Sample], None],
 ) -> None:
     try:
-        ours = Ours(ledger)
+        ours = LedgerCalls(ledger)
         keep(config, "admit", await sequential(args.ops, ours.admit))
         keep(config, "transition", await sequential(args.ops, ours.transition))
         keep(config, "concurrent", await concurrent(args.ops, args.writers, ours.admit))

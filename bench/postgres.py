@@ -38,16 +38,15 @@ from loguru import logger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _measure import PG_ADMIN_URL, Sample, concurrent, sequential
+from _measure import PG_ADMIN_URL, LedgerCalls, Sample, concurrent, new_booking, sequential
 
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
-from pipecat_actions.ledger import LedgerSettings, NewOperation, SqlLedger
+from pipecat_actions.ledger import LedgerSettings, SqlLedger
 from pipecat_actions.ledger._postgres import _ADMIT, _OPERATION_COLUMNS, _event_arrays, update_sql
 from pipecat_actions.ledger._rows import EncodedOperation, creation_events, new_row
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.status import ActionStatus
 
-ARGS = {"restaurant_id": "r-17", "date": "2026-12-24", "time": "21:00", "party_size": 4}
 POLICY = """
 version: 1
 tools:
@@ -56,18 +55,6 @@ tools:
     idempotency: {provider_dedupes: false}
     deadline_secs: 30
 """
-
-
-def _new(i: int) -> NewOperation:
-    return NewOperation(
-        tool="book_table",
-        kind="mutation",
-        args={**ARGS, "n": i},
-        idempotency_key=uuid.uuid4().hex,
-        session_id="bench",
-        principal="user-1",
-        lease_owner="bench",
-    )
 
 
 class Floor:
@@ -84,7 +71,7 @@ class Floor:
             self.free.put_nowait(conn)
         self.admits = []
         for i in range(n):
-            encoded = EncodedOperation.of(_new(i))
+            encoded = EncodedOperation.of(new_booking(i))
             now = time.time()
             row = new_row(encoded, now, key_slot=encoded.new.idempotency_key)
             params = [row[c] for c in _OPERATION_COLUMNS]
@@ -121,25 +108,6 @@ class Floor:
             op_id, admitted, 1, now, "transition", "bench", None, now, running, now,
         )  # fmt: skip
         assert row is not None
-
-
-class Ours:
-    def __init__(self, ledger: SqlLedger) -> None:
-        self.ledger = ledger
-        self.admitted: list[str] = []
-
-    async def admit(self, i: int) -> None:
-        result = await self.ledger.admit(_new(i))
-        self.admitted.append(result.operation.operation_id)
-
-    async def transition(self, i: int) -> None:
-        await self.ledger.transition(
-            self.admitted[i],
-            expected=ActionStatus.ADMITTED,
-            to=ActionStatus.RUNNING,
-            fence=1,
-            actor="bench",
-        )
 
 
 async def _runtime(url: str) -> ActionRuntime:
@@ -233,7 +201,7 @@ async def measure(args: argparse.Namespace) -> dict[str, list[Sample]]:
                     f"floor admit x{args.callers}",
                     await concurrent(args.ops * 2, args.callers, floor.admit_later(args.ops)),
                 )
-                ours = Ours(ledger)
+                ours = LedgerCalls(ledger)
                 keep("ledger admit", await sequential(args.ops, ours.admit))
                 keep("ledger transition", await sequential(args.ops, ours.transition))
                 keep(
