@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from pipecat_actions.errors import LedgerConfigurationError, LedgerUnavailable
+from pipecat_actions.ledger._rows import RowUpdate
 from pipecat_actions.ledger._writer import guard_database_errors
 from pipecat_actions.ledger.schema import events, operations
 
@@ -271,31 +272,19 @@ class PostgresFastPath:
 
         return await self._call(run)
 
-    async def update(
-        self,
-        operation_id: str,
-        values: Mapping[str, Any],
-        *,
-        expected: str | None,
-        fence: int | None,
-        starts_attempt: bool,
-        kind: str,
-        actor: str,
-        detail_json: str | None,
-        now: float,
-        notify: bool,
-    ) -> asyncpg.Record | None:
-        """Update one operation if it matches, with its audit event; None when it did not."""
-        columns = tuple(sorted(values))
+    async def update(self, change: RowUpdate) -> asyncpg.Record | None:
+        """Run ``change`` (one statement); the updated row, or None when nothing matched."""
+        columns, audit = change.columns, change.audit
         sql = update_sql(
             columns,
-            starts_attempt=starts_attempt,
-            match_status=expected is not None,
-            match_fence=fence is not None,
-            notify=notify,
+            starts_attempt=audit.starts_attempt,
+            match_status=change.expected is not None,
+            match_fence=change.fence is not None,
+            notify=audit.notify,
         )
-        params = [operation_id, expected, fence, now, kind, actor, detail_json]
-        params += [values[column] for column in columns]
+        params = [change.operation_id, change.expected, change.fence, change.now]
+        params += [audit.kind.value, audit.actor, audit.detail_json]
+        params += [change.values[column] for column in columns]
         return await self._fetchrow(sql, *params, read=False)
 
     # --- reads -----------------------------------------------------------------------------

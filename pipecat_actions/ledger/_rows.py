@@ -6,7 +6,9 @@ __all__ = [
     "ADMIT_STATUSES",
     "CHANGEABLE_FIELDS",
     "NON_TERMINAL",
+    "Audit",
     "EncodedOperation",
+    "RowUpdate",
     "column_changes",
     "creation_events",
     "encode_detail",
@@ -66,6 +68,41 @@ CHANGEABLE_FIELDS: Mapping[str, str] = {
 
 _JSON_FIELDS = frozenset({"result", "before_state"})
 OPERATION_COLUMNS = tuple(c.name for c in operations.c if c.name != "key_slot")
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """The audit event an update writes, and what else it does."""
+
+    kind: EventKind
+    actor: str
+    detail_json: str | None
+    starts_attempt: bool = False
+    """The update starts a new attempt: ``attempt`` goes up, ``started_at`` is set once."""
+    notify: bool = False
+    """Wake other processes' waiters at commit (see `Ledger.notices`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowUpdate:
+    """One conditional update of an operation and its audit event, as both drivers run it.
+
+    It matches ``operation_id`` and, when given, the ``expected`` status (also the event's
+    from-status; else the row's) and the ``fence``; it sets ``values`` (column → value) and
+    bumps ``event_seq``; the event is written at ``now``.
+    """
+
+    operation_id: str
+    values: Mapping[str, Any]
+    expected: str | None
+    fence: int | None
+    audit: Audit
+    now: float
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns set, in the order their values are bound."""
+        return tuple(sorted(self.values))
 
 
 def to_operation(row: Row[Any]) -> Operation:

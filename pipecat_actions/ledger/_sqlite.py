@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from pipecat_actions.ledger._rows import RowUpdate
 from pipecat_actions.ledger.schema import events, operations
 
 _OPERATION_COLUMNS = tuple(c.name for c in operations.c)
@@ -87,36 +88,24 @@ def _update_sql(
     )
 
 
-def update(
-    conn: Connection,
-    operation_id: str,
-    values: Mapping[str, Any],
-    *,
-    expected: str | None,
-    fence: int | None,
-    starts_attempt: bool,
-    kind: str,
-    actor: str,
-    detail_json: str | None,
-    now: float,
-) -> dict[str, Any] | None:
-    """Update one operation if it matches, with its audit event; its new row, or None."""
+def update(conn: Connection, change: RowUpdate) -> dict[str, Any] | None:
+    """Run ``change`` in ``conn``'s transaction; the operation's new row, or None if no match."""
     raw = _driver(conn)
-    columns = tuple(sorted(values))
+    columns, audit = change.columns, change.audit
     sql = _update_sql(
         columns,
-        starts_attempt=starts_attempt,
-        match_status=expected is not None,
-        match_fence=fence is not None,
+        starts_attempt=audit.starts_attempt,
+        match_status=change.expected is not None,
+        match_fence=change.fence is not None,
     )
-    params: list[Any] = [values[column] for column in columns]
-    if starts_attempt:
-        params.append(now)
-    params.append(operation_id)
-    if expected is not None:
-        params.append(expected)
-    if fence is not None:
-        params.append(fence)
+    params: list[Any] = [change.values[column] for column in columns]
+    if audit.starts_attempt:
+        params.append(change.now)
+    params.append(change.operation_id)
+    if change.expected is not None:
+        params.append(change.expected)
+    if change.fence is not None:
+        params.append(change.fence)
     found = raw.execute(sql, params).fetchone()
     if found is None:
         return None
@@ -124,6 +113,15 @@ def update(
     status = row["status"]
     raw.execute(
         _EVENT,
-        (operation_id, row["event_seq"], now, kind, expected or status, status, actor, detail_json),
+        (
+            change.operation_id,
+            row["event_seq"],
+            change.now,
+            audit.kind.value,
+            change.expected or status,
+            status,
+            audit.actor,
+            audit.detail_json,
+        ),
     )
     return row

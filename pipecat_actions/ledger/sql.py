@@ -18,7 +18,7 @@ __all__ = ["CHANGEABLE_FIELDS", "SqlLedger"]
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,7 +45,9 @@ from pipecat_actions.ledger._rows import (
     ADMIT_STATUSES,
     CHANGEABLE_FIELDS,
     NON_TERMINAL,
+    Audit,
     EncodedOperation,
+    RowUpdate,
     column_changes,
     creation_events,
     encode_detail,
@@ -491,7 +493,7 @@ class SqlLedger(Ledger):
                 values["finished_at"] = now
             return values
 
-        audit = _Audit(
+        audit = Audit(
             kind=EventKind.TRANSITION,
             actor=actor,
             detail_json=detail_json,
@@ -515,7 +517,7 @@ class SqlLedger(Ledger):
         columns = column_changes(changes)
         detail_json = encode_detail(detail)
 
-        audit = _Audit(kind=EventKind.ANNOTATION, actor=actor, detail_json=detail_json)
+        audit = Audit(kind=EventKind.ANNOTATION, actor=actor, detail_json=detail_json)
         return await self._update(
             operation_id,
             lambda now: {"updated_at": now, **columns},
@@ -531,44 +533,29 @@ class SqlLedger(Ledger):
         *,
         expected: ActionStatus | None,
         fence: int | None,
-        audit: _Audit,
+        audit: Audit,
     ) -> Operation:
         """Set ``values_at(now)`` on the operation if it matches, with its audit event."""
-        if self._fast is not None:
-            now = self._clock.now()
-            updated = await self._fast_write(
-                self._fast.update(
-                    operation_id,
-                    values_at(now),
-                    expected=None if expected is None else expected.value,
-                    fence=fence,
-                    starts_attempt=audit.starts_attempt,
-                    kind=audit.kind.value,
-                    actor=audit.actor,
-                    detail_json=audit.detail_json,
-                    now=now,
-                    notify=audit.notify,
-                )
+
+        def change(now: float) -> RowUpdate:
+            return RowUpdate(
+                operation_id,
+                values_at(now),
+                expected=None if expected is None else expected.value,
+                fence=fence,
+                audit=audit,
+                now=now,
             )
+
+        if self._fast is not None:
+            updated = await self._fast_write(self._fast.update(change(self._clock.now())))
             if updated is None:
                 found = await self._fast_read(self._fast.status_and_fence(operation_id))
                 raise _refusal(found, operation_id, expected=expected, fence=fence)
             return operation_from_row(updated)
 
         def work(conn: Connection) -> Operation:
-            now = self._clock.now()
-            updated = _sqlite.update(
-                conn,
-                operation_id,
-                values_at(now),
-                expected=None if expected is None else expected.value,
-                fence=fence,
-                starts_attempt=audit.starts_attempt,
-                kind=audit.kind.value,
-                actor=audit.actor,
-                detail_json=audit.detail_json,
-                now=now,
-            )
+            updated = _sqlite.update(conn, change(self._clock.now()))
             if updated is None:
                 raise self._refusal(conn, operation_id, expected=expected, fence=fence)
             return operation_from_row(updated)
@@ -796,18 +783,6 @@ class SqlLedger(Ledger):
             return [to_event(r) for r in conn.execute(query)]
 
         return await self._read(work)
-
-
-@dataclass(frozen=True, slots=True)
-class _Audit:
-    """The audit event an update writes, and what else it does."""
-
-    kind: EventKind
-    actor: str
-    detail_json: str | None
-    starts_attempt: bool = False
-    notify: bool = False
-    """Wake other processes' waiters at commit (PostgreSQL)."""
 
 
 def _refusal(
