@@ -31,7 +31,7 @@ from typing import Any
 import asyncpg
 from loguru import logger
 
-from pipecat_actions.ledger._postgres import CHANNEL
+from pipecat_actions.ledger._postgres import CHANNEL, close_connection
 
 OPEN_WAIT_SECS = 1.0
 """How long a waiter waits for listening to start before it goes on without (real time)."""
@@ -129,10 +129,7 @@ class PostgresNotices(Notices):
         await super().close()
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
-            try:
-                await asyncio.wait_for(conn.close(), timeout=5)
-            except (TimeoutError, asyncpg.InterfaceError, OSError):
-                conn.terminate()
+            await close_connection(conn, within_secs=5)
 
     def _listening(self) -> bool:
         return self._conn is not None and not self._conn.is_closed()

@@ -17,7 +17,7 @@ wakes the waiters of other processes (`Ledger.notices`).
 
 from __future__ import annotations
 
-__all__ = ["CHANNEL", "PostgresFastPath", "asyncpg_dsn"]
+__all__ = ["CHANNEL", "PostgresFastPath", "asyncpg_dsn", "close_connection"]
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -49,6 +49,14 @@ def asyncpg_dsn(url: Any) -> str:
 _CONNECTION_ERRORS = (asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
 """What asyncpg raises when a connection is lost or in a broken state (its protocol caught
 mid-operation by the server's goodbye, say), besides the server's own errors."""
+
+
+async def close_connection(conn: asyncpg.Connection, *, within_secs: float) -> None:
+    """Close ``conn`` politely within ``within_secs``, else cut it off."""
+    try:
+        await asyncio.wait_for(conn.close(), timeout=within_secs)
+    except (TimeoutError, *_CONNECTION_ERRORS):
+        conn.terminate()
 
 
 def _columns(names: Sequence[str]) -> str:
@@ -181,10 +189,7 @@ class PostgresFastPath:
         self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
-            try:
-                await asyncio.wait_for(conn.close(), timeout=self._connect_timeout)
-            except (TimeoutError, asyncpg.InterfaceError, OSError):
-                conn.terminate()
+            await close_connection(conn, within_secs=self._connect_timeout)
 
     async def _connect(self) -> asyncpg.Connection:
         conn: asyncpg.Connection = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
