@@ -49,6 +49,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipecat_actions.ledger import OperationFilter, SqlLedger
+from pipecat_actions.ledger._trail import TrailMarks
 from pipecat_actions.ledger.engine import normalize_url
 from pipecat_actions.ledger.records import canonical_json, hash_canonical_json
 from pipecat_actions.ledger.schema import events, operations
@@ -183,6 +184,7 @@ def _operation_rows(count: int) -> Iterator[tuple[dict[str, Any], list[dict[str,
             }
             for seq, (src, dst, actor, detail) in enumerate(path, start=1)
         ]
+        row.update(TrailMarks.of_trail(trail).columns())  # as the ledger's writers fold them in
         yield row, trail
 
 

@@ -83,6 +83,7 @@ class Floor:
             match_status=True,
             match_fence=True,
             notify=False,
+            marks=False,
         )
 
     async def admit(self, i: int) -> None:

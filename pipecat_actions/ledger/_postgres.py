@@ -28,6 +28,7 @@ import asyncpg
 
 from pipecat_actions.errors import LedgerConfigurationError, LedgerUnavailable
 from pipecat_actions.ledger._rows import RowUpdate
+from pipecat_actions.ledger._trail import TRAIL_COLUMNS
 from pipecat_actions.ledger._writer import guard_database_errors
 from pipecat_actions.ledger.schema import events, operations
 
@@ -107,15 +108,23 @@ def update_sql(
     match_status: bool,
     match_fence: bool,
     notify: bool,
+    marks: bool,
 ) -> str:
     """The one statement of a conditional update and its audit event; see `PostgresFastPath`.
 
     Parameters: $1 operation id, $2 expected status (or NULL: any, and the event's
     from-status is the row's), $3 fence (or NULL), $4 now, $5 event kind, $6 actor, $7 detail
-    JSON, then one per column of ``columns``, in order. It returns the updated row, or nothing
+    JSON, then one per column of ``columns``, in order, then (``marks``) the three of the
+    event's `TrailMarks`. It returns the updated row, or nothing
     when no row matched.
     """
     sets = [f"{column} = ${i}" for i, column in enumerate(columns, start=8)]
+    if marks:
+        first = 8 + len(columns)
+        sets += [
+            f"{name} = {name} {op} ${first + i}::int"
+            for i, (name, op) in enumerate(zip(TRAIL_COLUMNS, "|++", strict=True))
+        ]
     sets.append("event_seq = event_seq + 1")
     if starts_attempt:
         sets += ["attempt = attempt + 1", "started_at = COALESCE(started_at, $4::float8)"]
@@ -286,10 +295,13 @@ class PostgresFastPath:
             match_status=change.expected is not None,
             match_fence=change.fence is not None,
             notify=audit.notify,
+            marks=bool(audit.marks),
         )
         params = [change.operation_id, change.expected, change.fence, change.now]
         params += [audit.kind.value, audit.actor, audit.detail_json]
         params += [change.values[column] for column in columns]
+        if audit.marks:
+            params += [audit.marks.marks, audit.marks.joined_calls, audit.marks.reconcile_errors]
         return await self._fetchrow(sql, *params, read=False)
 
     # --- reads -----------------------------------------------------------------------------

@@ -14,18 +14,21 @@ __all__ = [
     "encode_detail",
     "new_row",
     "operation_from_row",
+    "refusal_reason",
     "storable",
     "to_event",
     "to_operation",
 ]
 
 import itertools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row, String
 
+from pipecat_actions.ledger._trail import NO_MARKS, TRAIL_COLUMNS, TrailMarks
 from pipecat_actions.ledger.records import (
     EventKind,
     NewOperation,
@@ -67,7 +70,13 @@ CHANGEABLE_FIELDS: Mapping[str, str] = {
 """
 
 _JSON_FIELDS = frozenset({"result", "before_state"})
-OPERATION_COLUMNS = tuple(c.name for c in operations.c if c.name != "key_slot")
+_ROW_ONLY = frozenset({"key_slot", "refusal_reason", *TRAIL_COLUMNS})
+OPERATION_COLUMNS = tuple(c.name for c in operations.c if c.name not in _ROW_ONLY)
+"""The columns an `Operation` has (the key slot and what only `stats` reads aside)."""
+_MAY_BE_REFUSED = frozenset(
+    {ActionStatus.REJECTED, ActionStatus.AWAITING_CONFIRMATION, ActionStatus.AWAITING_APPROVAL}
+)
+"""Created so, an operation keeps its creation's reason: it is its reason if it is refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +90,8 @@ class Audit:
     """The update starts a new attempt: ``attempt`` goes up, ``started_at`` is set once."""
     notify: bool = False
     """Wake other processes' waiters at commit (see `Ledger.notices`)."""
+    marks: TrailMarks = NO_MARKS
+    """What the event says for `stats`, folded into the row's trail columns (see `_trail`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +233,13 @@ def storable(value: str | None, column: str | None = None) -> str | None:
     return text
 
 
+def refusal_reason(detail_json: str | None) -> str | None:
+    """The reason a creation event's detail gives, as ``refusal_reason`` stores it."""
+    value = None if detail_json is None else json.loads(detail_json)
+    reason = value.get("reason") if isinstance(value, dict) else None
+    return storable(str(reason), "refusal_reason") if reason else None
+
+
 def new_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> dict[str, Any]:
     """Return the operations row of a new operation as first inserted at ``now``."""
     row = _raw_row(encoded, now, key_slot=key_slot)
@@ -276,7 +294,23 @@ def _raw_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> 
         "delivered_at": None,
         "acknowledged_at": None,
         "delivered_status": None,
+        **_creation_marks(new, path, encoded.detail_json).columns(),
+        "refusal_reason": (
+            refusal_reason(encoded.detail_json) if new.status in _MAY_BE_REFUSED else None
+        ),
     }
+
+
+def _creation_marks(
+    new: NewOperation, path: tuple[ActionStatus, ...], detail_json: str | None
+) -> TrailMarks:
+    """What the creation events (see `creation_events`) say, as `TrailMarks.of_trail` would."""
+    total = NO_MARKS
+    for src, dst in itertools.pairwise(path):
+        total |= TrailMarks.of_event(
+            from_status=src.value, to_status=dst.value, actor=new.actor, detail_json=detail_json
+        )
+    return total
 
 
 def creation_events(encoded: EncodedOperation, now: float) -> list[dict[str, Any]]:

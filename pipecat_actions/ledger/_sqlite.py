@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from pipecat_actions.ledger._rows import RowUpdate
+from pipecat_actions.ledger._trail import TRAIL_COLUMNS
 from pipecat_actions.ledger.schema import events, operations
 
 _OPERATION_COLUMNS = tuple(c.name for c in operations.c)
@@ -71,9 +72,16 @@ def insert(
 
 @lru_cache(maxsize=512)
 def _update_sql(
-    columns: tuple[str, ...], *, starts_attempt: bool, match_status: bool, match_fence: bool
+    columns: tuple[str, ...],
+    *,
+    starts_attempt: bool,
+    match_status: bool,
+    match_fence: bool,
+    marks: bool,
 ) -> str:
     sets = [f"{column} = ?" for column in columns]
+    if marks:
+        sets += [f"{name} = {name} {op} ?" for name, op in zip(TRAIL_COLUMNS, "|++", strict=True)]
     sets.append("event_seq = event_seq + 1")
     if starts_attempt:
         sets += ["attempt = attempt + 1", "started_at = COALESCE(started_at, ?)"]
@@ -97,8 +105,11 @@ def update(conn: Connection, change: RowUpdate) -> dict[str, Any] | None:
         starts_attempt=audit.starts_attempt,
         match_status=change.expected is not None,
         match_fence=change.fence is not None,
+        marks=bool(audit.marks),
     )
     params: list[Any] = [change.values[column] for column in columns]
+    if audit.marks:
+        params += [audit.marks.marks, audit.marks.joined_calls, audit.marks.reconcile_errors]
     if audit.starts_attempt:
         params.append(change.now)
     params.append(change.operation_id)

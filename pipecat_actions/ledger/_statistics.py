@@ -1,68 +1,37 @@
 """Per-tool statistics of the operations a filter matches, in a few aggregate queries.
 
-Exact over every matching row and never one query per operation; the one figure ever
-sampled says so: the p50 and p95 of a tool with more than `EXACT_SPREAD_UP_TO` values of a
-time spread are ranked among 1 in 16 (or 256) of its operations, and carry ``"sampled"``
-(how many values were ranked). Their count and maximum stay exact.
+Exact over every matching row and never one query per operation, and never a read of the
+audit events: what each operation's trail says is on its row (`_trail`), and
+``ix_pa_operations_stats`` holds every column read here, in the order of the GROUP BY. The one
+figure ever sampled says so: the p50 and p95 of a tool with more than `EXACT_SPREAD_UP_TO`
+values of a time spread are ranked among 1 in 16 (or 256) of its operations, and carry
+``"sampled"`` (how many values were ranked). Their count and maximum stay exact.
 
 1. how many operations each tool has (a count over a narrow index), which decides whose
    spreads are ranked among a sample;
-2. counts and sums per tool and status, and the three time spreads' values (all of them, or
-   the sample's), in one GROUP BY over ``pa_operations``: the values come back joined as
-   text, and their p50 and p95 are ranked in Python;
-3. one pass over the audit events that can count for something (a watchdog's, an UNKNOWN,
-   a cancellation, or a detail naming a duplicate, a timeout, a late result, a handoff or a
-   reconciliation), their detail JSON decoded in Python, and one over the first events of
-   refusals (their reasons).
+2. counts, sums and maxima per tool, status, trail marks and refusal reason, in one GROUP BY
+   (unfiltered, a scan of the covering index in its order: no sort, no read of the table);
+3. the three time spreads' values of the committed operations ranked (all of them, or the
+   sample's), whose p50 and p95 are ranked in Python.
 
-On SQLite, unfiltered, passes 2 and 3 read their table in order (``NOT INDEXED``): walking an
-index whose order is not the table's costs a random read per row, a third more than the scan.
-
-A read that committed contributes no event figure: nothing past its creation is recorded.
+A refusal counts under the reason its creation gave (``refusal_reason``, see `_rows`).
 """
 
 from __future__ import annotations
 
 __all__ = ["read_statistics"]
 
-import json
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    Connection,
-    Text,
-    and_,
-    case,
-    cast,
-    func,
-    literal,
-    not_,
-    or_,
-    select,
-)
+from sqlalchemy import ColumnElement, Connection, and_, case, func, literal, or_, select
 
-from pipecat_actions.ledger.records import joined_calls
-from pipecat_actions.ledger.schema import events, operations
+from pipecat_actions.ledger._trail import Mark
+from pipecat_actions.ledger.schema import operations
 from pipecat_actions.status import ActionStatus
 
 S = ActionStatus
 _DUPLICATE_REFUSALS = frozenset({"duplicate", "idempotency_mismatch"})
-# Texts whose presence in an event's canonical detail JSON may make it count; what matches
-# is decoded and checked in Python, so a false match costs a decode, never a wrong figure.
-# Each is as narrow as the canonical text allows: every telling is recorded with a "late"
-# field, so '"late"' alone made every operation's delivery record a candidate.
-_DETAIL_MARKERS = (
-    '"duplicates_joined"',
-    '"duplicate_joined"',
-    '"timed_out"',
-    '"late":true',
-    '"handoff_to"',
-    '"reconcile_error"',
-    '"reconciled"',
-)
 _SPREADS = {
     # The value is NULL (not counted) when either time is missing.
     "admission_to_commit": operations.c.committed_at - operations.c.created_at,
@@ -78,9 +47,9 @@ _SAMPLES = (("%0", 16), ("%00", 256))
 def read_statistics(conn: Connection, where: list[ColumnElement[bool]]) -> dict[str, Any]:
     """Return ``{"operations": N, "tools": {tool: figures}}`` for the rows ``where`` matches."""
     samples, tools_seen = _samples(conn, where)
-    totals = _operation_totals(conn, where, _in_sample(samples, tools_seen))
+    totals, trails = _operation_totals(conn, where)
+    _spread_values(conn, where, _in_sample(samples, tools_seen), totals)
     spreads = {name: _spread(name, totals, samples) for name in _SPREADS}
-    trails = _event_counts(conn, where)
     tools: dict[str, dict[str, Any]] = {}
     for tool in sorted(totals):
         t, counts = totals[tool], trails.get(tool, _EventCounts())
@@ -166,14 +135,29 @@ def _count_if(condition: ColumnElement[bool]) -> ColumnElement[Any]:
     return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
 
 
+_EVENT_MARKS = {
+    "timeouts": Mark.TIMED_OUT,
+    "ever_unknown": Mark.WENT_UNKNOWN,
+    "cancellations_requested": Mark.CANCEL_REQUESTED,
+    "cancelled_before_send": Mark.CANCELLED_BEFORE_SEND,
+    "late_results": Mark.TOLD_LATE,
+    "handoffs_with_pending": Mark.HANDED_OFF_PENDING,
+    "reconciled": Mark.RECONCILED,
+}
+"""The figures that count the operations whose trail has a mark."""
+
+
 def _operation_totals(
-    conn: Connection, where: list[ColumnElement[bool]], ranked: ColumnElement[bool]
-) -> dict[str, dict[str, Any]]:
+    conn: Connection, where: list[ColumnElement[bool]]
+) -> tuple[dict[str, dict[str, Any]], dict[str, _EventCounts]]:
+    """Per tool: the counts and sums of its rows, and what their trails say."""
     c = operations.c
     query = (
         select(
             c.tool,
             c.status,
+            c.trail_marks,
+            c.refusal_reason,
             func.count().label("operations"),
             _count_if(c.attempt > 0).label("executed"),
             _count_if(c.attempt > 1).label("retried"),
@@ -182,46 +166,68 @@ def _operation_totals(
             ),
             func.count(c.escalated_at).label("escalated"),
             func.count(c.compensates).label("compensations"),
-            _count_if(and_(c.status == S.COMMITTED.value, c.delivered_at.is_(None))).label(
-                "committed_undelivered"
-            ),
+            func.count(c.delivered_at).label("delivered"),
+            func.coalesce(func.sum(c.joined_calls), 0).label("joined_calls"),
+            func.coalesce(func.sum(c.reconcile_errors), 0).label("reconcile_errors"),
             *(func.count(value).label(f"{name}_count") for name, value in _SPREADS.items()),
             *(func.max(value).label(f"{name}_max") for name, value in _SPREADS.items()),
-            *(
-                _joined(conn, case((ranked, value))).label(f"{name}_values")
-                for name, value in _SPREADS.items()
-            ),
         )
         .where(*where)
-        .group_by(c.tool, c.status)
+        .group_by(c.tool, c.status, c.trail_marks, c.refusal_reason)
     )
-    if conn.dialect.name == "sqlite" and not where:
-        query = query.with_hint(operations, "NOT INDEXED", "sqlite")
     fields = ("operations", "executed", "retried", "retries", "escalated", "compensations")
     totals: dict[str, dict[str, Any]] = {}
+    trails: dict[str, _EventCounts] = defaultdict(_EventCounts)
     for row in conn.execute(query):
         entry = totals.setdefault(
             row.tool, {name: 0 for name in (*fields, "committed_undelivered")} | {"by_status": {}}
         )
-        for name in (*fields, "committed_undelivered"):
+        size = int(row.operations)
+        for name in fields:
             entry[name] += int(getattr(row, name))
-        entry["by_status"][row.status] = int(row.operations)
+        if row.status == S.COMMITTED.value:
+            entry["committed_undelivered"] += size - int(row.delivered)
+        by_status = entry["by_status"]
+        by_status[row.status] = by_status.get(row.status, 0) + size
         for name in _SPREADS:
             count, most = getattr(row, f"{name}_count"), getattr(row, f"{name}_max")
             entry[f"{name}_count"] = entry.get(f"{name}_count", 0) + int(count)
             if most is not None:
                 entry[f"{name}_max"] = max(float(most), entry.get(f"{name}_max", float(most)))
-            joined = getattr(row, f"{name}_values")
-            if joined:
-                entry.setdefault(f"{name}_values", []).extend(map(float, joined.split(",")))
-    return totals
+        counts = trails[row.tool].counts
+        counts["duplicates_joined"] += int(row.joined_calls)
+        counts["reconciliation_errors"] += int(row.reconcile_errors)
+        marks = Mark(row.trail_marks)
+        for figure, mark in _EVENT_MARKS.items():
+            counts[figure] += size if mark in marks else 0
+        if Mark.CANCEL_REQUESTED in marks and row.status == S.CANCELLED.value:
+            counts["cancellations_confirmed"] += size
+        if row.status == S.REJECTED.value:
+            reason = row.refusal_reason or "unknown"
+            trails[row.tool].refusals[reason] += size
+            counts["duplicates_rejected"] += size if reason in _DUPLICATE_REFUSALS else 0
+    return totals, trails
 
 
-def _joined(conn: Connection, value: ColumnElement[Any]) -> ColumnElement[Any]:
-    """The group's non-NULL ``value``s as one comma-joined text (NULL when there are none)."""
-    if conn.dialect.name == "sqlite":
-        return func.group_concat(value, ",")
-    return func.string_agg(cast(value, Text), ",")
+def _spread_values(
+    conn: Connection,
+    where: list[ColumnElement[bool]],
+    ranked: ColumnElement[bool],
+    totals: dict[str, dict[str, Any]],
+) -> None:
+    """Add to ``totals`` the spreads' values to rank: every committed row's, or the sample's."""
+    c = operations.c
+    query = select(c.tool, *_SPREADS.values()).where(*where, c.committed_at.is_not(None), ranked)
+    names = list(_SPREADS)
+    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: {n: [] for n in names})
+    for tool, *spread in conn.execute(query):
+        into = values[tool]
+        for name, value in zip(names, spread, strict=True):
+            if value is not None:
+                into[name].append(float(value))
+    for tool, by_name in values.items():
+        for name, found in by_name.items():
+            totals[tool][f"{name}_values"] = found
 
 
 def _spread(
@@ -257,101 +263,3 @@ class _EventCounts:
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.refusals: Counter[str] = Counter()
-
-
-def _event_counts(conn: Connection, where: list[ColumnElement[bool]]) -> dict[str, _EventCounts]:
-    c, e = operations.c, events.c
-    # Conditions on the event alone, so that an event is joined to its operation only when
-    # it may count: the events table is read once, the operations by key for a few of them.
-    candidate = or_(
-        e.actor == "watchdog",
-        e.to_status.in_([S.UNKNOWN.value, S.CANCEL_REQUESTED.value]),
-        and_(
-            e.to_status == S.CANCELLED.value,
-            e.from_status.in_([S.ADMITTED.value, S.FAILED_RETRYABLE.value]),
-        ),
-        *(_mentions(conn, e.detail_json, marker) for marker in _DETAIL_MARKERS),
-    )
-    query = (
-        select(
-            c.tool,
-            c.status.label("op_status"),
-            e.operation_id,
-            e.seq,
-            e.from_status,
-            e.to_status,
-            e.actor,
-            e.detail_json,
-        )
-        .select_from(operations.join(events, events.c.operation_id == c.operation_id))
-        .where(
-            *where,
-            not_(and_(c.kind == "read", c.status == S.COMMITTED.value)),
-            candidate,
-        )
-        .order_by(e.operation_id, e.seq)
-    )
-    if conn.dialect.name == "sqlite" and not where:
-        # Every operation counts: read the events in table order and sort the few
-        # candidates, rather than walk every event in key order (a random read each).
-        query = query.with_hint(events, "NOT INDEXED", "sqlite")
-    per_tool: dict[str, _EventCounts] = defaultdict(_EventCounts)
-    for trail in _trails(iter(conn.execute(query))):
-        _count_trail(per_tool[trail[0].tool], trail[0].op_status, trail)
-    # A refusal's reason is in its operation's first event (seq 1, written with the row).
-    refusals = (
-        select(c.tool, e.detail_json)
-        .select_from(operations.join(events, events.c.operation_id == c.operation_id))
-        .where(*where, c.status == S.REJECTED.value, e.seq == 1)
-    )
-    for row in conn.execute(refusals):
-        into = per_tool[row.tool]
-        reason = str(_decode(row.detail_json).get("reason") or "unknown")
-        into.refusals[reason] += 1
-        into.counts["duplicates_rejected"] += reason in _DUPLICATE_REFUSALS
-    return per_tool
-
-
-def _mentions(conn: Connection, text: ColumnElement[Any], marker: str) -> ColumnElement[bool]:
-    if conn.dialect.name == "sqlite":
-        return func.instr(text, marker) > 0  # several times cheaper than LIKE on SQLite
-    return text.contains(marker, autoescape=True)
-
-
-def _trails(rows: Iterator[Any]) -> Iterator[list[Any]]:
-    trail: list[Any] = []
-    for row in rows:
-        if trail and row.operation_id != trail[0].operation_id:
-            yield trail
-            trail = []
-        trail.append(row)
-    if trail:
-        yield trail
-
-
-def _count_trail(into: _EventCounts, status: str, trail: list[Any]) -> None:
-    counts = into.counts
-    details = [_decode(row.detail_json) for row in trail]
-    counts["duplicates_joined"] += sum(joined_calls(d) for d in details)
-    statuses = {row.to_status for row in trail}
-    counts["timeouts"] += any(row.actor == "watchdog" for row in trail) or any(
-        d.get("timed_out") for d in details
-    )
-    counts["ever_unknown"] += S.UNKNOWN.value in statuses
-    if S.CANCEL_REQUESTED.value in statuses:
-        counts["cancellations_requested"] += 1
-        counts["cancellations_confirmed"] += status == S.CANCELLED.value
-    counts["cancelled_before_send"] += any(
-        row.to_status == S.CANCELLED.value
-        and row.from_status in (S.ADMITTED.value, S.FAILED_RETRYABLE.value)
-        for row in trail
-    )
-    counts["late_results"] += any(d.get("delivered") and d.get("late") for d in details)
-    counts["handoffs_with_pending"] += any("handoff_to" in d for d in details)
-    counts["reconciliation_errors"] += sum(1 for d in details if "reconcile_error" in d)
-    counts["reconciled"] += any(d.get("reason") == "reconciled" for d in details)
-
-
-def _decode(detail_json: str | None) -> dict[str, Any]:
-    value = None if detail_json is None else json.loads(detail_json)
-    return value if isinstance(value, dict) else {}

@@ -57,6 +57,7 @@ from pipecat_actions.ledger._rows import (
     to_operation,
 )
 from pipecat_actions.ledger._statistics import read_statistics
+from pipecat_actions.ledger._trail import TrailMarks
 from pipecat_actions.ledger._writer import (
     SqliteWriter,
     Work,
@@ -499,6 +500,12 @@ class SqlLedger(Ledger):
             detail_json=detail_json,
             starts_attempt=to is ActionStatus.RUNNING,
             notify=to not in IN_FLIGHT_STATUSES,  # an outcome, or a wait for a person
+            marks=TrailMarks.of_event(
+                from_status=expected.value,
+                to_status=to.value,
+                actor=actor,
+                detail_json=detail_json,
+            ),
         )
         return await self._update(
             operation_id, values_at, expected=expected, fence=fence, audit=audit
@@ -517,7 +524,14 @@ class SqlLedger(Ledger):
         columns = column_changes(changes)
         detail_json = encode_detail(detail)
 
-        audit = Audit(kind=EventKind.ANNOTATION, actor=actor, detail_json=detail_json)
+        audit = Audit(
+            kind=EventKind.ANNOTATION,
+            actor=actor,
+            detail_json=detail_json,
+            marks=TrailMarks.of_event(
+                from_status=None, to_status=None, actor=actor, detail_json=detail_json
+            ),
+        )
         return await self._update(
             operation_id,
             lambda now: {"updated_at": now, **columns},
@@ -637,6 +651,11 @@ class SqlLedger(Ledger):
             previous = {r.operation_id: r.lease_owner for r in conn.execute(candidates)}
             if not previous:
                 return []
+            # Its events say only who claimed it (and a claimant may be the watchdog).
+            said = TrailMarks.of_event(
+                from_status=None, to_status=None, actor=owner, detail_json=None
+            )
+            marks = {"trail_marks": operations.c.trail_marks.op("|")(said.marks)} if said else {}
             rows = conn.execute(
                 update(operations)
                 .where(operations.c.operation_id.in_(list(previous)))
@@ -646,6 +665,7 @@ class SqlLedger(Ledger):
                     fence=operations.c.fence + 1,
                     event_seq=operations.c.event_seq + 1,
                     updated_at=now,
+                    **marks,
                 )
                 .returning(*operations.c)
             )

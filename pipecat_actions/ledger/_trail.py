@@ -1,0 +1,148 @@
+"""What an operation's audit trail says for `stats`, kept on its row as the trail is written.
+
+`stats` used to read the audit events of every operation (3.4 of its 5 to 8 s at 1,000,000
+operations on SQLite). Now every write that appends an audit event also folds what the event
+says into three columns of its operation, in the same statement, so `stats` reads one row
+per operation (through a covering index) and never the events:
+
+* ``trail_marks``: `Mark` flags; once set, set for good;
+* ``joined_calls``: how many duplicate calls were joined to it (summed over its events);
+* ``reconcile_errors``: how many of its events record a reconcile hook's error.
+
+What an event says is decided here alone (`TrailMarks.of_event`), by the writers as they
+write and by migration 0004 when it fills the columns in from an older ledger's events.
+"""
+
+from __future__ import annotations
+
+__all__ = ["NO_MARKS", "TRAIL_COLUMNS", "Mark", "TrailMarks"]
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import IntFlag
+from typing import Any
+
+from pipecat_actions.ledger.records import joined_calls
+from pipecat_actions.status import ActionStatus
+
+S = ActionStatus
+TRAIL_COLUMNS = ("trail_marks", "joined_calls", "reconcile_errors")
+
+
+class Mark(IntFlag):
+    """Facts an operation's trail establishes once and for all."""
+
+    TIMED_OUT = 1
+    """The watchdog acted on it, or an event's detail says it timed out."""
+    WENT_UNKNOWN = 2
+    """It was UNKNOWN at some point."""
+    CANCEL_REQUESTED = 4
+    """A cancellation was asked of its provider (CANCEL_REQUESTED)."""
+    CANCELLED_BEFORE_SEND = 8
+    """It was cancelled with nothing (or no next attempt) sent."""
+    TOLD_LATE = 16
+    """Its outcome was told after the conversation moved on."""
+    HANDED_OFF_PENDING = 32
+    """It was still pending when its conversation was handed to another agent."""
+    RECONCILED = 64
+    """Its outcome was settled by reconciliation."""
+
+
+# Texts whose presence in an event's canonical detail JSON may make it count; a detail that
+# has one is decoded and checked, so a false match costs a decode, never a wrong mark.
+_DETAIL_MARKERS = (
+    '"duplicates_joined"',
+    '"duplicate_joined"',
+    '"timed_out"',
+    '"late":true',
+    '"handoff_to"',
+    '"reconcile_error"',
+    '"reconciled"',
+)
+_NOTHING_SENT = frozenset({S.ADMITTED.value, S.FAILED_RETRYABLE.value})
+
+
+@dataclass(frozen=True, slots=True)
+class TrailMarks:
+    """What one event (or a whole trail) says: see the module."""
+
+    marks: int = 0
+    joined_calls: int = 0
+    reconcile_errors: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.marks or self.joined_calls or self.reconcile_errors)
+
+    def __or__(self, other: TrailMarks) -> TrailMarks:
+        return TrailMarks(
+            self.marks | other.marks,
+            self.joined_calls + other.joined_calls,
+            self.reconcile_errors + other.reconcile_errors,
+        )
+
+    def columns(self) -> dict[str, int]:
+        """The three columns' values for a new row."""
+        values = (self.marks, self.joined_calls, self.reconcile_errors)
+        return dict(zip(TRAIL_COLUMNS, values, strict=True))
+
+    @classmethod
+    def of_event(
+        cls,
+        *,
+        from_status: str | None,
+        to_status: str | None,
+        actor: str,
+        detail_json: str | None,
+    ) -> TrailMarks:
+        """What one audit event says.
+
+        ``to_status`` None: an annotation of a row whose status the writer does not know;
+        what a status says was marked when the row reached it.
+        """
+        marks = Mark(0)
+        if actor == "watchdog":
+            marks |= Mark.TIMED_OUT
+        if to_status == S.UNKNOWN.value:
+            marks |= Mark.WENT_UNKNOWN
+        elif to_status == S.CANCEL_REQUESTED.value:
+            marks |= Mark.CANCEL_REQUESTED
+        elif to_status == S.CANCELLED.value and from_status in _NOTHING_SENT:
+            marks |= Mark.CANCELLED_BEFORE_SEND
+        detail = _detail(detail_json)
+        if not detail:
+            return cls(int(marks)) if marks else NO_MARKS
+        if detail.get("timed_out"):
+            marks |= Mark.TIMED_OUT
+        if detail.get("delivered") and detail.get("late"):
+            marks |= Mark.TOLD_LATE
+        if "handoff_to" in detail:
+            marks |= Mark.HANDED_OFF_PENDING
+        if detail.get("reason") == "reconciled":
+            marks |= Mark.RECONCILED
+        return cls(int(marks), joined_calls(detail), int("reconcile_error" in detail))
+
+    @classmethod
+    def of_trail(cls, events: Iterable[Mapping[str, Any]]) -> TrailMarks:
+        """What a trail of event rows (``from_status``, ``to_status``, ...) says in all."""
+        total = NO_MARKS
+        for e in events:
+            total |= cls.of_event(
+                from_status=e["from_status"],
+                to_status=e["to_status"],
+                actor=e["actor"],
+                detail_json=e["detail_json"],
+            )
+        return total
+
+
+NO_MARKS = TrailMarks()
+"""What an event that says nothing says."""
+
+
+def _detail(detail_json: str | None) -> dict[str, Any] | None:
+    """The detail, decoded only when it may say something (see `_DETAIL_MARKERS`)."""
+    if not detail_json or not any(marker in detail_json for marker in _DETAIL_MARKERS):
+        return None
+    value = json.loads(detail_json)
+    return value if isinstance(value, dict) else None
