@@ -12,7 +12,7 @@ values of a time spread are ranked among 1 in 16 (or 256) of its operations, and
 2. counts, sums and maxima per tool, status, trail marks and refusal reason, in one GROUP BY
    (unfiltered, a scan of the covering index in its order: no sort, no read of the table);
 3. the three time spreads' values of the committed operations ranked (all of them, or the
-   sample's), whose p50 and p95 are ranked in Python.
+   sample's), gathered per tool, whose p50 and p95 are ranked in Python.
 
 A refusal counts under the reason its creation gave (``refusal_reason``, see `_rows`).
 """
@@ -215,19 +215,27 @@ def _spread_values(
     ranked: ColumnElement[bool],
     totals: dict[str, dict[str, Any]],
 ) -> None:
-    """Add to ``totals`` the spreads' values to rank: every committed row's, or the sample's."""
+    """Add to ``totals`` the spreads' values to rank: every committed row's, or the sample's.
+
+    One row per tool, each spread's values aggregated: an array on PostgreSQL (decoded in
+    binary), a comma-joined text on SQLite; row by row, SQLAlchemy's result rows cost more
+    than the query.
+    """
     c = operations.c
-    query = select(c.tool, *_SPREADS.values()).where(*where, c.committed_at.is_not(None), ranked)
-    names = list(_SPREADS)
-    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: {n: [] for n in names})
-    for tool, *spread in conn.execute(query):
-        into = values[tool]
-        for name, value in zip(names, spread, strict=True):
-            if value is not None:
-                into[name].append(float(value))
-    for tool, by_name in values.items():
-        for name, found in by_name.items():
-            totals[tool][f"{name}_values"] = found
+    sqlite = conn.dialect.name == "sqlite"
+    gather = (lambda v: func.group_concat(v, ",")) if sqlite else func.array_agg
+    query = (
+        select(c.tool, *(gather(value) for value in _SPREADS.values()))
+        .where(*where, c.committed_at.is_not(None), ranked)
+        .group_by(c.tool)
+    )
+    for tool, *spreads in conn.execute(query):
+        for name, found in zip(_SPREADS, spreads, strict=True):
+            if sqlite:
+                values = [float(v) for v in found.split(",")] if found else []
+            else:
+                values = [float(v) for v in found or () if v is not None]
+            totals[tool][f"{name}_values"] = values
 
 
 def _spread(
