@@ -61,6 +61,16 @@ _DETAIL_MARKERS = (
     '"reconciled"',
 )
 _NOTHING_SENT = frozenset({S.ADMITTED.value, S.FAILED_RETRYABLE.value})
+_CANCELLED = S.CANCELLED.value
+_TIMED_OUT = int(Mark.TIMED_OUT)
+_CANCELLED_BEFORE_SEND = int(Mark.CANCELLED_BEFORE_SEND)
+_TOLD_LATE = int(Mark.TOLD_LATE)
+_HANDED_OFF_PENDING = int(Mark.HANDED_OFF_PENDING)
+_RECONCILED = int(Mark.RECONCILED)
+_BY_STATUS = {
+    S.UNKNOWN.value: int(Mark.WENT_UNKNOWN),
+    S.CANCEL_REQUESTED.value: int(Mark.CANCEL_REQUESTED),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +85,10 @@ class TrailMarks:
         return bool(self.marks or self.joined_calls or self.reconcile_errors)
 
     def __or__(self, other: TrailMarks) -> TrailMarks:
+        if not other:
+            return self
+        if not self:
+            return other
         return TrailMarks(
             self.marks | other.marks,
             self.joined_calls + other.joined_calls,
@@ -100,27 +114,25 @@ class TrailMarks:
         ``to_status`` None: an annotation of a row whose status the writer does not know;
         what a status says was marked when the row reached it.
         """
-        marks = Mark(0)
-        if actor == "watchdog":
-            marks |= Mark.TIMED_OUT
-        if to_status == S.UNKNOWN.value:
-            marks |= Mark.WENT_UNKNOWN
-        elif to_status == S.CANCEL_REQUESTED.value:
-            marks |= Mark.CANCEL_REQUESTED
-        elif to_status == S.CANCELLED.value and from_status in _NOTHING_SENT:
-            marks |= Mark.CANCELLED_BEFORE_SEND
+        # Plain ints: an IntFlag's operators build enum members, a microsecond each, and
+        # every write asks this once.
+        marks = _TIMED_OUT if actor == "watchdog" else 0
+        if to_status is not None:
+            marks |= _BY_STATUS.get(to_status, 0)
+            if to_status == _CANCELLED and from_status in _NOTHING_SENT:
+                marks |= _CANCELLED_BEFORE_SEND
         detail = _detail(detail_json)
         if not detail:
-            return cls(int(marks)) if marks else NO_MARKS
+            return cls(marks) if marks else NO_MARKS
         if detail.get("timed_out"):
-            marks |= Mark.TIMED_OUT
+            marks |= _TIMED_OUT
         if detail.get("delivered") and detail.get("late"):
-            marks |= Mark.TOLD_LATE
+            marks |= _TOLD_LATE
         if "handoff_to" in detail:
-            marks |= Mark.HANDED_OFF_PENDING
+            marks |= _HANDED_OFF_PENDING
         if detail.get("reason") == "reconciled":
-            marks |= Mark.RECONCILED
-        return cls(int(marks), joined_calls(detail), int("reconcile_error" in detail))
+            marks |= _RECONCILED
+        return cls(marks, joined_calls(detail), int("reconcile_error" in detail))
 
     @classmethod
     def of_trail(cls, events: Iterable[Mapping[str, Any]]) -> TrailMarks:
