@@ -29,6 +29,7 @@ metadata = MetaData()
 
 STATS_COLUMNS = (
     "tool",
+    "tenant",
     "status",
     "trail_marks",
     "refusal_reason",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from alembic import command
-from sqlalchemy import Connection, create_engine, event
+from sqlalchemy import Connection, event
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from pipecat_actions.ledger import OperationFilter, SqlLedger, migrate
@@ -200,36 +200,58 @@ async def test_the_upgrade_fills_in_from_the_events_what_the_writers_folded_in(
         await ledger.close()
 
 
-def test_stats_on_sqlite_scan_the_covering_index_in_order_without_a_sort(
-    tmp_path: Path,
-) -> None:
-    import asyncio
-
-    url = f"sqlite:///{tmp_path / 'plan.db'}"
-    asyncio.run(_create(url))
-    plans: list[str] = []
-    engine = create_engine(f"sqlite:///{tmp_path / 'plan.db'}")
-
-    @event.listens_for(engine, "before_cursor_execute")
-    def explain(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
-        if statement.lstrip().startswith("SELECT"):
-            raw = sqlite3.connect(tmp_path / "plan.db")
-            plans.append(
-                " / ".join(r[-1] for r in raw.execute(f"EXPLAIN QUERY PLAN {statement}", params))
-            )
-            raw.close()
-
-    from pipecat_actions.ledger._statistics import read_statistics
-
-    with engine.connect() as conn:
-        read_statistics(conn, [])
-    engine.dispose()
-    totals = [p for p in plans if "ix_pa_operations_stats" in p]
-    assert totals, plans
-    assert all("COVERING INDEX ix_pa_operations_stats" in p for p in totals), plans
-    assert not any("TEMP B-TREE" in p or p.startswith("SCAN pa_operations /") for p in plans)
-    assert STATS_COLUMNS[:4] == ("tool", "status", "trail_marks", "refusal_reason")
+FILTERS = {
+    "none": OperationFilter(),
+    "tool": OperationFilter(tool="book_table"),
+    "since": OperationFilter(created_from=0.0),
+    "tenant and tool": OperationFilter(tenant="t", tool="book_table"),
+    "status": OperationFilter(status=[S.UNKNOWN]),
+    "undelivered": OperationFilter(status=[S.COMMITTED], undelivered=True),
+    "session": OperationFilter(session_id="session-1"),
+    "resource": OperationFilter(tenant="t", resource_key="table:7"),
+    "principal": OperationFilter(principal="user:alice"),
+    "lease owner": OperationFilter(lease_owner="worker-1"),
+}
 
 
-async def _create(url: str) -> None:
-    await (await SqlLedger.create(url)).close()
+async def test_stats_on_sqlite_never_walk_an_index_reading_every_row(tmp_path: Path) -> None:
+    # The covering index in order when it holds the filtered columns (no sort, no read of the
+    # table); else the index that finds the filter's rows; else the table itself. Never an
+    # index walked with a read of the table per row, which SQLite chose for a principal.
+    path = tmp_path / "plans.db"
+    ledger = await SqlLedger.create(f"sqlite:///{path}")
+    issued: dict[str, list[tuple[str, Any]]] = {}
+    current: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and current:
+            issued.setdefault(current[0], []).append((statement, parameters))
+
+    try:
+        await _random_histories(ledger, "t", seed=3, count=20)
+        event.listen(ledger._engine.sync_engine, "before_cursor_execute", record)
+        for name, filters in FILTERS.items():
+            current[:] = [name]
+            await ledger.statistics(filters)
+    finally:
+        await ledger.close()
+
+    with sqlite3.connect(path) as raw:
+        plans = {
+            name: [
+                " | ".join(step[3] for step in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+                for sql, params in statements
+            ]
+            for name, statements in issued.items()
+        }
+    assert set(plans) == set(FILTERS)
+    for name in ("none", "tool", "since", "tenant and tool", "status", "undelivered"):
+        assert all("COVERING INDEX ix_pa_operations_stats" in p for p in plans[name]), plans
+    for name in ("none", "tool", "since", "tenant and tool"):  # a status sorts only its rows
+        assert not any("TEMP B-TREE" in p for p in plans[name]), (name, plans[name])
+    assert all("INDEX ix_pa_operations_session (session_id=?" in p for p in plans["session"])
+    assert all("INDEX ix_pa_operations_resource (tenant=? AND" in p for p in plans["resource"])
+    for name in ("principal", "lease owner"):
+        assert all(p.startswith("SCAN pa_operations") and "INDEX" not in p.split("|")[0]
+                   for p in plans[name]), plans[name]  # fmt: skip
+    assert STATS_COLUMNS[:5] == ("tool", "tenant", "status", "trail_marks", "refusal_reason")

@@ -29,6 +29,7 @@ depends_on = None
 _COLUMNS = ("trail_marks", "joined_calls", "reconcile_errors")
 _STATS_INDEX = (
     "tool",
+    "tenant",
     "status",
     "trail_marks",
     "refusal_reason",
