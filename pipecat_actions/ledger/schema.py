@@ -105,8 +105,11 @@ operations = Table(
     UniqueConstraint("tenant", "key_slot", name="uq_pa_operations_key_slot"),
     Index("ix_pa_operations_key", "tenant", "idempotency_key"),
     Index("ix_pa_operations_status_lease", "status", "lease_expires_at"),
-    Index("ix_pa_operations_session", "session_id", "created_at"),
-    Index("ix_pa_operations_tool_created", "tool", "created_at"),
+    # A session's, a tool's or a principal's keyset pages: ranges in (created_at,
+    # operation_id) order, never a sort of all its rows (migration 0005).
+    Index("ix_pa_operations_session", "session_id", "created_at", "operation_id"),
+    Index("ix_pa_operations_tool_created", "tool", "created_at", "operation_id"),
+    Index("ix_pa_operations_principal", "principal", "created_at", "operation_id"),
     Index("ix_pa_operations_resource", "tenant", "resource_key"),
     # Keyset pages of `ledger list` and `undelivered`, in (created_at, operation_id) order
     # (see migration 0003).

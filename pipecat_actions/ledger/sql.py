@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from loguru import logger
-from sqlalchemy import Connection, Engine, bindparam, insert, or_, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, insert, literal, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -95,6 +95,9 @@ from pipecat_actions.status import (
 
 T = TypeVar("T")
 _ADMIT_RETRIES = 5
+_STATUS_FIRST_UP_TO = 25_000
+"""The most rows a page reads by their status's index, then sorts (see `_status_first`)."""
+_BY_STATUS = "ix_pa_operations_status_lease"
 
 
 class SqlLedger(Ledger):
@@ -778,11 +781,16 @@ class SqlLedger(Ledger):
         self, filters: OperationFilter | None = None
     ) -> builtins.list[Operation]:
         f = filters or OperationFilter()
-        query = select(operations).where(*filter_conditions(f))
+        where = filter_conditions(f)
+        query = select(operations).where(*where)
         query = query.order_by(operations.c.created_at, operations.c.operation_id).limit(f.limit)
 
         def work(conn: Connection) -> builtins.list[Operation]:
-            return [to_operation(r) for r in conn.execute(query)]
+            page = query
+            walked = f.tool or f.session_id or f.principal  # an index in page order
+            if self._sqlite and f.status and walked and _status_first(conn, f):
+                page = query.with_hint(operations, f"INDEXED BY {_BY_STATUS}", "sqlite")
+            return [to_operation(r) for r in conn.execute(page)]
 
         return await self._read(work)
 
@@ -835,3 +843,26 @@ def _encodes(value: Any) -> bool:
     except (TypeError, ValueError, RecursionError):
         return False
     return True
+
+
+def _status_first(conn: Connection, f: OperationFilter) -> bool:
+    """Whether a page of a status and other filters reads the status's rows first (SQLite).
+
+    ``ledger list --tool refund --status UNKNOWN``: SQLite's planner walks the tool's index
+    in page order, expecting to fill the page early, and reads every refund when few are
+    UNKNOWN (400 to 550 ms at 1M operations for an empty page). So both sides are counted,
+    each only up to the other's size (a few ms over their indexes), and the status's rows are
+    read first (then sorted) when they are fewer, and at most `_STATUS_FIRST_UP_TO`.
+    """
+    in_status = _at_most(
+        conn, filter_conditions(OperationFilter(status=f.status)), _STATUS_FIRST_UP_TO
+    )
+    if in_status > _STATUS_FIRST_UP_TO:
+        return False
+    return _at_most(conn, filter_conditions(replace(f, status=None)), in_status) > in_status
+
+
+def _at_most(conn: Connection, where: list[Any], most: int) -> int:
+    """How many operations ``where`` matches, counted up to ``most + 1``."""
+    matched = select(literal(1)).where(*where).limit(most + 1).subquery()
+    return int(conn.execute(select(func.count()).select_from(matched)).scalar_one())

@@ -275,3 +275,86 @@ async def test_stats_count_as_late_only_the_outcomes_told_late(ledger_url: str) 
             await runtime.deliveries.mark_delivered(op, session=session, late=n == 0)
         stats = await runtime.ledger.statistics()
     assert stats["tools"]["book_table"]["late_results"] == 1
+
+
+async def test_a_tools_a_sessions_and_a_principals_pages_are_range_scans_on_sqlite(
+    tmp_path: Path,
+) -> None:
+    # `ledger list --tool/--session/--principal`: a range of an index in (created_at,
+    # operation_id) order, never a scan of every row nor a sort of the filter's rows.
+    path = tmp_path / "plans.db"
+    ledger = await SqlLedger.create(f"sqlite:///{path}")
+    issued: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "pa_operations" in statement:
+            issued.append((statement, parameters))
+
+    event.listen(ledger._engine.sync_engine, "before_cursor_execute", record)
+    pages = {
+        "tool": {"tool": "book_table"},
+        "session": {"session_id": "call-1"},
+        "principal": {"principal": "alice"},
+    }
+    try:
+        for fields in pages.values():
+            await ledger.list(OperationFilter(limit=200, **fields))
+            await ledger.list(OperationFilter(after=(1e9, "op_x"), limit=200, **fields))
+    finally:
+        await ledger.close()
+
+    with sqlite3.connect(path) as raw:
+        plans = [
+            " | ".join(step[3] for step in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+            for sql, params in issued
+        ]
+    indexes = ("tool_created (tool=?", "session (session_id=?", "principal (principal=?")
+    assert len(plans) == 2 * len(indexes)
+    for index, plan in zip([i for i in indexes for _ in (0, 1)], plans, strict=True):
+        assert plan.startswith(f"SEARCH pa_operations USING INDEX ix_pa_operations_{index}"), plan
+    assert not any("TEMP B-TREE" in plan for plan in plans), plans
+
+
+async def test_a_page_of_a_status_and_a_tool_is_right_whichever_index_reads_it(
+    tmp_path: Path,
+) -> None:
+    # A rare status among a tool's many rows is read by its own index (SQLite's planner would
+    # walk every row of the tool); a common one by the tool's, in order. Either way the page
+    # holds exactly the rows a filter-and-sort of the whole table gives.
+    url = f"sqlite:///{tmp_path / 'pages.db'}"
+    ops, trail = _rows(400, at=1e9, tool="refund", prefix="op_r")
+    for i, row in enumerate(ops):
+        row["created_at"] = 1e9 + i // 3  # equal instants: the id orders them
+        if i % 97 == 5:
+            row["status"] = S.UNKNOWN.value
+    ledger = await SqlLedger.create(url)
+    await _bulk_insert(url, ops, trail)
+    issued: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "ORDER BY pa_operations.created_at" in statement:  # a page, not a count
+            issued.append((statement, parameters))
+
+    event.listen(ledger._engine.sync_engine, "before_cursor_execute", record)
+    try:
+        for status in (S.UNKNOWN, S.COMMITTED):
+            for after in (None, (1e9 + 40, "op_r_000121")):
+                filters = OperationFilter(tool="refund", status=[status], after=after, limit=50)
+                page = [op.operation_id for op in await ledger.list(filters)]
+                expected = sorted(
+                    (row["created_at"], row["operation_id"])
+                    for row in ops
+                    if row["status"] == status.value
+                    and (after is None or (row["created_at"], row["operation_id"]) > after)
+                )[:50]
+                assert page == [operation_id for _, operation_id in expected], (status, after)
+    finally:
+        await ledger.close()
+
+    with sqlite3.connect(tmp_path / "pages.db") as raw:
+        plans = [
+            " | ".join(step[3] for step in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+            for sql, params in issued
+        ]
+    assert len(plans) == 4
+    assert all("INDEX ix_pa_operations_status_lease (status=?" in p for p in plans[:2]), plans
