@@ -14,7 +14,9 @@ Then times, through `SqlLedger` as `pipecat-actions` calls it:
 
 * ``stats``: `SqlLedger.statistics` over every row (target at most 2 s);
 * ``ledger list`` and ``undelivered``: the first page of 200 (target at most 50 ms each),
-  the median of 5 reads.
+  the median of 5 reads;
+* ``stats`` and first pages with the filters the CLI and the API take (a tool, a time, a
+  principal, a session, a status and a tool with a status), for figures only.
 
 and, side by side in the same run, the old approaches:
 
@@ -289,6 +291,7 @@ async def measure(url: str, label: str, count: int) -> None:
         undelivered_secs = await _median_secs(lambda: ledger.list(undelivered))
         old_list = await _old_page_secs(url, undelivered=False)
         old_undelivered = await _old_page_secs(url, undelivered=True)
+        filtered = await _filtered_secs(ledger)
         slice_secs = await _old_stats_slice_secs(ledger)
     finally:
         await ledger.close()
@@ -302,6 +305,39 @@ async def measure(url: str, label: str, count: int) -> None:
     print(f"  undelivered      {undelivered_secs * 1000:8.2f} ms  target <= "
           f"{PAGE_TARGET_MS:.0f} ms   old (no index, scan + sort): "
           f"{old_undelivered * 1000:,.1f} ms")  # fmt: skip
+    for name, secs in filtered.items():
+        unit, scale = ("s", 1) if name.startswith("stats") else ("ms", 1000)
+        print(f"  {name:<42} {secs * scale:8.3f} {unit}")
+
+
+FILTERED_STATS = {
+    "stats --tool book_table": OperationFilter(tool="book_table"),
+    "stats --since (the last day)": OperationFilter(created_from=START + SPAN_SECS - 86_400),
+    "stats --since (the last 15 days)": OperationFilter(created_from=START + SPAN_SECS / 2),
+    "stats of one principal": OperationFilter(principal="user-17"),
+}
+FILTERED_PAGES = {
+    "list --tool refund": OperationFilter(tool="refund", limit=201),
+    "list --principal user-17": OperationFilter(principal="user-17", limit=201),
+    "list --session call-77": OperationFilter(session_id="call-77", limit=201),
+    "list --status UNKNOWN": OperationFilter(status=[S.UNKNOWN], limit=201),
+    "list --tool refund --status UNKNOWN": OperationFilter(
+        tool="refund", status=[S.UNKNOWN], limit=201
+    ),
+    "list --tool book_table --status COMMITTED": OperationFilter(
+        tool="book_table", status=[S.COMMITTED], limit=201
+    ),
+}
+
+
+async def _filtered_secs(ledger: SqlLedger) -> dict[str, float]:
+    """`stats` and first pages with the filters the CLI and the API take (medians)."""
+    secs = {}
+    for name, filters in FILTERED_STATS.items():
+        secs[name] = await _median_secs(lambda f=filters: ledger.statistics(f), times=2)
+    for name, filters in FILTERED_PAGES.items():
+        secs[name] = await _median_secs(lambda f=filters: ledger.list(f))
+    return secs
 
 
 async def _pg_reachable() -> bool:
