@@ -6,11 +6,14 @@ import asyncio
 import contextlib
 import itertools
 import json
+import sqlite3
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import event
 
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import NewOperation, SqlLedger
@@ -136,3 +139,31 @@ async def start_together(children: Sequence[Child]) -> None:
     for child in children:
         await child.expect("ready")
     await asyncio.gather(*(child.go() for child in children))
+
+
+def record_selects(
+    ledger: SqlLedger, wanted: Callable[[str], bool] | None = None
+) -> list[tuple[str, Any]]:
+    """From now on, the SELECTs on operations ``ledger`` issues (or those ``wanted`` keeps)."""
+    issued: list[tuple[str, Any]] = []
+
+    def keep(statement: str) -> bool:
+        if wanted is not None:
+            return wanted(statement)
+        return statement.lstrip().upper().startswith("SELECT") and "pa_operations" in statement
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if keep(statement):
+            issued.append((statement, parameters))
+
+    event.listen(ledger._engine.sync_engine, "before_cursor_execute", record)
+    return issued
+
+
+def sqlite_plans(path: Path | str, issued: Sequence[tuple[str, Any]]) -> list[str]:
+    """SQLite's query plan of each statement, its steps joined by " | "."""
+    with sqlite3.connect(path) as raw:
+        return [
+            " | ".join(step[3] for step in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+            for sql, params in issued
+        ]

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, insert
+from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from pipecat_actions.actions import ActionContext, action
@@ -26,6 +25,7 @@ from pipecat_actions.ledger.engine import normalize_url
 from pipecat_actions.ledger.schema import events, operations
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
+from tests.ledger._support import record_selects, sqlite_plans
 from tests.runtime._execution_support import running
 
 S = ActionStatus
@@ -201,13 +201,7 @@ async def test_list_and_undelivered_are_index_range_scans_without_a_sort_on_sqli
 ) -> None:
     path = tmp_path / "plans.db"
     ledger = await SqlLedger.create(f"sqlite:///{path}")
-    issued: list[tuple[str, Any]] = []
-
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and "pa_operations" in statement:
-            issued.append((statement, parameters))
-
-    event.listen(ledger._engine.sync_engine, "before_cursor_execute", record)
+    issued = record_selects(ledger)
     try:
         cursor = (1e9, "op_x")
         await ledger.list(OperationFilter(limit=200))
@@ -218,11 +212,7 @@ async def test_list_and_undelivered_are_index_range_scans_without_a_sort_on_sqli
     finally:
         await ledger.close()
 
-    with sqlite3.connect(path) as raw:
-        plans = [
-            " | ".join(step[3] for step in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params))
-            for sql, params in issued
-        ]
+    plans = sqlite_plans(path, issued)
     assert len(plans) == 4
     assert plans[0] == "SCAN pa_operations USING INDEX ix_pa_operations_created"
     assert plans[1].startswith("SEARCH pa_operations USING INDEX ix_pa_operations_created (")
@@ -284,13 +274,7 @@ async def test_a_tools_a_sessions_and_a_principals_pages_are_range_scans_on_sqli
     # operation_id) order, never a scan of every row nor a sort of the filter's rows.
     path = tmp_path / "plans.db"
     ledger = await SqlLedger.create(f"sqlite:///{path}")
-    issued: list[tuple[str, Any]] = []
-
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and "pa_operations" in statement:
-            issued.append((statement, parameters))
-
-    event.listen(ledger._engine.sync_engine, "before_cursor_execute", record)
+    issued = record_selects(ledger)
     pages = {
         "tool": {"tool": "book_table"},
         "session": {"session_id": "call-1"},
@@ -303,11 +287,7 @@ async def test_a_tools_a_sessions_and_a_principals_pages_are_range_scans_on_sqli
     finally:
         await ledger.close()
 
-    with sqlite3.connect(path) as raw:
-        plans = [
-            " | ".join(step[3] for step in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params))
-            for sql, params in issued
-        ]
+    plans = sqlite_plans(path, issued)
     indexes = ("tool_created (tool=?", "session (session_id=?", "principal (principal=?")
     assert len(plans) == 2 * len(indexes)
     for index, plan in zip([i for i in indexes for _ in (0, 1)], plans, strict=True):
@@ -330,13 +310,7 @@ async def test_a_page_of_a_status_and_a_tool_is_right_whichever_index_reads_it(
     ledger = await SqlLedger.create(url)
     await _bulk_insert(url, ops, trail)
     await _bulk_insert(url, *_rows(1_000, at=1e9, prefix="op_b"))  # more COMMITTED than refunds
-    issued: list[tuple[str, Any]] = []
-
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if "ORDER BY" in statement:  # a page, not a count
-            issued.append((statement, parameters))
-
-    event.listen(ledger._engine.sync_engine, "before_cursor_execute", record)
+    issued = record_selects(ledger, lambda statement: "ORDER BY" in statement)  # pages only
     try:
         for status in (S.UNKNOWN, S.COMMITTED):
             for after in (None, (1e9 + 40, "op_r_000121")):
@@ -357,10 +331,6 @@ async def test_a_page_of_a_status_and_a_tool_is_right_whichever_index_reads_it(
         assert all("MATERIALIZED" in sql for sql, _ in issued[:2])
         assert not any("MATERIALIZED" in sql for sql, _ in issued[2:])
         return
-    with sqlite3.connect(url.removeprefix("sqlite:///")) as raw:
-        plans = [
-            " | ".join(step[3] for step in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params))
-            for sql, params in issued
-        ]
+    plans = sqlite_plans(url.removeprefix("sqlite:///"), issued)
     assert all("INDEX ix_pa_operations_status_lease (status=?" in p for p in plans[:2]), plans
     assert not any("status_lease" in p for p in plans[2:]), plans

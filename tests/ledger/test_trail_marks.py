@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from alembic import command
-from sqlalchemy import Connection, event
+from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from pipecat_actions.ledger import OperationFilter, SqlLedger, migrate
@@ -26,7 +25,7 @@ from pipecat_actions.ledger.engine import normalize_url
 from pipecat_actions.ledger.records import joined_calls
 from pipecat_actions.ledger.schema import STATS_COLUMNS
 from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus
-from tests.ledger._support import new_op
+from tests.ledger._support import new_op, record_selects, sqlite_plans
 
 S = ActionStatus
 ACTORS = ("runtime:s1", "watchdog", "reconciler", "gate:call-1", "approver:bob")
@@ -221,29 +220,16 @@ async def test_stats_on_sqlite_never_walk_an_index_reading_every_row(tmp_path: P
     path = tmp_path / "plans.db"
     ledger = await SqlLedger.create(f"sqlite:///{path}")
     issued: dict[str, list[tuple[str, Any]]] = {}
-    current: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and current:
-            issued.setdefault(current[0], []).append((statement, parameters))
-
     try:
         await _random_histories(ledger, "t", seed=3, count=20)
-        event.listen(ledger._engine.sync_engine, "before_cursor_execute", record)
+        selects = record_selects(ledger)
         for name, filters in FILTERS.items():
-            current[:] = [name]
             await ledger.statistics(filters)
+            issued[name], selects[:] = selects[:], []
     finally:
         await ledger.close()
 
-    with sqlite3.connect(path) as raw:
-        plans = {
-            name: [
-                " | ".join(step[3] for step in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params))
-                for sql, params in statements
-            ]
-            for name, statements in issued.items()
-        }
+    plans = {name: sqlite_plans(path, statements) for name, statements in issued.items()}
     assert set(plans) == set(FILTERS)
     for name in ("none", "tool", "since", "tenant and tool", "status", "undelivered"):
         assert all("COVERING INDEX ix_pa_operations_stats" in p for p in plans[name]), plans
