@@ -218,7 +218,12 @@ class Decisions:
             return render_operation(admitted)
         tracked.answered_by_call = True
         try:
-            return render_operation(await asyncio.shield(tracked.done))
+            outcome = await asyncio.shield(tracked.done)
+            # What the call is answered with, and tells in place once its result reaches the
+            # gate: until then the delivery service must not tell it again as a late outcome
+            # (a catch-up that read it meanwhile, say).
+            self._operations.note_answered(outcome)
+            return render_operation(outcome)
         finally:
             # Answered (or the call was stopped): later outcomes are told as late ones.
             tracked.answered_by_call = False

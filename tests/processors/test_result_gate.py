@@ -44,6 +44,7 @@ from pipecat_actions import (
 from pipecat_actions.binding import CONFIRM_TOOL
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+from pipecat_actions.runtime.deliveries import SessionDelivery
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import FakeSystemOfRecord, Say, ScriptedLLM, ToolCalls
 from tests.processors._clocked import (
@@ -1281,6 +1282,57 @@ async def test_a_confirmed_outcome_heard_by_the_runtime_first_is_still_told_once
                 lambda: until(lambda: hold.held, what="the confirmation's result held back"),
                 lambda: until(committed, what="the cancellation committed"),
                 FLUSH,
+                lambda: idle(agent.gate),
+                release,
+                agent.closed("committed"),
+                agent.delivered(1),
+                FLUSH,
+            ],
+            before_gate=[hold],
+        )
+    assert agent.developer() == []
+    spoken = [m.get("content") for m in agent.messages() if m.get("role") == "assistant"]
+    assert [c for c in spoken if c] == ["Shall I cancel order o1?", "It is cancelled."]
+
+
+async def test_a_catch_up_that_reads_a_confirmed_outcome_late_does_not_tell_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen once under load: the catch-up the question's result started ("awaiting
+    # confirmation": has it moved already?) read the ledger only after the user's yes, the
+    # commit and the confirm_action answer, and told the outcome as a late message while the
+    # answer was still on its way to the gate, which then told it again in place.
+    read = asyncio.Event()
+    catch_up = SessionDelivery._catch_up
+
+    async def _catch_up(self: SessionDelivery, operation_id: str, shown: str | None) -> None:
+        await read.wait()
+        await catch_up(self, operation_id, shown)
+
+    monkeypatch.setattr(SessionDelivery, "_catch_up", _catch_up)
+    async with _verbal_cancel_order(tmp_path) as agent:
+        hold = HoldConfirmResults()
+
+        async def release() -> None:
+            hold.release()
+
+        async def read_now() -> None:
+            read.set()
+
+        async def committed() -> bool:
+            ops = [o for o in await agent.runtime.ledger.list() if o.tool == "cancel_order"]
+            return bool(ops) and ops[0].status is ActionStatus.COMMITTED
+
+        await agent.run(
+            [
+                LLMRunFrame(),
+                agent.closed("awaiting_confirmation"),
+                FLUSH,
+                _the_user_says_yes(agent),
+                LLMRunFrame(),
+                lambda: until(lambda: hold.held, what="the confirmation's result held back"),
+                lambda: until(committed, what="the cancellation committed"),
+                read_now,
                 lambda: idle(agent.gate),
                 release,
                 agent.closed("committed"),
