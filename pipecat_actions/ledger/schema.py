@@ -101,7 +101,7 @@ operations = Table(
     Column("reconcile_errors", Integer, nullable=False, default=0, server_default="0"),
     # The reason its creation event gives, kept for an operation created refused or waiting
     # for a person (the reason `stats` counts a refusal under).
-    Column("refusal_reason", String(64), nullable=True),
+    Column("refusal_reason", Text, nullable=True),
     UniqueConstraint("tenant", "key_slot", name="uq_pa_operations_key_slot"),
     Index("ix_pa_operations_key", "tenant", "idempotency_key"),
     Index("ix_pa_operations_status_lease", "status", "lease_expires_at"),

@@ -346,8 +346,11 @@ class SqlLedger(Ledger):
         if self._closed:
             read.close()
             raise LedgerUnavailable("the ledger is closed")
-        async with self._read_turns, self._turns:
-            return await read
+        try:
+            async with self._read_turns, self._turns:
+                return await read
+        finally:
+            read.close()  # a caller cancelled while it waited for a turn never started it
 
     # --- admit -----------------------------------------------------------------------------
 
@@ -452,6 +455,7 @@ class SqlLedger(Ledger):
         return True
 
     def _release_key(self, conn: Connection, held: Operation, now: float, *, reason: str) -> None:
+        detail_json = encode_detail({"reason": reason, "key_expires_at": held.key_expires_at})
         released = (
             conn.execute(
                 update(operations)
@@ -459,7 +463,19 @@ class SqlLedger(Ledger):
                     operations.c.operation_id == held.operation_id,
                     operations.c.key_slot == held.idempotency_key,
                 )
-                .values(key_slot=None, event_seq=operations.c.event_seq + 1, updated_at=now)
+                .values(
+                    key_slot=None,
+                    event_seq=operations.c.event_seq + 1,
+                    updated_at=now,
+                    **_folded(
+                        TrailMarks.of_event(
+                            from_status=None,
+                            to_status=None,
+                            actor="ledger",
+                            detail_json=detail_json,
+                        )
+                    ),
+                )
                 .returning(operations.c.event_seq, operations.c.status)
             )
         ).first()
@@ -474,7 +490,7 @@ class SqlLedger(Ledger):
             from_status=released.status,
             to_status=released.status,
             actor="ledger",
-            detail_json=encode_detail({"reason": reason, "key_expires_at": held.key_expires_at}),
+            detail_json=detail_json,
         )
 
     # --- transitions -----------------------------------------------------------------------
@@ -667,10 +683,9 @@ class SqlLedger(Ledger):
             if not previous:
                 return []
             # Its events say only who claimed it (and a claimant may be the watchdog).
-            said = TrailMarks.of_event(
-                from_status=None, to_status=None, actor=owner, detail_json=None
+            marks = _folded(
+                TrailMarks.of_event(from_status=None, to_status=None, actor=owner, detail_json=None)
             )
-            marks = {"trail_marks": operations.c.trail_marks.op("|")(said.marks)} if said else {}
             rows = conn.execute(
                 update(operations)
                 .where(operations.c.operation_id.in_(list(previous)))
@@ -812,7 +827,16 @@ class SqlLedger(Ledger):
         where = filter_conditions(replace(filters or OperationFilter(), after=None))
 
         def work(conn: Connection) -> dict[str, Any]:
-            return read_statistics(conn, where)
+            # Its few queries read one snapshot, so that their figures agree with each other
+            # while writes go on (a tool's first commit between two of them, say).
+            if not self._sqlite:
+                conn.execution_options(isolation_level="REPEATABLE READ")
+                return read_statistics(conn, where)
+            conn.exec_driver_sql("BEGIN")  # deferred: the snapshot of its first read (WAL)
+            try:
+                return read_statistics(conn, where)
+            finally:
+                conn.exec_driver_sql("ROLLBACK")
 
         return await self._read(work)
 
@@ -893,3 +917,15 @@ def _at_most(conn: Connection, where: list[Any], most: int) -> int:
     """How many operations ``where`` matches, counted up to ``most + 1``."""
     matched = select(literal(1)).where(*where).limit(most + 1).subquery()
     return int(conn.execute(select(func.count()).select_from(matched)).scalar_one())
+
+
+def _folded(said: TrailMarks) -> dict[str, Any]:
+    """The column changes that fold ``said`` into a row (see `_trail`); none when it is empty."""
+    if not said:
+        return {}
+    c = operations.c
+    return {
+        "trail_marks": c.trail_marks.op("|")(said.marks),
+        "joined_calls": c.joined_calls + said.joined_calls,
+        "reconcile_errors": c.reconcile_errors + said.reconcile_errors,
+    }

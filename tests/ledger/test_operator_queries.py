@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -334,3 +337,53 @@ async def test_a_page_of_a_status_and_a_tool_is_right_whichever_index_reads_it(
     plans = sqlite_plans(url.removeprefix("sqlite:///"), issued)
     assert all("INDEX ix_pa_operations_status_lease (status=?" in p for p in plans[:2]), plans
     assert not any("status_lease" in p for p in plans[2:]), plans
+
+
+def _commit_elsewhere(url: str, sql: str) -> None:
+    """Run ``sql`` and commit it on a connection of its own, as another process would."""
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as raw:
+            raw.execute(sql)
+        return
+
+    async def run() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    done = threading.Thread(target=asyncio.run, args=(run(),))
+    done.start()
+    done.join()
+
+
+async def test_stats_read_one_snapshot_while_a_new_tools_first_commit_lands(
+    ledger: SqlLedger, ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Between two of stats' queries another process commits the first operation of a new
+    # tool: every figure comes from before it (and nothing fails for a tool half seen).
+    from pipecat_actions.ledger import _statistics
+
+    await _bulk_insert(ledger_url, *_rows(3, at=1e9))
+    columns = ", ".join(c.name for c in operations.c)
+    copied = columns.replace("operation_id", "'op_new'").replace("tool", "'send_sms'")
+    copied = copied.replace("idempotency_key", "'key-new'")
+    new_tool = (
+        f"INSERT INTO pa_operations ({columns}) SELECT {copied} FROM pa_operations "
+        "WHERE operation_id = 'op_bulk_000000'"
+    )
+    totals = _statistics._operation_totals
+
+    def totals_then_a_commit(*args: Any) -> Any:
+        found = totals(*args)
+        _commit_elsewhere(ledger_url, new_tool)
+        return found
+
+    monkeypatch.setattr(_statistics, "_operation_totals", totals_then_a_commit)
+    stats = await ledger.statistics()
+
+    assert stats["operations"] == 3 and set(stats["tools"]) == {"book_table"}
+    assert stats["tools"]["book_table"]["admission_to_commit"]["count"] == 3
+    monkeypatch.undo()
+    assert set((await ledger.statistics())["tools"]) == {"book_table", "send_sms"}

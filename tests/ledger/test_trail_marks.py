@@ -46,7 +46,14 @@ DETAILS: tuple[dict[str, Any] | None, ...] = (
     {"note": '"timed_out" "late":true "handoff_to" "reconciled" "duplicates_joined"'},
     {"reason": "not reconciled", "error": "reconcile_error"},
 )
-REFUSALS = ("invalid_arguments", "duplicate", "idempotency_mismatch", "policy", None)
+REFUSALS = (
+    "invalid_arguments",
+    "duplicate",
+    "idempotency_mismatch",
+    "policy",
+    None,
+    "a reason of any length is counted under its whole text " * 4,
+)
 FIGURES = (
     "timeouts",
     "ever_unknown",

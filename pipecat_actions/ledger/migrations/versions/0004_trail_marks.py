@@ -53,7 +53,7 @@ def upgrade() -> None:
         op.add_column(
             "pa_operations", sa.Column(name, sa.Integer, nullable=False, server_default="0")
         )
-    op.add_column("pa_operations", sa.Column("refusal_reason", sa.String(64), nullable=True))
+    op.add_column("pa_operations", sa.Column("refusal_reason", sa.Text, nullable=True))
     _fill_in_from_events()
     _fill_in_refusal_reasons()
     if op.get_bind().dialect.name == "sqlite":  # see the index in `schema`
