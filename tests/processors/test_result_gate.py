@@ -1257,11 +1257,8 @@ class HoldConfirmResults(HoldInProgress):
         return isinstance(frame, FunctionCallResultFrame) and frame.function_name == CONFIRM_TOOL
 
 
-async def test_a_confirmed_outcome_heard_by_the_runtime_first_is_still_told_once_in_place(
-    tmp_path: Path,
-) -> None:
-    # The same as above with the race made certain: the gate hears the outcome from the
-    # runtime, and does all it does with it, before the confirm_action result comes.
+async def _told_once_though_its_answer_was_held(tmp_path: Path, meanwhile: Any) -> None:
+    """Confirm the cancellation, hold the answer back, do ``meanwhile``; it is told once."""
     async with _verbal_cancel_order(tmp_path) as agent:
         hold = HoldConfirmResults()
 
@@ -1281,7 +1278,7 @@ async def test_a_confirmed_outcome_heard_by_the_runtime_first_is_still_told_once
                 LLMRunFrame(),
                 lambda: until(lambda: hold.held, what="the confirmation's result held back"),
                 lambda: until(committed, what="the cancellation committed"),
-                FLUSH,
+                meanwhile,
                 lambda: idle(agent.gate),
                 release,
                 agent.closed("committed"),
@@ -1293,6 +1290,14 @@ async def test_a_confirmed_outcome_heard_by_the_runtime_first_is_still_told_once
     assert agent.developer() == []
     spoken = [m.get("content") for m in agent.messages() if m.get("role") == "assistant"]
     assert [c for c in spoken if c] == ["Shall I cancel order o1?", "It is cancelled."]
+
+
+async def test_a_confirmed_outcome_heard_by_the_runtime_first_is_still_told_once_in_place(
+    tmp_path: Path,
+) -> None:
+    # The same as above with the race made certain: the gate hears the outcome from the
+    # runtime, and does all it does with it, before the confirm_action result comes.
+    await _told_once_though_its_answer_was_held(tmp_path, FLUSH)
 
 
 async def test_a_catch_up_that_reads_a_confirmed_outcome_late_does_not_tell_it_again(
@@ -1309,38 +1314,8 @@ async def test_a_catch_up_that_reads_a_confirmed_outcome_late_does_not_tell_it_a
         await read.wait()
         await catch_up(self, operation_id, shown)
 
+    async def read_now() -> None:
+        read.set()
+
     monkeypatch.setattr(SessionDelivery, "_catch_up", _catch_up)
-    async with _verbal_cancel_order(tmp_path) as agent:
-        hold = HoldConfirmResults()
-
-        async def release() -> None:
-            hold.release()
-
-        async def read_now() -> None:
-            read.set()
-
-        async def committed() -> bool:
-            ops = [o for o in await agent.runtime.ledger.list() if o.tool == "cancel_order"]
-            return bool(ops) and ops[0].status is ActionStatus.COMMITTED
-
-        await agent.run(
-            [
-                LLMRunFrame(),
-                agent.closed("awaiting_confirmation"),
-                FLUSH,
-                _the_user_says_yes(agent),
-                LLMRunFrame(),
-                lambda: until(lambda: hold.held, what="the confirmation's result held back"),
-                lambda: until(committed, what="the cancellation committed"),
-                read_now,
-                lambda: idle(agent.gate),
-                release,
-                agent.closed("committed"),
-                agent.delivered(1),
-                FLUSH,
-            ],
-            before_gate=[hold],
-        )
-    assert agent.developer() == []
-    spoken = [m.get("content") for m in agent.messages() if m.get("role") == "assistant"]
-    assert [c for c in spoken if c] == ["Shall I cancel order o1?", "It is cancelled."]
+    await _told_once_though_its_answer_was_held(tmp_path, read_now)
