@@ -115,8 +115,7 @@ def update_sql(
     Parameters: $1 operation id, $2 expected status (or NULL: any, and the event's
     from-status is the row's), $3 fence (or NULL), $4 now, $5 event kind, $6 actor, $7 detail
     JSON, then one per column of ``columns``, in order, then (``marks``) the three of the
-    event's `TrailMarks`. It returns the updated row, or nothing
-    when no row matched.
+    event's `TrailMarks`. It returns the updated row, or nothing when no row matched.
     """
     sets = [f"{column} = ${i}" for i, column in enumerate(columns, start=8)]
     if marks:

@@ -66,7 +66,7 @@ def read_statistics(conn: Connection, where: list[ColumnElement[bool]]) -> dict[
     spreads = {name: _spread(name, totals, samples) for name in _SPREADS}
     tools: dict[str, dict[str, Any]] = {}
     for tool in sorted(totals):
-        t, counts = totals[tool], trails.get(tool, _EventCounts())
+        t, counts = totals[tool], trails.get(tool, _TrailCounts())
         by_status = t["by_status"]
         joined = counts.counts["duplicates_joined"]
         rejected = counts.counts["duplicates_rejected"]
@@ -202,7 +202,7 @@ _EVENT_MARKS = {
 
 def _operation_totals(
     conn: Connection, where: list[ColumnElement[bool]], hint: str | None
-) -> tuple[dict[str, dict[str, Any]], dict[str, _EventCounts]]:
+) -> tuple[dict[str, dict[str, Any]], dict[str, _TrailCounts]]:
     """Per tool: the counts and sums of its rows, and what their trails say."""
     c = operations.c
     query = (
@@ -230,7 +230,7 @@ def _operation_totals(
     )
     fields = ("operations", "executed", "retried", "retries", "escalated", "compensations")
     totals: dict[str, dict[str, Any]] = {}
-    trails: dict[str, _EventCounts] = defaultdict(_EventCounts)
+    trails: dict[str, _TrailCounts] = defaultdict(_TrailCounts)
     for row in conn.execute(_hinted(query, hint)):
         entry = totals.setdefault(
             row.tool, {name: 0 for name in (*fields, "committed_undelivered")} | {"by_status": {}}
@@ -321,7 +321,7 @@ def _spread(
     return spreads
 
 
-class _EventCounts:
+class _TrailCounts:
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.refusals: Counter[str] = Counter()

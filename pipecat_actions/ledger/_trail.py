@@ -135,7 +135,7 @@ class TrailMarks:
         return cls(marks, joined_calls(detail), int("reconcile_error" in detail))
 
     @classmethod
-    def of_trail(cls, events: Iterable[Mapping[str, Any]]) -> TrailMarks:
+    def of_trail(cls, events: Iterable[Mapping[Any, Any]]) -> TrailMarks:
         """What a trail of event rows (``from_status``, ``to_status``, ...) says in all."""
         total = NO_MARKS
         for e in events:

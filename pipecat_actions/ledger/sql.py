@@ -816,7 +816,7 @@ class SqlLedger(Ledger):
             page = query
             walked = f.tool or f.session_id or f.principal  # an index in page order
             if f.status and walked and _status_first(conn, f):
-                page = _status_first_page(f, where, sqlite=self._sqlite)
+                page = _status_first_page(query, f, where, sqlite=self._sqlite)
             return [to_operation(r) for r in conn.execute(page)]
 
         return await self._read(work)
@@ -899,16 +899,16 @@ def _status_first(conn: Connection, f: OperationFilter) -> bool:
     return _at_most(conn, filter_conditions(replace(f, status=None)), in_status) > in_status
 
 
-def _status_first_page(f: OperationFilter, where: list[Any], *, sqlite: bool) -> Select[Any]:
-    """The page, its rows found first by their status's index, then sorted.
+def _status_first_page(
+    page: Select[Any], f: OperationFilter, where: list[Any], *, sqlite: bool
+) -> Select[Any]:
+    """``page``, its rows found first by their status's index, then sorted.
 
     SQLite is told the index (``INDEXED BY``); PostgreSQL is given the rows to find as a
     materialized CTE, which it plans without the page's order and limit.
     """
-    c = operations.c
     if sqlite:
-        query = select(operations).where(*where).order_by(c.created_at, c.operation_id)
-        return query.limit(f.limit).with_hint(operations, f"INDEXED BY {_BY_STATUS}", "sqlite")
+        return page.with_hint(operations, f"INDEXED BY {_BY_STATUS}", "sqlite")
     found = select(operations).where(*where).cte("found").prefix_with("MATERIALIZED")
     return select(found).order_by(found.c.created_at, found.c.operation_id).limit(f.limit)
 

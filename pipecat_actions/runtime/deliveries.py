@@ -471,11 +471,8 @@ class SessionDelivery:
         if tracked is not None and tracked.answered_by_call:
             return  # the call waiting for it (confirm_action) tells it in place, once
         answered = self._service.operations.answered(op.operation_id)
-        if (
-            answered is not None
-            and answered.status is op.status
-            and op.operation_id not in (state.retell)
-        ):
+        retold = op.operation_id in state.retell
+        if answered is not None and answered.status is op.status and not retold:
             # A call's result holds this very outcome and is on its way to the gate, which
             # records it in place: a catch-up or a watcher that read it meanwhile is too late.
             # (A new pipeline retells what an old one may not have heard: `retell`.)

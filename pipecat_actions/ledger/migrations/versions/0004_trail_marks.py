@@ -75,12 +75,7 @@ def _fill_in_from_events() -> None:
     ).mappings()
     per_operation: dict[str, TrailMarks] = defaultdict(TrailMarks)
     for event in candidates:
-        per_operation[event["operation_id"]] |= TrailMarks.of_event(
-            from_status=event["from_status"],
-            to_status=event["to_status"],
-            actor=event["actor"],
-            detail_json=event["detail_json"],
-        )
+        per_operation[event["operation_id"]] |= TrailMarks.of_trail([event])
     update = sa.text(
         "UPDATE pa_operations SET trail_marks = :trail_marks, joined_calls = :joined_calls, "
         "reconcile_errors = :reconcile_errors WHERE operation_id = :operation_id"
