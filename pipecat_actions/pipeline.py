@@ -23,6 +23,17 @@ Why each goes where it goes (and what breaks otherwise):
   ``rtvi_observer_params=rtvi_observer_params(runtime)``, so that Pipecat's own reports (a
   cancel told as ``cancelled: true``) are off for the runtime's tools.
 
+With a speech-to-speech service (OpenAI Realtime, Gemini Live) there is no STT or TTS, and the
+service itself sends results to the provider::
+
+    transport.input() → user_agg → ActionTurnTracker → realtime service → ActionStatusReporter
+        → transport.output() → ActionResultGate → assistant_agg
+
+The tracker and the gate keep their places; the realtime adapter on the service
+(`pipecat_actions.realtime`) tells the provider each call's truth and the late outcomes, and
+counts the provider's responses as generations. Without it the provider would be told
+``CANCELLED`` for an action that goes on, and hear no late outcome at all.
+
 `check_placement` reports a misplacement it can detect before the pipeline starts;
 `build_pipeline` builds the template and checks it.
 """
@@ -47,6 +58,7 @@ from pipecat.services.llm_service import LLMService
 
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
+from pipecat_actions.realtime import adapt_realtime, adapter_of, is_realtime_service
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
 
@@ -62,12 +74,16 @@ def build_pipeline(
     transport: Any = None,
     user_params: LLMUserAggregatorParams | None = None,
 ) -> tuple[Pipeline, ActionResultGate]:
-    """Build the standard cascade with the runtime attached and the processors in place.
+    """Build the standard pipeline with the runtime attached and the processors in place.
+
+    A speech-to-speech ``llm`` (OpenAI Realtime, Azure Realtime, Gemini Live) gets the
+    speech-to-speech layout and its realtime adapter (see the module docstring); ``stt`` and
+    ``tts`` are then usually None (a realtime service with text output may feed a TTS).
 
     Args:
         runtime: The action runtime; its actions are registered on ``llm`` for ``session``.
         session: The conversation's session state.
-        llm: The LLM service.
+        llm: The LLM service (a cascade one or a speech-to-speech one).
         context: The conversation context; pass ``tools=runtime.tools_schema()`` to it.
         tts: The TTS service, if any.
         stt: The STT service, if any.
@@ -80,6 +96,8 @@ def build_pipeline(
     pair = LLMContextAggregatorPair(context, user_params=user_params)
     gate = ActionResultGate(runtime, session)
     runtime.attach(llm, session)
+    if is_realtime_service(llm):
+        adapt_realtime(runtime, llm, session, gate)
     stages: list[FrameProcessor] = []
     if transport is not None:
         stages.append(transport.input())
@@ -126,6 +144,8 @@ def check_placement(processors: Sequence[FrameProcessor]) -> None:
         )
     if llm is not None and gate < llm:
         raise ConfigurationError("ActionResultGate must come after the LLM service")
+    if llm is not None:
+        _check_realtime(processors[llm], processors[gate])
     reporter = index(ActionStatusReporter)
     if reporter is not None and (reporter > gate or (llm is not None and reporter < llm)):
         raise ConfigurationError(
@@ -143,4 +163,25 @@ def check_placement(processors: Sequence[FrameProcessor]) -> None:
         raise ConfigurationError(
             "ActionTurnTracker must come before the LLM service: after it, an interruption "
             "arrives too late to mark a proposal stale"
+        )
+
+
+def _check_realtime(llm: Any, gate: Any) -> None:
+    """A speech-to-speech service needs its adapter, speaking through this pipeline's gate."""
+    adapter = adapter_of(llm)
+    kind = type(llm).__name__
+    if adapter is None:
+        if is_realtime_service(llm):
+            raise ConfigurationError(
+                f"{kind} is a speech-to-speech service with no realtime adapter: it would tell "
+                "the provider CANCELLED for an action that goes on, and the provider would hear "
+                "no late outcome; build the pipeline with build_pipeline, or call "
+                "pipecat_actions.realtime.adapt_realtime(runtime, llm, session, gate)"
+            )
+        return
+    if adapter.gate is not gate or gate.speaker is not adapter:
+        raise ConfigurationError(
+            f"the realtime adapter of {kind} speaks through another pipeline's "
+            "ActionResultGate: late outcomes would reach the wrong conversation; adapt the "
+            "service with this pipeline's gate"
         )

@@ -60,8 +60,8 @@ from pipecat.processors.frame_processor import (
 )
 
 from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
-from pipecat_actions.results import render_operation
-from pipecat_actions.runtime.deliveries import PENDING_STATUSES, SessionDelivery, Told
+from pipecat_actions.processors._closing import closing_frame, closing_result, stopped_result
+from pipecat_actions.runtime.deliveries import PENDING_STATUSES, SessionDelivery, Speaker, Told
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES
 
@@ -103,24 +103,6 @@ class _Call:
     """Its final result passed (or the gate closed it): a second final result is dropped."""
 
 
-def _closing(cancel: FunctionCallCancelFrame, result: Any) -> FunctionCallResultFrame:
-    """The result that closes a call Pipecat cancelled, in place of its ``CANCELLED``.
-
-    After a barge-in, no inference (the user's turn drives the next one). After Pipecat's
-    timeout (the only cancel with ``run_llm`` set), the aggregator's own rule decides:
-    inference once every call proposed together is done, never one per call of the group.
-    """
-    run_llm = None if cancel.run_llm else False
-    return FunctionCallResultFrame(
-        function_name=cancel.function_name,
-        tool_call_id=cancel.tool_call_id,
-        arguments={},
-        result=result,
-        run_llm=run_llm,
-        properties=FunctionCallResultProperties(run_llm=run_llm),
-    )
-
-
 class ActionResultGate(FrameProcessor):
     """Keeps the context truthful about the runtime's operations (see the module docstring).
 
@@ -138,6 +120,22 @@ class ActionResultGate(FrameProcessor):
         self._calls: dict[str, _Call] = {}
         self._closing = 0
         self._ends: list[Frame] = []
+        self._speaker: Speaker | None = None
+
+    def speak_through(self, speaker: Speaker) -> None:
+        """Tell late outcomes through ``speaker`` instead of into the local context.
+
+        A speech-to-speech service keeps its own conversation at the provider, so what is
+        owed must reach the provider through the service; the realtime adapters
+        (`pipecat_actions.realtime`) call this. The service then also counts the
+        generations (its response start and end), so the gate stops counting them.
+        """
+        self._speaker = speaker
+
+    @property
+    def speaker(self) -> Speaker | None:
+        """What late outcomes are told through instead of the gate itself, if anything."""
+        return self._speaker
 
     async def setup(self, setup: FrameProcessorSetup) -> None:  # type: ignore[override]
         """Set up; with Pipecat's tracing on, parent the runtime's spans to its turn spans."""
@@ -149,11 +147,17 @@ class ActionResultGate(FrameProcessor):
 
     async def tell(self, told: Told) -> None:
         """Push what the delivery service decided to tell, as a developer message."""
+        if self._speaker is not None:
+            await self._speaker.tell(told)
+            return
         message: Any = {"role": "developer", "content": told.text}
         await self.push_frame(LLMMessagesAppendFrame(messages=[message], run_llm=told.run_llm))
 
     async def interrupt(self) -> None:
         """Cut the bot off for an ``interrupt`` delivery."""
+        if self._speaker is not None:
+            await self._speaker.interrupt()
+            return
         await self.broadcast_interruption()  # type: ignore[no-untyped-call]
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -176,7 +180,7 @@ class ActionResultGate(FrameProcessor):
         else:
             self.delivery.listen()  # a pipeline test may start without a StartFrame
         if direction is FrameDirection.UPSTREAM:
-            if isinstance(frame, LLMContextFrame):
+            if isinstance(frame, LLMContextFrame) and self._speaker is None:
                 self.session.start_generation()  # the assistant aggregator asks for inference
             await self.push_frame(frame, direction)
             return
@@ -217,7 +221,7 @@ class ActionResultGate(FrameProcessor):
             self.delivery.bot_stopped()
         elif isinstance(frame, InterruptionFrame):
             self.delivery.interrupted()
-        elif isinstance(frame, LLMFullResponseEndFrame):
+        elif isinstance(frame, LLMFullResponseEndFrame) and self._speaker is None:
             self.session.settle_generation()
 
     def _owns(self, function_name: str) -> bool:
@@ -239,26 +243,10 @@ class ActionResultGate(FrameProcessor):
             # or a call stopped before it was admitted. Closed with a result, which keeps its
             # place behind the in-progress frame: a re-pushed cancel, a system frame, would
             # overtake that frame again in the aggregator's queue.
-            await self.push_frame(self._stopped(frame))
+            await self.push_frame(closing_frame(frame, stopped_result(self.runtime, frame)))
             return
         self._closing += 1
         self.create_task(self._close(frame, operation_id, call.group))
-
-    def _stopped(self, cancel: FunctionCallCancelFrame) -> FunctionCallResultFrame:
-        """The result of a call of the runtime's that Pipecat stopped with no operation behind."""
-        if self.runtime.deliveries.is_read(cancel.function_name):
-            result: dict[str, Any] = {
-                "status": "cancelled",
-                "message": f"{cancel.function_name} was stopped before it answered; nothing was "
-                "changed. Ask again if it is still needed.",
-            }
-        else:
-            result = {
-                "status": "not_started",
-                "message": f"{cancel.function_name} was stopped while it was being checked, "
-                "before it started; nothing was done. Ask again if it is still wanted.",
-            }
-        return _closing(cancel, result)
 
     async def _close(
         self, cancel: FunctionCallCancelFrame, operation_id: str, group: str | None
@@ -276,29 +264,10 @@ class ActionResultGate(FrameProcessor):
     async def _close_truthfully(
         self, cancel: FunctionCallCancelFrame, operation_id: str, group: str | None
     ) -> None:
-        # Not knowing (the ledger cannot be read) is no reason to leave the call IN_PROGRESS,
-        # nor to say CANCELLED: the action was not stopped, and its outcome is told when it comes.
-        op = await self.delivery.current(operation_id)
+        result, op = await closing_result(self.delivery, cancel, operation_id)
         if op is None or op.status not in TERMINAL_STATUSES:
             self.delivery.await_outcome(operation_id, group)
-        # Pipecat sets run_llm on a cancel only when the call ran past its own timeout.
-        waited = (
-            "It is taking longer than the wait allows"
-            if cancel.run_llm
-            else "The user interrupted the wait"
-        )
-        if op is None:
-            result: Any = {
-                "status": "pending",
-                "operation_id": operation_id,
-                "message": f"{waited}; the action was not stopped. Its outcome will be told "
-                "here; do not say it is done or that it failed.",
-            }
-        else:
-            terminal = op.status in TERMINAL_STATUSES
-            note = None if terminal else f"{waited}; the action was not stopped."
-            result = render_operation(op, note=note)
-        frame = _closing(cancel, result)
+        frame = closing_frame(cancel, result)
         if op is None:
             await self.push_frame(frame)
             return

@@ -284,6 +284,14 @@ class ActionRuntime:
 
     # --- decisions about admitted operations -----------------------------------------------
 
+    async def interrupted(self, operation_id: str) -> None:
+        """Apply the tool's ``on_interruption`` policy to ``operation_id``: a barge-in on it.
+
+        What a cancelled wait does for a blocking call, for a call nobody waits on: a
+        background call the provider itself cancelled (Gemini Live's ``toolCallCancellation``).
+        """
+        await self._decisions.interrupted(operation_id)
+
     async def cancel(
         self, operation_id: str, *, reason: str, only_if_not_started: bool = False
     ) -> Operation:

@@ -24,6 +24,7 @@ __all__ = [
     "Deliveries",
     "Outlet",
     "SessionDelivery",
+    "Speaker",
     "Told",
     "compensation_told",
 ]
@@ -114,6 +115,8 @@ class Told:
         run_llm: Whether the model should answer now (False: into the context silently).
         interrupt: Cut the bot off first (the ``interrupt`` delivery mode while it speaks).
         superseded_by: The newer operation that replaced this one, if any.
+        mode: The delivery mode it was decided under (a provider that schedules results
+            itself, such as Gemini Live, is told it too).
     """
 
     operation: Operation
@@ -122,16 +125,21 @@ class Told:
     run_llm: bool
     interrupt: bool = False
     superseded_by: str | None = None
+    mode: DeliveryMode = DeliveryMode.WHEN_IDLE
 
 
-class Outlet(Protocol):
-    """How a pipeline adapter lets the delivery service speak (see the module docstring)."""
+class Speaker(Protocol):
+    """Puts what the delivery service decided into the conversation, and cuts the bot off."""
 
     async def tell(self, told: Told) -> None:
         """Put ``told`` into the conversation now."""
 
     async def interrupt(self) -> None:
         """Cut the bot off (it is speaking and an ``interrupt`` delivery is due)."""
+
+
+class Outlet(Speaker, Protocol):
+    """How a pipeline adapter lets the delivery service speak (see the module docstring)."""
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coroutine`` as a task of the pipeline (cancelled when the pipeline ends)."""
@@ -635,6 +643,7 @@ class SessionDelivery:
             run_llm=run_llm,
             interrupt=late.mode is DeliveryMode.INTERRUPT and self.session.bot_speaking,
             superseded_by=late.superseded_by,
+            mode=late.mode,
         )
         with self._service.telemetry.delivery(
             op, self.session, late=True, superseded_by=late.superseded_by

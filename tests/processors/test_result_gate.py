@@ -1094,7 +1094,7 @@ async def test_a_ledger_failure_closing_a_cancelled_call_says_neither_in_progres
             agent.sent(0.5),
             failing_reads,
             InterruptionFrame(),
-            agent.closed("pending"),
+            agent.closed("unknown"),
             agent.advance(0.5),  # the booking commits; the runtime tells the gate
             agent.told_late(),
         ]

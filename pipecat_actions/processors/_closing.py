@@ -1,0 +1,89 @@
+"""What closes a call of the runtime's that Pipecat cancelled, instead of its ``"CANCELLED"``.
+
+Shared by the cascade gate (which replaces the cancel before the assistant aggregator) and the
+realtime adapters (which replace it at the service, before the provider is told): both close
+the call with the operation's real state, never a bare cancellation.
+"""
+
+from __future__ import annotations
+
+__all__ = ["closing_frame", "closing_result", "stopped_result"]
+
+from typing import TYPE_CHECKING, Any
+
+from pipecat.frames.frames import (
+    FunctionCallCancelFrame,
+    FunctionCallResultFrame,
+    FunctionCallResultProperties,
+)
+
+from pipecat_actions.results import render, render_operation
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
+
+if TYPE_CHECKING:
+    from pipecat_actions.ledger import Operation
+    from pipecat_actions.runtime import ActionRuntime
+    from pipecat_actions.runtime.deliveries import SessionDelivery
+
+
+def closing_frame(cancel: FunctionCallCancelFrame, result: Any) -> FunctionCallResultFrame:
+    """The result frame that closes a call Pipecat cancelled, in place of its ``CANCELLED``.
+
+    After a barge-in, no inference (the user's turn drives the next one). After Pipecat's
+    timeout (the only cancel with ``run_llm`` set), the aggregator's own rule decides:
+    inference once every call proposed together is done, never one per call of the group.
+    """
+    run_llm = None if cancel.run_llm else False
+    return FunctionCallResultFrame(
+        function_name=cancel.function_name,
+        tool_call_id=cancel.tool_call_id,
+        arguments={},
+        result=result,
+        run_llm=run_llm,
+        properties=FunctionCallResultProperties(run_llm=run_llm),
+    )
+
+
+async def closing_result(
+    delivery: SessionDelivery, cancel: FunctionCallCancelFrame, operation_id: str
+) -> tuple[dict[str, Any], Operation | None]:
+    """The operation's real state as the result of its cancelled call, and the record read.
+
+    Not knowing (the ledger cannot be read) is no reason to say CANCELLED either: the action
+    was not stopped, and its outcome is told when it comes (the result says UNKNOWN, which the
+    delivery service treats as still to be told).
+    """
+    op = await delivery.current(operation_id)
+    # Pipecat sets run_llm on a cancel only when the call ran past its own timeout.
+    waited = (
+        "It is taking longer than the wait allows"
+        if cancel.run_llm
+        else "The user interrupted the wait"
+    )
+    if op is None:
+        result = render(
+            ActionStatus.UNKNOWN,
+            tool=cancel.function_name,
+            operation_id=operation_id,
+            note=f"{waited}; the action was not stopped. Its record could not be read just "
+            "now; its outcome will be told here. Do not say it is done or that it failed.",
+        )
+        return result, None
+    terminal = op.status in TERMINAL_STATUSES
+    note = None if terminal else f"{waited}; the action was not stopped."
+    return render_operation(op, note=note), op
+
+
+def stopped_result(runtime: ActionRuntime, cancel: FunctionCallCancelFrame) -> dict[str, Any]:
+    """The result of a call of the runtime's that Pipecat stopped with no operation behind."""
+    if runtime.deliveries.is_read(cancel.function_name):
+        return {
+            "status": "cancelled",
+            "message": f"{cancel.function_name} was stopped before it answered; nothing was "
+            "changed. Ask again if it is still needed.",
+        }
+    return {
+        "status": "not_started",
+        "message": f"{cancel.function_name} was stopped while it was being checked, "
+        "before it started; nothing was done. Ask again if it is still wanted.",
+    }

@@ -1,0 +1,202 @@
+"""The part every realtime adapter shares: it works at the service, where the provider listens.
+
+A speech-to-speech service sends each function call's result to the provider inside its own
+``push_frame``, before any downstream processor sees it, and the provider keeps its own
+conversation (Pipecat's context is a local mirror). So the guarantees the cascade gate gives
+before the assistant aggregator are given here, on the service instance:
+
+* **Truthful cancel.** The service's downstream ``FunctionCallCancelFrame`` for a call of the
+  runtime's (a barge-in on a blocking tool, Pipecat's ``timeout_secs``) never reaches the
+  service's own ``push_frame``, which would tell the provider ``"CANCELLED"``. The call is
+  closed instead with the operation's real state (still running, committed, unknown, really
+  cancelled), pushed as the call's result *through* the service: the provider hears it on its
+  function-call channel, and the local mirror gets it too. The runtime's ``on_interruption``
+  policy decides what happens to the action, as in the cascade.
+* **Late outcomes through the service.** What the delivery service tells later goes into the
+  service as an ``LLMMessagesAppendFrame`` (as if from before it), which the service sends to
+  the provider as a conversation item; the assistant aggregator records it and asks for a
+  response when the delivery says so. A telling waits while the service is not connected, so
+  an outcome owed across a reconnect is told once the session is back.
+* **Nothing lost while the session is away.** A result of the runtime's call that comes while
+  the service has no session with the provider (it would drop it) waits until the session is
+  back; only then does it reach the gate, which records it as told. If the session never comes
+  back, the outcome stays owed and the session's next pipeline tells it.
+* **Turns and generations from the provider.** A generation is one response of the
+  provider's (each adapter knows the events); an interruption the service broadcasts marks
+  it interrupted. Stale proposals are refused on that basis.
+"""
+
+from __future__ import annotations
+
+__all__ = ["RealtimeAdapter"]
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+from pipecat.frames.frames import (
+    Frame,
+    FunctionCallCancelFrame,
+    FunctionCallInProgressFrame,
+    FunctionCallResultFrame,
+    InterruptionFrame,
+    LLMMessagesAppendFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.llm_service import LLMService
+
+from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
+from pipecat_actions.processors._closing import closing_frame, closing_result, stopped_result
+from pipecat_actions.runtime.deliveries import Told
+from pipecat_actions.session import SessionState
+
+if TYPE_CHECKING:
+    from pipecat_actions.processors import ActionResultGate
+    from pipecat_actions.runtime import ActionRuntime
+
+ADAPTER_ATTRIBUTE = "_pipecat_actions_realtime"
+"""The attribute of a service that holds its adapter (`adapter_of`, `check_placement`)."""
+
+Push = Callable[[Frame, FrameDirection], Awaitable[None]]
+
+
+class RealtimeAdapter:
+    """Gives a speech-to-speech service the cascade's guarantees; see the module docstring.
+
+    Built by `pipecat_actions.realtime.adapt_realtime`, which picks the subclass for the
+    service. It replaces methods on the one service instance it adapts (Pipecat offers no
+    public seam at the service boundary), calling the originals for everything it leaves be.
+
+    Args:
+        runtime: The runtime whose actions the service calls.
+        llm: The speech-to-speech service.
+        session: The session the pipeline serves.
+        gate: The pipeline's `ActionResultGate`: its delivery is the one spoken through here.
+    """
+
+    service_name = "speech-to-speech"
+
+    def __init__(
+        self,
+        runtime: ActionRuntime,
+        llm: LLMService,
+        session: SessionState,
+        gate: ActionResultGate,
+    ) -> None:
+        self.runtime = runtime
+        self.llm = llm
+        self.session = session
+        self.gate = gate
+        self.delivery = gate.delivery
+        self._push: Push = llm.push_frame
+        self._confirms: dict[str, str] = {}
+        """confirm_action call → the operation it is about (told if the call is cancelled)."""
+        self._ready = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # --- installation ----------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Replace the service's methods this adapter works through; idempotent per service."""
+        if getattr(self.llm, ADAPTER_ATTRIBUTE, None) is not None:
+            raise RuntimeError(f"{type(self.llm).__name__} already has a realtime adapter")
+        setattr(self.llm, ADAPTER_ATTRIBUTE, self)
+        self.llm.push_frame = self._push_frame  # type: ignore[method-assign]
+        if self.connected():
+            self._ready.set()
+        self.gate.speak_through(self)
+
+    def connected(self) -> bool:
+        """Whether the service can send to the provider now (a subclass reads the service)."""
+        raise NotImplementedError
+
+    def _became_ready(self) -> None:
+        """The service's session with the provider is (again) ready: waiting tellings go."""
+        self._ready.set()
+
+    def _went_away(self) -> None:
+        """The service lost its session (a disconnect, a reconnect under way)."""
+        self._ready.clear()
+
+    # --- the service's push_frame ----------------------------------------------------------
+
+    async def _push_frame(
+        self, frame: Frame, direction: FrameDirection = FrameDirection.DOWNSTREAM
+    ) -> None:
+        if isinstance(frame, InterruptionFrame):
+            # The service's own barge-in (the provider said the user interrupted).
+            self.session.interrupt()
+        elif direction is FrameDirection.DOWNSTREAM:
+            owned = isinstance(frame, (FunctionCallCancelFrame, FunctionCallResultFrame)) and (
+                owns_tool(self.runtime, frame.function_name)
+            )
+            if owned and isinstance(frame, FunctionCallCancelFrame):
+                self._spawn(self._close(frame))
+                return  # the provider is told the truth instead (see _close)
+            if owned and not self._ready.is_set():
+                # The service would drop it (no session): it goes once the session is back,
+                # and only then reaches the gate, which records it as told.
+                self._spawn(self._push_when_ready(frame))
+                return
+            if isinstance(frame, FunctionCallInProgressFrame):
+                self._note_call(frame)
+        await self._push(frame, direction)
+
+    async def _push_when_ready(self, frame: Frame) -> None:
+        await self.ready()
+        await self._push_frame(frame)
+
+    def _note_call(self, frame: FunctionCallInProgressFrame) -> None:
+        confirmed = (frame.arguments or {}).get("operation_id")
+        if frame.function_name == CONFIRM_TOOL and isinstance(confirmed, str):
+            self._confirms[frame.tool_call_id] = confirmed
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coroutine`` as a task of the service (cancelled when the pipeline ends)."""
+        what = getattr(coroutine, "__qualname__", "task")
+        task = self.llm.create_task(coroutine, name=f"{self}::{what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _close(self, cancel: FunctionCallCancelFrame) -> None:
+        """Close a cancelled call with its operation's real state, through the service."""
+        operation_id = self.runtime.operation_for_call(cancel.tool_call_id) or self._confirms.get(
+            cancel.tool_call_id
+        )
+        if operation_id is None:
+            # No operation behind it: a read, or a call stopped before it was admitted.
+            result = stopped_result(self.runtime, cancel)
+        else:
+            result, _ = await closing_result(self.delivery, cancel, operation_id)
+        await self._closed(cancel, result)
+
+    async def _closed(self, cancel: FunctionCallCancelFrame, result: dict[str, Any]) -> None:
+        """Push the result that closes ``cancel``'s call (a subclass may route it)."""
+        await self._push_frame(closing_frame(cancel, result))
+
+    # --- the delivery service's speaker ----------------------------------------------------
+
+    async def tell(self, told: Told) -> None:
+        """Tell ``told`` to the provider through the service, once the service is connected."""
+        await self.ready()
+        await self._tell(told)
+
+    async def _tell(self, told: Told) -> None:
+        message: Any = {"role": "developer", "content": told.text}
+        await self.llm.queue_frame(LLMMessagesAppendFrame(messages=[message], run_llm=told.run_llm))
+
+    async def interrupt(self) -> None:
+        """Cut the bot off for an ``interrupt`` delivery: locally and at the provider."""
+        await self.llm.broadcast_interruption()  # type: ignore[no-untyped-call]
+
+    async def ready(self) -> None:
+        """Wait until the service can send to the provider."""
+        if not self._ready.is_set():
+            logger.bind(session_id=self.session.session_id).debug(
+                "{}: waiting for the provider's session before telling an outcome", self
+            )
+        await self._ready.wait()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.session.session_id})"

@@ -1,0 +1,233 @@
+"""Gemini Live keeps the cascade's guarantees, with ``behavior`` and ``scheduling`` from policy.
+
+The real ``GeminiLiveLLMService`` runs in the realtime layout `build_pipeline` builds, against
+`FakeGeminiServer` (the Live API's websocket protocol, on 127.0.0.1). Each test asserts what the
+provider received, what the ledger says and what the system of record did.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pipecat.services.google.gemini_live.llm import GeminiLiveLLMService
+
+from pipecat_actions.status import ActionStatus
+from tests._waiting import HANG_GUARD_SECS, guarded
+from tests.processors._clocked import until
+from tests.realtime._fake_gemini import FakeGeminiServer, Message, field
+from tests.realtime._support import Agent, agent_on, booking, restaurant, running_pipeline
+
+S = ActionStatus
+GEMINI_25 = "models/gemini-2.5-flash-native-audio-preview-09-2025"
+"""Takes NON_BLOCKING tools and scheduling; blocks unless told otherwise."""
+GEMINI_38 = "models/gemini-3.8-flash-live"
+"""Takes NON_BLOCKING tools and scheduling; runs calls NON_BLOCKING unless told BLOCKING."""
+GEMINI_35 = "models/gemini-3.5-flash-live"
+"""Takes neither NON_BLOCKING nor scheduling (Pipecat's gate for 3.0 to 3.7)."""
+
+
+def gemini(fake: FakeGeminiServer, model: str = GEMINI_25) -> GeminiLiveLLMService:
+    return GeminiLiveLLMService(
+        api_key="fake-key",
+        http_options=fake.http_options,
+        settings=GeminiLiveLLMService.Settings(model=model),
+    )
+
+
+@asynccontextmanager
+async def gemini_agent(
+    tmp_path: Path, model: str = GEMINI_25
+) -> AsyncIterator[tuple[Agent, FakeGeminiServer]]:
+    async with FakeGeminiServer() as fake, agent_on(gemini(fake, model), tmp_path) as agent:
+        # It connects at setup, and again when the context brings the tools.
+        await fake.wait_for_connections(2, HANG_GUARD_SECS)
+        yield agent, fake
+
+
+def _response_for(call_id: str) -> Any:
+    return lambda message: any(
+        r.get("id") == call_id
+        for r in field(field(message, "tool_response") or {}, "function_responses") or []
+    )
+
+
+def _text_saying(*words: str) -> Any:
+    def matches(message: Message) -> bool:
+        content = field(message, "client_content")
+        return content is not None and all(word in json.dumps(content) for word in words)
+
+    return matches
+
+
+def _declared(fake: FakeGeminiServer) -> dict[str, str | None]:
+    return {decl["name"]: decl.get("behavior") for decl in fake.declared_functions()}
+
+
+def _status(response: Message) -> str | None:
+    value = response.get("response", {})
+    return value.get("status") if isinstance(value, dict) else None
+
+
+@pytest.mark.parametrize(
+    ("model", "blocking"),
+    [(GEMINI_25, None), (GEMINI_38, "BLOCKING")],
+)
+async def test_each_action_is_declared_blocking_or_not_by_its_mode(
+    tmp_path: Path, model: str, blocking: str | None
+) -> None:
+    async with gemini_agent(tmp_path, model) as (_, fake):
+        declared = _declared(fake)
+
+    assert declared["book_in_background"] == "NON_BLOCKING"
+    assert declared["book_in_background_silently"] == "NON_BLOCKING"
+    # A blocking action is declared BLOCKING where the model would not block by itself.
+    assert declared["book_table"] == blocking
+    assert declared["book_or_cancel"] == blocking
+
+
+async def test_a_model_without_non_blocking_tools_gets_no_behavior_and_no_scheduling(
+    tmp_path: Path,
+) -> None:
+    async with gemini_agent(tmp_path, GEMINI_35) as (agent, fake):
+        call_id = await fake.call("book_in_background", booking())
+        await agent.at_the_provider()
+        agent.commit()
+        await fake.wait_for(_response_for(call_id), HANG_GUARD_SECS)
+        await agent.delivered("book_in_background")
+
+    assert set(_declared(fake).values()) == {None}
+    (response,) = fake.tool_responses(call_id)
+    assert "scheduling" not in response and "scheduling" not in response["response"]
+    assert _status(response) == "committed"
+
+
+@pytest.mark.parametrize(
+    ("tool", "scheduling"),
+    [
+        ("book_in_background", "WHEN_IDLE"),
+        ("book_in_background_silently", "SILENT"),
+        ("book_in_background_urgently", "INTERRUPT"),
+    ],
+)
+async def test_a_background_outcome_is_scheduled_as_the_tools_delivery_policy_says(
+    tmp_path: Path, tool: str, scheduling: str
+) -> None:
+    async with gemini_agent(tmp_path) as (agent, fake):
+        call_id = await fake.call(tool, booking())
+        await agent.at_the_provider()
+        assert fake.tool_responses(call_id) == []  # the call stays open while it runs
+        agent.commit()
+        await fake.wait_for(_response_for(call_id), HANG_GUARD_SECS)
+        op = await agent.delivered(tool)
+
+    (response,) = fake.tool_responses(call_id)
+    assert response["scheduling"] == scheduling
+    assert response["response"]["scheduling"] == scheduling
+    assert response.get("will_continue", response.get("willContinue")) is False
+    assert _status(response) == "committed"
+    assert op.status is S.COMMITTED
+    assert agent.side_effects() == 1
+
+
+async def test_the_providers_cancellation_of_a_running_booking_is_a_barge_in_told_truthfully(
+    tmp_path: Path,
+) -> None:
+    async with gemini_agent(tmp_path) as (agent, fake):
+        call_id = await fake.call("book_table", booking())
+        await agent.at_the_provider()
+        await fake.cancel_calls(call_id)  # the user spoke over the call
+        await fake.wait_for(_text_saying("was not stopped", call_id), HANG_GUARD_SECS)
+        agent.commit()
+        await fake.wait_for(_text_saying("committed", "book_table"), HANG_GUARD_SECS)
+        op = await agent.delivered("book_table")
+
+    # The provider forgot the call: nothing answers the cancelled id, the truth comes as text.
+    assert fake.tool_responses(call_id) == []
+    assert not any("CANCELLED" in text for text in fake.client_texts())
+    assert op.status is S.COMMITTED
+    assert agent.side_effects() == 1
+
+
+async def test_the_providers_cancellation_applies_the_tools_on_interruption_policy(
+    tmp_path: Path,
+) -> None:
+    async with gemini_agent(tmp_path) as (agent, fake):
+        call_id = await fake.call("book_or_cancel", booking())
+        await agent.at_the_provider()
+        await fake.cancel_calls(call_id)
+        op = await agent.settled("book_or_cancel", S.CANCELLED)
+        await fake.wait_for(_text_saying("cancelled", "book_or_cancel"), HANG_GUARD_SECS)
+
+    assert op.status is S.CANCELLED
+    assert agent.side_effects() == 0
+    assert fake.tool_responses(call_id) == []
+
+
+async def test_a_repeated_call_while_the_first_is_pending_is_joined_and_books_once(
+    tmp_path: Path,
+) -> None:
+    # Google: duplicate calls are only "minimized"; filter them on the client side.
+    async with gemini_agent(tmp_path) as (agent, fake):
+        first = await fake.call("book_in_background", booking())
+        await agent.at_the_provider()
+        second = await fake.call("book_in_background", booking())
+        await until(
+            lambda: agent.runtime.operation_for_call(second) is not None,
+            what="the repeat to be admitted",
+        )
+        agent.commit()
+        await fake.wait_for(_response_for(first), HANG_GUARD_SECS)
+        await fake.wait_for(_response_for(second), HANG_GUARD_SECS)
+        operations = await agent.runtime.ledger.list()
+
+    assert [_status(r) for r in fake.tool_responses(first)] == ["committed"]
+    assert [_status(r) for r in fake.tool_responses(second)] == ["committed"]
+    assert agent.side_effects() == 1
+    assert len(operations) == 1
+
+
+async def test_an_outcome_due_during_a_reconnect_is_told_once_the_session_is_back(
+    tmp_path: Path,
+) -> None:
+    # pipecat #5465: the service drops a tool result sent while it reconnects, and forgets
+    # the call's id; the model then waits forever for a call nobody answers.
+    async with gemini_agent(tmp_path) as (agent, fake):
+        call_id = await fake.call("book_in_background", booking())
+        await agent.at_the_provider()
+        fake.hold_connections()
+        await fake.drop()  # the service reconnects by itself; its new session waits
+        await until(lambda: fake.connections == 2 and agent.llm._session is None, what="the gap")
+        agent.commit()
+        op = await agent.settled("book_in_background", S.COMMITTED)
+        await guarded(agent.runtime.wait(op.operation_id), what="the outcome")
+        assert (await agent.runtime.ledger.get(op.operation_id)).delivered_at is None
+        fake.admit_connections()
+        await fake.wait_for(_text_saying("committed", call_id), HANG_GUARD_SECS, connection=3)
+        await agent.delivered("book_in_background")
+
+    assert fake.tool_responses(call_id) == []
+    assert agent.side_effects() == 1
+
+
+async def test_an_outcome_owed_to_a_session_is_told_by_its_next_pipeline(
+    tmp_path: Path,
+) -> None:
+    async with restaurant(tmp_path) as place:
+        async with FakeGeminiServer() as fake, running_pipeline(place, gemini(fake)) as agent:
+            await fake.wait_for_connections(2, HANG_GUARD_SECS)
+            await fake.call("book_table", booking())
+            await agent.at_the_provider()
+        # The pipeline ended (the user hung up) with the booking at the provider.
+        agent.commit()
+        op = await agent.settled("book_table", S.COMMITTED)
+        async with FakeGeminiServer() as fake, running_pipeline(place, gemini(fake)) as second:
+            await fake.wait_for(_text_saying("committed", "book_table"), HANG_GUARD_SECS)
+            told = await second.delivered("book_table")
+
+    assert told.operation_id == op.operation_id
+    assert place.sor.side_effects["book"] == 1

@@ -1,0 +1,268 @@
+"""OpenAI Realtime keeps the cascade's guarantees: what the provider hears is the truth.
+
+The real ``OpenAIRealtimeLLMService`` runs in the realtime layout `build_pipeline` builds, against
+`FakeRealtimeServer` on 127.0.0.1. Each test asserts what the provider received (never
+``CANCELLED`` for an action that goes on or committed; the late outcome arrives), what the ledger
+says and what the system of record did.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
+
+from pipecat_actions.status import ActionStatus
+from tests._waiting import guarded
+from tests.processors._clocked import until
+from tests.realtime._fake_openai import Event, FakeRealtimeServer
+from tests.realtime._support import (
+    Agent,
+    agent_on,
+    booking,
+    restaurant,
+    running_pipeline,
+    status_of,
+)
+
+S = ActionStatus
+
+
+@asynccontextmanager
+async def openai_agent(
+    tmp_path: Path, **options: Any
+) -> AsyncIterator[tuple[Agent, FakeRealtimeServer]]:
+    async with FakeRealtimeServer() as server:
+        llm = OpenAIRealtimeLLMService(api_key="x", base_url=server.url)
+        async with agent_on(llm, tmp_path, **options) as agent:
+            await server.wait_for(_type("response.create"))
+            yield agent, server
+
+
+def _type(type_: str) -> Callable[[Event], bool]:
+    return lambda event: event.get("type") == type_
+
+
+def _output_for(call_id: str) -> Callable[[Event], bool]:
+    def matches(event: Event) -> bool:
+        item: dict[str, Any] = event.get("item", {})
+        return item.get("type") == "function_call_output" and item.get("call_id") == call_id
+
+    return matches
+
+
+def _message_saying(*words: str) -> Callable[[Event], bool]:
+    def matches(event: Event) -> bool:
+        item: dict[str, Any] = event.get("item", {})
+        text = json.dumps(item.get("content", []))
+        return item.get("type") == "message" and all(word in text for word in words)
+
+    return matches
+
+
+def _outputs(server: FakeRealtimeServer, call_id: str) -> list[str | None]:
+    return [status_of(text) for text in server.function_outputs(call_id)]
+
+
+async def test_a_barge_in_on_a_running_booking_tells_the_provider_it_goes_on_then_that_it_committed(
+    tmp_path: Path,
+) -> None:
+    async with openai_agent(tmp_path) as (agent, server):
+        call_id = await server.call("book_table", booking())
+        await agent.at_the_provider()
+        await server.speech_started()  # the user barges in while the booking is at the provider
+        await server.wait_for(_output_for(call_id))
+        agent.commit()
+        await agent.settled("book_table", S.COMMITTED)
+        await server.speech_stopped()
+        late = await server.wait_for(_message_saying("committed", "book_table"))
+        # The late outcome asks for a response: the model tells the user.
+        await server.wait_for(_type("response.create"), since=server.received.index(late))
+        op = await agent.delivered("book_table")
+
+    assert _outputs(server, call_id) == ["running"]
+    assert "was not stopped" in server.function_outputs(call_id)[0]
+    assert not any("CANCELLED" in text for text in server.function_outputs(call_id))
+    assert "CANCELLED" not in agent.context_text()
+    assert agent.side_effects() == 1
+    assert op.status is S.COMMITTED and op.delivered_status is S.COMMITTED
+
+
+async def test_a_booking_cancelled_at_the_users_barge_in_is_told_cancelled_because_it_was(
+    tmp_path: Path,
+) -> None:
+    # on_interruption: request_cancel still applies on a realtime service: the runtime asks the
+    # provider to stop the request, and the provider is told CANCELLED only once that is true.
+    async with openai_agent(tmp_path) as (agent, server):
+        call_id = await server.call("book_or_cancel", booking())
+        await agent.at_the_provider()
+        await server.speech_started()
+        op = await agent.settled("book_or_cancel", S.CANCELLED)
+        await server.speech_stopped()
+        await server.wait_for(_output_for(call_id))
+        await until(
+            lambda: (
+                any("cancelled" in text for text in server.messages())
+                or "cancel" in (_outputs(server, call_id)[-1] or "")
+            ),
+            what="the provider to hear that the booking was cancelled",
+        )
+
+    assert agent.side_effects() == 0
+    assert op.status is S.CANCELLED
+    heard = server.function_outputs(call_id) + server.messages()
+    assert all("CANCELLED" not in text for text in heard)  # the runtime's words, not Pipecat's
+
+
+async def test_a_call_proposed_in_a_response_the_user_interrupted_is_refused_and_books_nothing(
+    tmp_path: Path,
+) -> None:
+    async with openai_agent(tmp_path) as (agent, server):
+        before = agent.session.generation
+
+        async def barge_in() -> None:
+            await until(
+                lambda: agent.session.generation > before,
+                what="the service to start the response that proposes the call",
+            )
+            generation = agent.session.generation
+            await server.speech_started()
+            await until(
+                lambda: agent.session.is_interrupted(generation),
+                what="the session to record the barge-in on the response",
+            )
+
+        call_id = await server.call("book_table", booking(), meanwhile=barge_in)
+        await server.wait_for(_output_for(call_id))
+        statuses = [op.status for op in await agent.runtime.ledger.list()]
+
+    (output,) = server.function_outputs(call_id)
+    assert json.loads(output)["reason"] == "stale_proposal"
+    assert agent.side_effects() == 0
+    assert statuses == [S.REJECTED]
+
+
+async def test_a_late_outcome_waits_until_the_user_stops_speaking_then_reaches_the_provider(
+    tmp_path: Path,
+) -> None:
+    async with openai_agent(tmp_path) as (agent, server):
+        call_id = await server.call("book_table", booking())
+        await agent.at_the_provider()
+        await server.speech_started()
+        await server.wait_for(_output_for(call_id))  # closed truthfully: it goes on
+        agent.commit()
+        await agent.settled("book_table", S.COMMITTED)
+        await until(lambda: agent.gate.delivery._state.held, what="the outcome to be held")
+        assert not any("committed" in text for text in server.messages())
+        stopped_at = len(server.received)
+        await server.speech_stopped()
+        await server.wait_for(_message_saying("committed", "book_table"), since=stopped_at)
+        await agent.delivered("book_table")
+
+    assert _outputs(server, call_id) == ["running"]
+    assert agent.side_effects() == 1
+
+
+async def test_a_silent_late_outcome_reaches_the_provider_and_asks_for_no_response(
+    tmp_path: Path,
+) -> None:
+    async with openai_agent(tmp_path) as (agent, server):
+        call_id = await server.call("book_silently", booking())
+        await agent.at_the_provider()
+        await server.speech_started()
+        await server.wait_for(_output_for(call_id))
+        await server.speech_stopped()
+        responses = server.count("response.create")
+        agent.commit()
+        late = await server.wait_for(_message_saying("committed", "book_silently"))
+        await agent.delivered("book_silently")
+
+    after = server.received[server.received.index(late) :]
+    assert not [event for event in after if event.get("type") == "response.create"]
+    assert server.count("response.create") == responses
+
+
+async def test_a_background_booking_answers_its_open_call_with_the_outcome(
+    tmp_path: Path,
+) -> None:
+    # Pipecat keeps a background call open at the provider while it runs; its outcome is
+    # the call's own answer, once, and the ledger records it as told.
+    async with openai_agent(tmp_path) as (agent, server):
+        call_id = await server.call("book_in_background", booking())
+        await agent.at_the_provider()
+        assert server.function_outputs(call_id) == []
+        agent.commit()
+        await server.wait_for(_output_for(call_id))
+        op = await agent.delivered("book_in_background")
+
+    assert _outputs(server, call_id) == ["committed"]
+    assert not [text for text in server.messages() if "committed" in text]
+    assert op.status is S.COMMITTED
+    assert agent.side_effects() == 1
+
+
+async def test_two_identical_calls_book_once_and_both_calls_are_told_the_booking(
+    tmp_path: Path,
+) -> None:
+    async with openai_agent(tmp_path) as (agent, server):
+        first = await server.call("book_table", booking())
+        await agent.at_the_provider()
+        second = await server.call("book_table", booking())
+        agent.commit()
+        await server.wait_for(_output_for(first))
+        await server.wait_for(_output_for(second))
+        operations = await agent.runtime.ledger.list()
+
+    assert _outputs(server, first) == ["committed"]
+    assert _outputs(server, second) == ["committed"]
+    assert agent.side_effects() == 1
+    assert len(operations) == 1
+
+
+async def test_a_call_past_pipecats_timeout_tells_the_provider_it_goes_on_and_later_its_outcome(
+    tmp_path: Path,
+) -> None:
+    async with openai_agent(tmp_path) as (agent, server):
+        call_id = await server.call("book_with_a_short_wait", booking())
+        await agent.at_the_provider()
+        output = await server.wait_for(_output_for(call_id))  # Pipecat's timeout ended the wait
+        # A timeout is the one cancel after which the model should speak: it says it goes on.
+        await server.wait_for(_type("response.create"), since=server.received.index(output))
+        agent.commit()
+        await server.wait_for(_message_saying("committed", "book_with_a_short_wait"))
+
+    assert _outputs(server, call_id) == ["running"]
+    assert "longer than the wait allows" in server.function_outputs(call_id)[0]
+    assert agent.side_effects() == 1
+
+
+async def test_an_outcome_owed_when_the_connection_drops_is_told_to_the_sessions_next_pipeline(
+    tmp_path: Path,
+) -> None:
+    async with restaurant(tmp_path) as place:
+        async with FakeRealtimeServer() as server:
+            llm = OpenAIRealtimeLLMService(api_key="x", base_url=server.url)
+            async with running_pipeline(place, llm) as agent:
+                await server.wait_for(_type("response.create"))
+                call_id = await server.call("book_in_background", booking())
+                await agent.at_the_provider()
+                await server.drop()  # the provider's connection is gone
+                agent.commit()
+                op = await agent.settled("book_in_background", S.COMMITTED)
+                await guarded(place.runtime.wait(op.operation_id), what="the outcome")
+        # The first pipeline could not tell it: it is not recorded as told.
+        assert (await place.runtime.ledger.get(op.operation_id)).delivered_at is None
+
+        async with FakeRealtimeServer() as again:
+            llm = OpenAIRealtimeLLMService(api_key="x", base_url=again.url)
+            async with running_pipeline(place, llm) as second:
+                await again.wait_for(_message_saying("committed", "book_in_background"))
+                await second.delivered("book_in_background")
+
+    assert server.function_outputs(call_id) == []
+    assert not [text for text in server.messages() if "committed" in text]
+    assert place.sor.side_effects["book"] == 1
