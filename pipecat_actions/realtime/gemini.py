@@ -21,6 +21,13 @@ package's ``gemini`` extra). What the 1.14 service does and what the adapter cha
   about the action, and the truth is told), a background call's operation gets its
   ``on_interruption`` too. The provider no longer waits on those ids, so their truth is told
   as text.
+* **Generations.** The service emits no turn frames; a generation runs from the model's first
+  content (or tool call) to ``turn_complete``, and ends at a tool call too: a blocking call
+  stops the model's turn until it is answered, so ``admit_when: turn_confirmed`` would wait
+  forever for a ``turn_complete``. ``interrupted`` marks the generation under way interrupted;
+  a call bundled with it is a stale proposal. What the model retracts after proposing, it
+  cancels (``toolCallCancellation``). User turns (for verbal confirmations) need local VAD in
+  the user aggregator, as Pipecat warns.
 * **Reconnects.** The service drops a tool result sent while it reconnects (pipecat #5465) and
   forgets its call ids. The adapter holds such a result until the session is back and tells
   it as text; late outcomes wait for the session too.
@@ -284,16 +291,27 @@ class GeminiLiveAdapter(RealtimeAdapter):
         """Count generations, and act on ``toolCallCancellation``; then the service's own."""
         content = getattr(msg, "server_content", None)
         speaks = content is not None and (content.model_turn or content.output_transcription)
-        if not self._in_generation and (speaks or getattr(msg, "tool_call", None)):
+        calls = getattr(msg, "tool_call", None)
+        interrupted = content is not None and bool(content.interrupted)
+        if interrupted:
+            # The service broadcasts the interruption (in handle): the generation under way is
+            # interrupted, and calls bundled with it are proposals of that generation.
+            self._in_generation = False
+        elif not self._in_generation and (speaks or calls):
             self._in_generation = True
             self.session.start_generation()
+        if calls and not interrupted:
+            # The model has said what it proposes: a blocking call stops its turn until the
+            # answer, so no turn_complete comes first. What it retracts later, it cancels by
+            # id (toolCallCancellation, below).
+            self.session.settle_generation()
+            self._in_generation = False
         cancellation = getattr(msg, "tool_call_cancellation", None)
         if cancellation is not None and cancellation.ids:
             await self._cancelled(list(cancellation.ids))
         await handle(msg)
-        if content is not None and (content.turn_complete or content.interrupted):
-            if self._in_generation and content.turn_complete and not content.interrupted:
-                self.session.settle_generation()
+        if content is not None and content.turn_complete and self._in_generation:
+            self.session.settle_generation()
             self._in_generation = False
 
     async def _cancelled(self, call_ids: list[str]) -> None:

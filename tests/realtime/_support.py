@@ -42,6 +42,9 @@ POLICY = """
       book_or_cancel:
         kind: mutation
         on_interruption: request_cancel
+      book_when_settled:
+        kind: mutation
+        admit_when: turn_confirmed
       book_in_background:
         kind: mutation
         mode: background
@@ -66,6 +69,7 @@ provider, which waits on the script's clock, answers."""
 TOOLS = (
     "book_table",
     "book_or_cancel",
+    "book_when_settled",
     "book_in_background",
     "book_silently",
     "book_in_background_silently",

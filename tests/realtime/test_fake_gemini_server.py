@@ -36,8 +36,8 @@ from pipecat.services.google.gemini_live.llm import GeminiLiveLLMService
 from pipecat.services.llm_service import FunctionCallParams
 from pipecat.workers.runner import WorkerRunner
 
+from pipecat_actions.testing.fake_gemini_live import FakeGeminiServer, Message, field
 from tests._waiting import HANG_GUARD_SECS, eventually, guarded
-from tests.realtime._fake_gemini import FakeGeminiServer, Message, field
 
 NATIVE_AUDIO_25 = "models/gemini-2.5-flash-native-audio-preview-09-2025"
 """A model the service treats as supporting NON_BLOCKING tools and scheduling hints."""
@@ -109,8 +109,8 @@ def in_context(context: LLMContext, content: str) -> bool:
 
 async def seeded(fake: FakeGeminiServer) -> None:
     """Wait until the service has connected with its context and seeded the conversation."""
-    await fake.wait_for(is_client_content, timeout=HANG_GUARD_SECS)
-    await fake.wait_for_connections(2, timeout=HANG_GUARD_SECS)
+    await fake.wait_for(is_client_content, within=HANG_GUARD_SECS)
+    await fake.wait_for_connections(2, within=HANG_GUARD_SECS)
 
 
 async def test_a_tool_call_gets_its_result_as_a_non_blocking_when_idle_response() -> None:
@@ -126,7 +126,7 @@ async def test_a_tool_call_gets_its_result_as_a_non_blocking_when_idle_response(
         assert all(p.endswith("GenerativeService.BidiGenerateContent") for p in fake.paths)
 
         call_id = await fake.call("book", {"when": "7pm"})
-        await fake.wait_for(is_tool_response, timeout=HANG_GUARD_SECS)
+        await fake.wait_for(is_tool_response, within=HANG_GUARD_SECS)
         await fake.say("Booked for 7pm.")
         await eventually(
             lambda: in_context(context, "Booked for 7pm."),
@@ -164,7 +164,7 @@ async def test_a_cancelled_tool_call_still_runs_and_sends_its_result() -> None:
             what="the assistant turn sent after the cancellation",
         )
         release.set()
-        await fake.wait_for(is_tool_response, timeout=HANG_GUARD_SECS)
+        await fake.wait_for(is_tool_response, within=HANG_GUARD_SECS)
 
         [response] = fake.tool_responses(call_id)
         assert response["response"] == {"ok": True, "scheduling": "WHEN_IDLE"}
@@ -174,13 +174,13 @@ async def test_a_dropped_connection_reconnects_and_re_seeds_the_history() -> Non
     async with FakeGeminiServer() as fake, running(service(fake)):
         await seeded(fake)
         await fake.call("book", {"when": "7pm"})
-        await fake.wait_for(is_tool_response, timeout=HANG_GUARD_SECS)
+        await fake.wait_for(is_tool_response, within=HANG_GUARD_SECS)
         await fake.say("Booked for 7pm.")
 
         await fake.drop()
         # The service reconnects by itself (a failure; the third in a row would be fatal).
-        await fake.wait_for_connections(3, timeout=HANG_GUARD_SECS)
-        reseed = await fake.wait_for(is_client_content, timeout=HANG_GUARD_SECS, connection=3)
+        await fake.wait_for_connections(3, within=HANG_GUARD_SECS)
+        reseed = await fake.wait_for(is_client_content, within=HANG_GUARD_SECS, connection=3)
 
         assert field(reseed, "client_content") == {
             "turns": [
@@ -204,13 +204,13 @@ async def test_a_reconnect_resumes_with_the_last_handle_and_seeds_nothing() -> N
         await seeded(fake)
         await fake.resumption_update("handle-1")
         await fake.drop()  # the service reads the update before it meets the close
-        await fake.wait_for_connections(3, timeout=HANG_GUARD_SECS)
+        await fake.wait_for_connections(3, within=HANG_GUARD_SECS)
         assert fake.setups[2]["sessionResumption"] == {"handle": "handle-1"}
 
         # The resumed session takes input at once: a tool call on it is answered, and nothing
         # was sent before that answer (a seed would have been sent first, at session ready).
         call_id = await fake.call("book", {"when": "8pm"})
-        await fake.wait_for(is_tool_response, timeout=HANG_GUARD_SECS, connection=3)
+        await fake.wait_for(is_tool_response, within=HANG_GUARD_SECS, connection=3)
         assert fake.received_from(3) == [
             {"tool_response": {"functionResponses": fake.tool_responses(call_id)}}
         ]

@@ -26,8 +26,8 @@ from pipecat.services.openai.realtime import events
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 from pipecat.workers.runner import WorkerRunner
 
+from pipecat_actions.testing.fake_openai_realtime import Event, FakeRealtimeServer
 from tests._waiting import HANG_GUARD_SECS, guarded
-from tests.realtime._fake_openai import Event, FakeRealtimeServer
 
 BOOK = FunctionSchema(
     name="book",

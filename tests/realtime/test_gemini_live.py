@@ -17,9 +17,9 @@ import pytest
 from pipecat.services.google.gemini_live.llm import GeminiLiveLLMService
 
 from pipecat_actions.status import ActionStatus
+from pipecat_actions.testing.fake_gemini_live import FakeGeminiServer, Message, field
 from tests._waiting import HANG_GUARD_SECS, guarded
 from tests.processors._clocked import until
-from tests.realtime._fake_gemini import FakeGeminiServer, Message, field
 from tests.realtime._support import Agent, agent_on, booking, restaurant, running_pipeline
 
 S = ActionStatus
@@ -231,3 +231,42 @@ async def test_an_outcome_owed_to_a_session_is_told_by_its_next_pipeline(
 
     assert told.operation_id == op.operation_id
     assert place.sor.side_effects["book"] == 1
+
+
+async def test_a_call_that_waits_for_its_turn_to_settle_is_admitted_once_the_model_proposed_it(
+    tmp_path: Path,
+) -> None:
+    # A blocking call stops the model's turn until it is answered: no turn_complete comes
+    # before it, so the proposal itself settles the generation.
+    async with gemini_agent(tmp_path) as (agent, fake):
+        await fake.say("Let me book that.")
+        call_id = await fake.call("book_when_settled", booking())
+        await agent.at_the_provider()
+        agent.commit()
+        await fake.wait_for(_response_for(call_id), HANG_GUARD_SECS)
+
+    assert [_status(r) for r in fake.tool_responses(call_id)] == ["committed"]
+    assert agent.side_effects() == 1
+
+
+async def test_a_call_bundled_with_the_interruption_of_its_generation_is_refused_as_stale(
+    tmp_path: Path,
+) -> None:
+    async with gemini_agent(tmp_path) as (agent, fake):
+        await fake.send({"serverContent": {"modelTurn": {"parts": [{"text": "I will book"}]}}})
+        call_id = "call-stale"
+        await fake.send(
+            {
+                "serverContent": {"interrupted": True},
+                "toolCall": {
+                    "functionCalls": [{"id": call_id, "name": "book_table", "args": booking()}]
+                },
+            }
+        )
+        await fake.wait_for(_response_for(call_id), HANG_GUARD_SECS)
+        statuses = [op.status for op in await agent.runtime.ledger.list()]
+
+    (answer,) = fake.tool_responses(call_id)
+    assert answer["response"]["reason"] == "stale_proposal"
+    assert statuses == [S.REJECTED]
+    assert agent.side_effects() == 0

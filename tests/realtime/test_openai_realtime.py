@@ -17,9 +17,9 @@ from typing import Any
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
 from pipecat_actions.status import ActionStatus
+from pipecat_actions.testing.fake_openai_realtime import Event, FakeRealtimeServer
 from tests._waiting import guarded
 from tests.processors._clocked import until
-from tests.realtime._fake_openai import Event, FakeRealtimeServer
 from tests.realtime._support import (
     Agent,
     agent_on,
@@ -266,3 +266,16 @@ async def test_an_outcome_owed_when_the_connection_drops_is_told_to_the_sessions
     assert server.function_outputs(call_id) == []
     assert not [text for text in server.messages() if "committed" in text]
     assert place.sor.side_effects["book"] == 1
+
+
+async def test_a_call_that_waits_for_its_turn_to_settle_is_admitted_when_the_response_is_done(
+    tmp_path: Path,
+) -> None:
+    async with openai_agent(tmp_path) as (agent, server):
+        call_id = await server.call("book_when_settled", booking())
+        await agent.at_the_provider()
+        agent.commit()
+        await server.wait_for(_output_for(call_id))
+
+    assert _outputs(server, call_id) == ["committed"]
+    assert agent.side_effects() == 1

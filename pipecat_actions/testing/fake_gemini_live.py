@@ -62,8 +62,10 @@ def field(message: Message, snake: str) -> Any:
 
 
 def _tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """A server context with a fresh self-signed certificate for 127.0.0.1, and a client
-    context that trusts only that certificate."""
+    """A server TLS context for 127.0.0.1, and a client context that trusts only it.
+
+    The server's certificate is self-signed and made fresh for each server.
+    """
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake-gemini")])
     now = datetime.datetime.now(datetime.UTC)
@@ -99,7 +101,9 @@ def _tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
 
 
 class FakeGeminiServer:
-    """``async with FakeGeminiServer() as server: ...``; ``server.base_url`` is
+    """A fake Gemini Live API on 127.0.0.1, speaking the Live websocket protocol over TLS.
+
+    ``async with FakeGeminiServer() as server: ...``; ``server.base_url`` is
     ``'http://127.0.0.1:<port>'`` and ``server.http_options`` is what to give the service.
 
     Attributes:
@@ -231,15 +235,16 @@ class FakeGeminiServer:
     async def wait_for(
         self,
         predicate: Callable[[Message], bool],
-        timeout: float = 5.0,
+        within: float = 5.0,
         *,
         connection: int | None = None,
     ) -> Message:
-        """Return the first client message (already received or still to come) that matches,
-        optionally only among those of one ``connection`` (numbered as `received_on`).
+        """Return the first client message (already received or still to come) that matches.
+
+        ``connection``: only among those of one connection (numbered as `received_on`).
 
         Raises:
-            AssertionError: None came within ``timeout``; the message lists what was received.
+            AssertionError: None came within ``within``; the message lists what was received.
         """
         found: list[Message] = []
 
@@ -252,25 +257,25 @@ class FakeGeminiServer:
             return bool(found)
 
         where = "" if connection is None else f" on connection {connection}"
-        await self._wait(match, timeout, f"client message matching the predicate{where}")
+        await self._wait(match, within, f"client message matching the predicate{where}")
         return found[0]
 
-    async def wait_for_connections(self, count: int, timeout: float = 5.0) -> None:
+    async def wait_for_connections(self, count: int, within: float = 5.0) -> None:
         """Wait until ``count`` connections have completed setup and the last is still open."""
         await self._wait(
             lambda: self.connections >= count and self._current is not None,
-            timeout,
+            within,
             f"{count} connection(s), the last one open",
         )
 
-    async def _wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+    async def _wait(self, ready: Callable[[], bool], within: float, what: str) -> None:
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within):
                 async with self._changed:
                     await self._changed.wait_for(ready)
         except TimeoutError:
             raise AssertionError(
-                f"no {what} within {timeout}s; connections={self.connections}, "
+                f"no {what} within {within}s; connections={self.connections}, "
                 f"received={json.dumps(self.received, indent=1)}"
             ) from None
 

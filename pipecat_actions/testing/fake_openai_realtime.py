@@ -196,19 +196,19 @@ class FakeRealtimeServer:
     # -- reading what the client sent ------------------------------------------------------------
 
     async def wait_for(
-        self, predicate: Callable[[Event], bool], timeout: float = 5.0, *, since: int = 0
+        self, predicate: Callable[[Event], bool], within: float = 5.0, *, since: int = 0
     ) -> Event:
         """Return the first client event (from ``received[since]`` on) matching ``predicate``.
 
         Ones already received count. Raises AssertionError naming what was received if none
-        matches within ``timeout`` (a failure bound only: matching ones return at once).
+        matches within ``within`` (a failure bound only: matching ones return at once).
         """
 
         def found() -> Event | None:
             return next((e for e in self.received[since:] if predicate(e)), None)
 
         async with self._changed:
-            if not await self._wait(lambda: found() is not None, timeout):
+            if not await self._wait(lambda: found() is not None, within):
                 raise AssertionError(f"no matching client event; received: {self._summary()}")
         event = found()
         assert event is not None
@@ -306,10 +306,10 @@ class FakeRealtimeServer:
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    async def _wait(self, ready: Callable[[], bool], timeout: float) -> bool:
-        """With ``_changed`` held: wait until ``ready()``; False if ``timeout`` ran out first."""
+    async def _wait(self, ready: Callable[[], bool], within: float) -> bool:
+        """With ``_changed`` held: wait until ``ready()``; False if ``within`` ran out first."""
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within):
                 await self._changed.wait_for(ready)
         except TimeoutError:
             return False
