@@ -46,12 +46,14 @@ STRESS_ARGS ?= --rounds 3
 test-stress: $(STAMP)
 	$(BIN)/python -m tests.stress $(STRESS_ARGS)
 
+# make demo REALTIME=openai (or gemini): the story on a real speech-to-speech service against
+# a fake provider on 127.0.0.1, offline.
 demo: $(STAMP)
-	$(BIN)/python -m bots.demo
+	$(if $(REALTIME),$(BIN)/python -m bots.realtime_demo $(REALTIME),$(BIN)/python -m bots.demo)
 
 .PHONY: bot
 bot: $(STAMP)
-	$(BIN)/python bots/daily_bot.py -t daily
+	REALTIME=$(REALTIME) $(BIN)/python bots/daily_bot.py -t daily
 
 bench: $(STAMP)
 	$(BIN)/python bench/ledger.py

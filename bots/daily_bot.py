@@ -3,6 +3,8 @@
 ::
 
     make bot                                   # = .venv/bin/python bots/daily_bot.py -t daily
+    make bot REALTIME=openai                   # OpenAI Realtime, speech to speech
+    make bot REALTIME=gemini                   # Gemini Live, speech to speech
     .venv/bin/python bots/daily_bot.py -t webrtc   # a local page, http://localhost:7860/client
 
 Pipecat's development runner serves http://localhost:7860; for ``-t daily`` open
@@ -16,13 +18,23 @@ Pipeline (`pipecat_actions.pipeline.build_pipeline`)::
         → OpenAI LLM → ActionStatusReporter → OpenAI TTS → transport.output → ActionResultGate
         → assistant aggregator
 
+With ``REALTIME=openai`` or ``REALTIME=gemini`` a speech-to-speech service replaces STT, LLM
+and TTS, with its realtime adapter (`pipecat_actions.realtime`)::
+
+    transport.input → user aggregator (Silero VAD) → ActionTurnTracker → OpenAI Realtime or
+        Gemini Live → ActionStatusReporter → transport.output → ActionResultGate
+        → assistant aggregator
+
 An RTVI client (Pipecat's web client on ``-t webrtc``) gets ``action-status`` server messages
 for the bot's tools, never ``llm-function-call-stopped {cancelled: true}`` for a booking that
 goes on (`pipecat_actions.processors.status_reporter`).
 
 Environment (a ``.env`` file in the working directory is read too, as Pipecat's runner does):
 
-* ``OPENAI_API_KEY``, required: the LLM, speech-to-text and text-to-speech.
+* ``OPENAI_API_KEY``, required: the LLM, speech-to-text and text-to-speech (with
+  ``REALTIME=openai``: OpenAI Realtime).
+* ``REALTIME``, optional: ``openai`` (OpenAI Realtime) or ``gemini`` (Gemini Live, which needs
+  ``GOOGLE_API_KEY`` instead of ``OPENAI_API_KEY``).
 * ``DAILY_API_KEY``, required for ``-t daily``: Pipecat's runner creates the room and the
   bot's meeting token with it (https://dashboard.daily.co/developers).
 * ``DAILY_ROOM_URL``, optional: join this room instead of creating one (the runner still
@@ -84,7 +96,7 @@ if TYPE_CHECKING:
     from pipecat.pipeline.worker import PipelineWorker
     from pipecat.processors.aggregators.llm_context import LLMContext
     from pipecat.runner.types import RunnerArguments
-    from pipecat.services.openai.llm import OpenAILLMService
+    from pipecat.services.llm_service import LLMService
     from pipecat.transports.base_transport import BaseTransport
 
     from pipecat_actions.processors import ActionResultGate
@@ -156,7 +168,7 @@ class RestaurantBot:
     runtime: ActionRuntime
     session: SessionState
     gate: ActionResultGate
-    llm: OpenAILLMService
+    llm: LLMService
     context: LLMContext
     vad_analyzer: SileroVADAnalyzer
     system_of_record: FakeSystemOfRecord
@@ -190,6 +202,8 @@ async def build_bot(
     system_of_record: FakeSystemOfRecord | None = None,
     today: datetime.date | None = None,
     idle_timeout_secs: float | None = 300.0,
+    realtime: str | None = None,
+    google_api_key: str = "",
 ) -> RestaurantBot:
     """Build one session's bot on ``transport``; nothing touches the network until it runs.
 
@@ -206,6 +220,9 @@ async def build_bot(
         system_of_record: The restaurant system (default: `shared_system_of_record`).
         today: The date the model is told it is (default: today).
         idle_timeout_secs: End the session after this long without speech (None: never).
+        realtime: ``openai`` or ``gemini`` for a speech-to-speech service (no STT, no TTS);
+            None for the cascade.
+        google_api_key: The Google key, for ``realtime="gemini"``.
 
     Returns:
         The session's graph; the caller runs ``worker`` and then calls ``close``.
@@ -235,12 +252,20 @@ async def build_bot(
         instructions = INSTRUCTIONS.format(
             restaurant=RESTAURANT, today=(today or datetime.date.today()).isoformat()
         )
-        llm = OpenAILLMService(
-            api_key=openai_api_key,
-            settings=OpenAILLMService.Settings(system_instruction=instructions),
-        )
-        stt = OpenAISTTService(api_key=openai_api_key)
-        tts = OpenAITTSService(api_key=openai_api_key)
+        llm: LLMService
+        stt: OpenAISTTService | None = None
+        tts: OpenAITTSService | None = None
+        if realtime is None:
+            llm = OpenAILLMService(
+                api_key=openai_api_key,
+                settings=OpenAILLMService.Settings(system_instruction=instructions),
+            )
+            stt = OpenAISTTService(api_key=openai_api_key)
+            tts = OpenAITTSService(api_key=openai_api_key)
+        else:
+            llm = realtime_service(
+                realtime, instructions, openai_api_key=openai_api_key, google_api_key=google_api_key
+            )
         context = LLMContext(messages=[], tools=runtime.tools_schema())
         vad = SileroVADAnalyzer()
         pipeline, gate = build_pipeline(
@@ -286,6 +311,30 @@ async def build_bot(
     )
 
 
+REALTIME_SERVICES = ("openai", "gemini")
+
+
+def realtime_service(
+    kind: str, instructions: str, *, openai_api_key: str = "", google_api_key: str = ""
+) -> LLMService:
+    """The speech-to-speech service ``kind`` (``openai`` or ``gemini``), told ``instructions``."""
+    if kind == "openai":
+        from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
+
+        return OpenAIRealtimeLLMService(
+            api_key=openai_api_key,
+            settings=OpenAIRealtimeLLMService.Settings(system_instruction=instructions),
+        )
+    if kind == "gemini":
+        from pipecat.services.google.gemini_live.llm import GeminiLiveLLMService
+
+        return GeminiLiveLLMService(
+            api_key=google_api_key,
+            settings=GeminiLiveLLMService.Settings(system_instruction=instructions),
+        )
+    raise ValueError(f"REALTIME must be one of {', '.join(REALTIME_SERVICES)}, not {kind!r}")
+
+
 async def make_transport(runner_args: RunnerArguments) -> BaseTransport:
     """Return the transport the runner opened the session on (Daily or WebRTC), audio only."""
     from pipecat.runner.utils import create_transport
@@ -307,7 +356,9 @@ async def bot(runner_args: RunnerArguments) -> None:
 
     built = await build_bot(
         await make_transport(runner_args),
-        openai_api_key=os.environ["OPENAI_API_KEY"],
+        openai_api_key=os.environ.get("OPENAI_API_KEY", ""),
+        google_api_key=os.environ.get("GOOGLE_API_KEY", ""),
+        realtime=os.environ.get("REALTIME") or None,
         session_id=runner_args.session_id,
         idle_timeout_secs=runner_args.pipeline_idle_timeout_secs,
     )
@@ -327,7 +378,16 @@ async def bot(runner_args: RunnerArguments) -> None:
 def missing_settings(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     """Return the one line saying which keys to set for these runner arguments, or None."""
     transport = _transport(argv)
-    wanted = {"OPENAI_API_KEY": "the LLM, speech-to-text and text-to-speech"}
+    realtime = env.get("REALTIME") or None
+    if realtime is not None and realtime not in REALTIME_SERVICES:
+        return (
+            f"daily_bot: REALTIME must be one of {', '.join(REALTIME_SERVICES)}, not {realtime!r}"
+        )
+    wanted = {
+        None: {"OPENAI_API_KEY": "the LLM, speech-to-text and text-to-speech"},
+        "openai": {"OPENAI_API_KEY": "OpenAI Realtime"},
+        "gemini": {"GOOGLE_API_KEY": "Gemini Live"},
+    }[realtime]
     if transport == "daily":
         wanted["DAILY_API_KEY"] = (
             "Pipecat's runner creates the Daily room and the bot's token with it; "

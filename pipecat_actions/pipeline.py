@@ -94,9 +94,16 @@ def build_pipeline(
         The pipeline and its gate (for handoffs: ``await gate.handoff("billing")``).
     """
     pair = LLMContextAggregatorPair(context, user_params=user_params)
+    realtime = is_realtime_service(llm)
+    if realtime and adapter_of(llm) is not None:
+        # Refused before anything is registered: the service still serves its first session.
+        raise ConfigurationError(
+            f"{type(llm).__name__} already has a realtime adapter (it serves another "
+            "pipeline); use one speech-to-speech service per pipeline"
+        )
     gate = ActionResultGate(runtime, session)
     runtime.attach(llm, session)
-    if is_realtime_service(llm):
+    if realtime:
         adapt_realtime(runtime, llm, session, gate)
     stages: list[FrameProcessor] = []
     if transport is not None:

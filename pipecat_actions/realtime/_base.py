@@ -47,6 +47,7 @@ from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import LLMService
 
 from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
+from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.processors._closing import closing_frame, closing_result, stopped_result
 from pipecat_actions.runtime.deliveries import Told
 from pipecat_actions.session import SessionState
@@ -100,7 +101,7 @@ class RealtimeAdapter:
     def install(self) -> None:
         """Replace the service's methods this adapter works through; idempotent per service."""
         if getattr(self.llm, ADAPTER_ATTRIBUTE, None) is not None:
-            raise RuntimeError(f"{type(self.llm).__name__} already has a realtime adapter")
+            raise ConfigurationError(f"{type(self.llm).__name__} already has a realtime adapter")
         setattr(self.llm, ADAPTER_ATTRIBUTE, self)
         self.llm.push_frame = self._push_frame  # type: ignore[method-assign]
         if self.connected():

@@ -253,3 +253,58 @@ def test_a_missing_key_is_one_line_naming_it_and_a_non_zero_exit(
 
 def _env_without_keys() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in KEYS}
+
+
+@pytest.mark.parametrize(
+    ("kind", "service"),
+    [("openai", "OpenAIRealtimeLLMService"), ("gemini", "GeminiLiveLLMService")],
+)
+async def test_a_realtime_bot_has_the_speech_to_speech_layout_and_the_services_adapter(
+    tmp_path: Path, no_network: list[str], kind: str, service: str
+) -> None:
+    from pipecat_actions.realtime import adapter_of
+
+    runner_args = DailyRunnerArguments(room_url="https://example.daily.co/room", session_id="s1")
+    bot = await build_bot(
+        await make_transport(runner_args),
+        openai_api_key="sk-test",
+        google_api_key="g-test",
+        realtime=kind,
+        session_id=runner_args.session_id,
+        policy=POLICY,
+        ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        system_of_record=new_system_of_record(),
+    )
+    try:
+        processors = bot.pipeline.processors[1:-1]
+        assert [type(p).__name__ for p in processors] == [
+            "DailyInputTransport",
+            "LLMUserAggregator",
+            "ActionTurnTracker",
+            service,
+            "ActionStatusReporter",
+            "DailyOutputTransport",
+            "ActionResultGate",
+            "LLMAssistantAggregator",
+        ]
+        adapter = adapter_of(bot.llm)
+        assert adapter is not None and bot.gate.speaker is adapter
+        check_placement(bot.pipeline.processors)
+    finally:
+        await bot.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"REALTIME": "gemini"}, "GOOGLE_API_KEY"),
+        ({"REALTIME": "openai"}, "OPENAI_API_KEY"),
+        ({"REALTIME": "nova"}, "REALTIME must be one of openai, gemini"),
+    ],
+)
+def test_a_realtime_bot_names_the_key_it_needs(env: dict[str, str], named: str) -> None:
+    from bots.daily_bot import missing_settings
+
+    problem = missing_settings(["-t", "webrtc"], env)
+    assert problem is not None and named in problem
+    assert "\n" not in problem

@@ -71,3 +71,29 @@ def test_the_demo_follows_another_policy_file(tmp_path: Path) -> None:
     _check_story(outcome["operations"])
     assert "AWAITING_CONFIRMATION" in printed
     assert "AWAITING_APPROVAL" not in printed
+
+
+@pytest.mark.parametrize("service", ["openai", "gemini"])
+def test_the_realtime_demo_tells_the_story_through_the_real_service_offline(
+    tmp_path: Path, service: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PIPECAT_ACTIONS_LEDGER_URL"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "bots.realtime_demo", service],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    printed = done.stdout
+    assert "WHAT THE PROVIDER HEARD" in printed
+    assert "'CANCELLED' told to the provider: 0" in printed
+    assert "bookings left at the restaurant: [('bk_0002', '21:30')]" in printed
+    assert "provider side effects: {'book': 2, 'cancel': 1, 'refund': 1}" in printed
+    assert "refund_deposit" in printed and "COMPENSATED" in printed
+    assert (tmp_path / ".pipecat_actions" / f"demo-{service}.db").exists()
