@@ -94,6 +94,8 @@ class RealtimeAdapter:
         self._confirms: dict[str, str] = {}
         """confirm_action call → the operation it is about (told if the call is cancelled)."""
         self._ready = asyncio.Event()
+        self._gone = asyncio.Event()
+        """Set when the service is cleaned up: nothing waits for its session any more."""
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # --- installation ----------------------------------------------------------------------
@@ -104,6 +106,17 @@ class RealtimeAdapter:
             raise ConfigurationError(f"{type(self.llm).__name__} already has a realtime adapter")
         setattr(self.llm, ADAPTER_ATTRIBUTE, self)
         self.llm.push_frame = self._push_frame  # type: ignore[method-assign]
+        cleanup = self.llm.cleanup
+
+        async def cleaning_up() -> None:
+            # The pipeline ends: what waits for the session is given up (a telling stays owed
+            # in the ledger for the session's next pipeline; a held result was not told).
+            self._gone.set()
+            for task in list(self._tasks):
+                await self.llm.cancel_task(task)
+            await cleanup()  # type: ignore[no-untyped-call]
+
+        self.llm.cleanup = cleaning_up  # type: ignore[method-assign]
         if self.connected():
             self._ready.set()
         self.gate.speak_through(self)
@@ -192,12 +205,24 @@ class RealtimeAdapter:
         await self.llm.broadcast_interruption()  # type: ignore[no-untyped-call]
 
     async def ready(self) -> None:
-        """Wait until the service can send to the provider."""
+        """Wait until the service can send to the provider.
+
+        Raises:
+            ConnectionError: The service was cleaned up first (the pipeline ended).
+        """
         if not self._ready.is_set():
             logger.bind(session_id=self.session.session_id).debug(
                 "{}: waiting for the provider's session before telling an outcome", self
             )
-        await self._ready.wait()
+            ready = asyncio.ensure_future(self._ready.wait())
+            gone = asyncio.ensure_future(self._gone.wait())
+            try:
+                await asyncio.wait({ready, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ready.cancel()
+                gone.cancel()
+        if self._gone.is_set() or not self._ready.is_set():
+            raise ConnectionError(f"{type(self.llm).__name__} ended before its session was back")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.session.session_id})"
