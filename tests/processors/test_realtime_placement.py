@@ -496,3 +496,14 @@ async def test_in_realtime_mode_the_tracker_still_records_user_turns_and_interru
         await bench.send(UserStartedSpeakingFrame())
         assert session.user_turn == 2
     assert session.generation == generation
+
+
+async def test_a_speech_to_speech_service_without_an_adapter_of_its_own_is_refused_by_name(
+    runtime: ActionRuntime,
+) -> None:
+    from pipecat.services.xai.realtime.llm import GrokRealtimeLLMService
+
+    llm = GrokRealtimeLLMService(api_key="x")
+    assert is_realtime_service(llm)
+    with pytest.raises(ConfigurationError, match="GrokRealtimeLLMService is not a speech-to-spe"):
+        build_pipeline(runtime=runtime, session=_session(), llm=llm, context=LLMContext())
