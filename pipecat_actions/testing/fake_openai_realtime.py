@@ -102,7 +102,7 @@ class FakeRealtimeServer:
             "arguments": "",
         }
         done_item = {**item, "status": "completed", "arguments": json.dumps(arguments)}
-        await self.send({"type": "response.created", "response": _response(response_id)})
+        await self.send({"type": "response.created", "response": realtime_response(response_id)})
         await self.send({"type": "conversation.item.added", "item": item})
         if meanwhile is not None:
             await meanwhile()
@@ -118,7 +118,10 @@ class FakeRealtimeServer:
         )
         await self.send({"type": "conversation.item.done", "item": done_item})
         await self.send(
-            {"type": "response.done", "response": _response(response_id, "completed", [done_item])}
+            {
+                "type": "response.done",
+                "response": realtime_response(response_id, "completed", [done_item]),
+            }
         )
         return call_id
 
@@ -150,7 +153,7 @@ class FakeRealtimeServer:
             "output_index": 0,
             "content_index": 0,
         }
-        await self.send({"type": "response.created", "response": _response(response_id)})
+        await self.send({"type": "response.created", "response": realtime_response(response_id)})
         await self.send({"type": "conversation.item.added", "item": item})
         if audio and not text_only:
             silence = base64.b64encode(bytes(4800)).decode()  # 100 ms of 24 kHz 16-bit PCM
@@ -164,7 +167,10 @@ class FakeRealtimeServer:
         done_item = {**item, "status": "completed", "content": [part]}
         await self.send({"type": "conversation.item.done", "item": done_item})
         await self.send(
-            {"type": "response.done", "response": _response(response_id, "completed", [done_item])}
+            {
+                "type": "response.done",
+                "response": realtime_response(response_id, "completed", [done_item]),
+            }
         )
 
     async def speech_started(self) -> None:
@@ -276,10 +282,14 @@ class FakeRealtimeServer:
         elif kind == "response.create":
             response_id = self._id("resp")
             await self._send_on(
-                ws, {"type": "response.created", "response": _response(response_id)}
+                ws, {"type": "response.created", "response": realtime_response(response_id)}
             )
             await self._send_on(
-                ws, {"type": "response.done", "response": _response(response_id, "completed", [])}
+                ws,
+                {
+                    "type": "response.done",
+                    "response": realtime_response(response_id, "completed", []),
+                },
             )
         elif kind == "response.cancel" and not self._response_active:
             await self._error(ws, "response_cancel_not_active", event)
@@ -342,7 +352,7 @@ class FakeRealtimeServer:
         return ", ".join(names) or "nothing"
 
 
-def _response(
+def realtime_response(
     response_id: str, status: str = "in_progress", output: list[Event] | None = None
 ) -> Event:
     """A ``realtime.response`` object, as ``response.created`` / ``response.done`` carry it."""

@@ -51,6 +51,9 @@ POLICY = """
       book_silently:
         kind: mutation
         delivery: {late: silent}
+      book_urgently:
+        kind: mutation
+        delivery: {late: interrupt}
       book_in_background_silently:
         kind: mutation
         mode: background
@@ -72,6 +75,7 @@ TOOLS = (
     "book_when_settled",
     "book_in_background",
     "book_silently",
+    "book_urgently",
     "book_in_background_silently",
     "book_in_background_urgently",
     "book_with_a_short_wait",

@@ -14,11 +14,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from pipecat.frames.frames import BotStartedSpeakingFrame
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import capture_logs
 from pipecat_actions.testing.fake_openai_realtime import Event, FakeRealtimeServer
+from pipecat_actions.testing.fake_openai_realtime import realtime_response as response
 from tests._waiting import guarded
 from tests.processors._clocked import until
 from tests.realtime._support import (
@@ -283,4 +285,48 @@ async def test_a_call_that_waits_for_its_turn_to_settle_is_admitted_when_the_res
         await server.wait_for(_output_for(call_id))
 
     assert _outputs(server, call_id) == ["committed"]
+    assert agent.side_effects() == 1
+
+
+async def test_an_outcome_due_while_the_conversation_is_reset_reaches_the_new_session(
+    tmp_path: Path,
+) -> None:
+    # reset_conversation reconnects and sets the conversation up again from the local context:
+    # the late outcome told meanwhile is in that context and asks for the response that does it.
+    async with openai_agent(tmp_path) as (agent, server):
+        call_id = await server.call("book_table", booking())
+        await agent.at_the_provider()
+        await server.speech_started()
+        await server.wait_for(_output_for(call_id))
+        await server.speech_stopped()
+        llm: Any = agent.llm
+        await llm.reset_conversation()
+        await until(lambda: server.connections == 2, what="the second connection")
+        reconnected_at = len(server.received)
+        agent.commit()
+        await server.wait_for(_message_saying("committed", "book_table"), since=reconnected_at)
+        await server.wait_for(_type("response.create"), since=reconnected_at)
+        await agent.delivered("book_table")
+
+    assert agent.side_effects() == 1
+
+
+async def test_an_interrupting_late_outcome_cancels_the_providers_response_first(
+    tmp_path: Path,
+) -> None:
+    async with openai_agent(tmp_path) as (agent, server):
+        call_id = await server.call("book_urgently", booking())
+        await agent.at_the_provider()
+        await server.speech_started()
+        await server.wait_for(_output_for(call_id))
+        await server.speech_stopped()
+        # The bot is speaking a response of the provider's when the outcome comes.
+        await server.send({"type": "response.created", "response": response("resp_talking")})
+        await agent.worker.queue_frame(BotStartedSpeakingFrame())
+        await until(lambda: agent.session.bot_speaking, what="the bot to be speaking")
+        agent.commit()
+        late = await server.wait_for(_message_saying("committed", "book_urgently"))
+        cancelled = await server.wait_for(_type("response.cancel"))
+
+    assert server.received.index(cancelled) < server.received.index(late)
     assert agent.side_effects() == 1
