@@ -353,12 +353,20 @@ def report(
             f"{json.dumps(args):<34} told: {told}"
         )
     confirmed = [(b.booking_id, b.time) for b in sor.bookings(RESTAURANT, status="confirmed")]
-    cancelled_told = sum("CANCELLED" in text for text in heard)
+    # Nothing in the story is cancelled or left undone: any such answer would be false. (The
+    # compensation's own result says the 21:00 *booking* is cancelled, which is true: only
+    # what an answer or message claims at its top level counts.)
+    false_claims = sum(
+        text.count(claim)
+        for text in heard
+        for claim in ("CANCELLED", '{"status": "cancelled"', '{"status": "not_started"')
+    )
     print("\nCHECKS")
     print(f"  bookings left at the restaurant: {confirmed}")
     print(f"  provider side effects: {dict(sor.side_effects)}")
-    print(f"  'CANCELLED' told to the provider: {cancelled_told}")
-    ok = cancelled_told == 0 and len(confirmed) == 1 and confirmed[0][1] == "21:30"
+    print(f"  'CANCELLED' told to the provider: {sum('CANCELLED' in text for text in heard)}")
+    print(f"  calls told cancelled or not started though they went on: {false_claims}")
+    ok = false_claims == 0 and len(confirmed) == 1 and confirmed[0][1] == "21:30"
     print(f"  {'OK' if ok else 'FAILED'}")
     return 0 if ok else 1
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 __all__ = ["ActionResultGate"]
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loguru import logger
 from pipecat.frames.frames import (
@@ -87,6 +87,16 @@ _STILL_OPEN = frozenset(status.value.lower() for status in PENDING_STATUSES)
 """A result with one of these statuses is not the outcome: the outcome is told later."""
 
 
+class RealtimeSpeaker(Speaker, Protocol):
+    """What the gate speaks through for a speech-to-speech service (its realtime adapter)."""
+
+    def played(self, frame: Frame) -> None:
+        """A response's end frame passed the gate: the user heard that response to its end."""
+
+    async def append(self, message: dict[str, Any], *, run_llm: bool) -> None:
+        """Put ``message`` into the provider's conversation through the service."""
+
+
 @dataclass
 class _Call:
     """What the gate keeps about one Pipecat function call of its pipeline."""
@@ -120,9 +130,9 @@ class ActionResultGate(FrameProcessor):
         self._calls: dict[str, _Call] = {}
         self._closing = 0
         self._ends: list[Frame] = []
-        self._speaker: Speaker | None = None
+        self._speaker: RealtimeSpeaker | None = None
 
-    def speak_through(self, speaker: Speaker) -> None:
+    def speak_through(self, speaker: RealtimeSpeaker) -> None:
         """Tell late outcomes through ``speaker`` instead of into the local context.
 
         A speech-to-speech service keeps its own conversation at the provider, so what is
@@ -133,7 +143,7 @@ class ActionResultGate(FrameProcessor):
         self._speaker = speaker
 
     @property
-    def speaker(self) -> Speaker | None:
+    def speaker(self) -> RealtimeSpeaker | None:
         """What late outcomes are told through instead of the gate itself, if anything."""
         return self._speaker
 
@@ -221,8 +231,11 @@ class ActionResultGate(FrameProcessor):
             self.delivery.bot_stopped()
         elif isinstance(frame, InterruptionFrame):
             self.delivery.interrupted()
-        elif isinstance(frame, LLMFullResponseEndFrame) and self._speaker is None:
-            self.session.settle_generation()
+        elif isinstance(frame, LLMFullResponseEndFrame):
+            if self._speaker is None:
+                self.session.settle_generation()
+            else:
+                self._speaker.played(frame)  # the provider's response was heard to its end
 
     def _owns(self, function_name: str) -> bool:
         return owns_tool(self.runtime, function_name)
@@ -238,7 +251,7 @@ class ActionResultGate(FrameProcessor):
             return
         call.closed_by_gate = call.finished = True
         operation_id = self.runtime.operation_for_call(frame.tool_call_id) or call.confirms
-        if operation_id is None:
+        if operation_id is None and not self.runtime.admitting(frame.tool_call_id):
             # No operation behind it: a read (it runs in the handler's task, stopped with it),
             # or a call stopped before it was admitted. Closed with a result, which keeps its
             # place behind the in-progress frame: a re-pushed cancel, a system frame, would
@@ -249,7 +262,7 @@ class ActionResultGate(FrameProcessor):
         self.create_task(self._close(frame, operation_id, call.group))
 
     async def _close(
-        self, cancel: FunctionCallCancelFrame, operation_id: str, group: str | None
+        self, cancel: FunctionCallCancelFrame, operation_id: str | None, group: str | None
     ) -> None:
         """Close a cancelled call with its operation's real state; then release held ends."""
         try:
@@ -262,8 +275,15 @@ class ActionResultGate(FrameProcessor):
                     await self.push_frame(end)
 
     async def _close_truthfully(
-        self, cancel: FunctionCallCancelFrame, operation_id: str, group: str | None
+        self, cancel: FunctionCallCancelFrame, operation_id: str | None, group: str | None
     ) -> None:
+        if operation_id is None:
+            # Cancelled while it was being admitted: admission runs on to its end, and what
+            # it made of the call (an operation that goes on, or none) closes it.
+            operation_id = await self.runtime.admitted_as(cancel.tool_call_id)
+        if operation_id is None:
+            await self.push_frame(closing_frame(cancel, stopped_result(self.runtime, cancel)))
+            return
         result, op = await closing_result(self.delivery, cancel, operation_id)
         if op is None or op.status not in TERMINAL_STATUSES:
             self.delivery.await_outcome(operation_id, group)
@@ -331,7 +351,11 @@ class ActionResultGate(FrameProcessor):
         because the previous agent could not see them are delivered if this one may.
         """
         brief: Any = await self.delivery.handoff(agent)
-        if brief is not None:
+        if brief is None:
+            return
+        if self._speaker is not None:
+            await self._speaker.append(brief, run_llm=False)  # the provider's conversation
+        else:
             await self.push_frame(LLMMessagesAppendFrame(messages=[brief], run_llm=False))
 
     # --- logging and cleanup ---------------------------------------------------------------

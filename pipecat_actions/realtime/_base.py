@@ -23,7 +23,9 @@ before the assistant aggregator are given here, on the service instance:
   back, the outcome stays owed and the session's next pipeline tells it.
 * **Turns and generations from the provider.** A generation is one response of the
   provider's (each adapter knows the events); an interruption the service broadcasts marks
-  it interrupted. Stale proposals are refused on that basis.
+  it interrupted. It settles when its end frame, which follows its audio through the output
+  transport, reaches the gate: when the user has heard it to the end, as in the cascade.
+  Stale proposals are refused on that basis, and ``admit_when: turn_confirmed`` waits for it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 __all__ = ["RealtimeAdapter"]
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -41,11 +44,13 @@ from pipecat.frames.frames import (
     FunctionCallInProgressFrame,
     FunctionCallResultFrame,
     InterruptionFrame,
+    LLMFullResponseEndFrame,
     LLMMessagesAppendFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import LLMService
 
+from pipecat_actions._recent import remember
 from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.processors._closing import closing_frame, closing_result, stopped_result
@@ -60,6 +65,8 @@ ADAPTER_ATTRIBUTE = "_pipecat_actions_realtime"
 """The attribute of a service that holds its adapter (`adapter_of`, `check_placement`)."""
 
 Push = Callable[[Frame, FrameDirection], Awaitable[None]]
+_KEEP_ENDS = 64
+"""End frames remembered until the gate sees them (one an interruption dropped is forgotten)."""
 
 
 class RealtimeAdapter:
@@ -97,6 +104,10 @@ class RealtimeAdapter:
         self._gone = asyncio.Event()
         """Set when the service is cleaned up: nothing waits for its session any more."""
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._ending: int | None = None
+        """A generation the provider finished: its end frame is the next one pushed."""
+        self._played: OrderedDict[int, int] = OrderedDict()
+        """End frame id → the generation it ends (settled once the frame passed the gate)."""
 
     # --- installation ----------------------------------------------------------------------
 
@@ -125,6 +136,28 @@ class RealtimeAdapter:
         """Whether the service can send to the provider now (a subclass reads the service)."""
         raise NotImplementedError
 
+    # --- generations -------------------------------------------------------------------------
+
+    def _generation_done(self, generation: int) -> None:
+        """The provider finished ``generation``; it settles once its end has been played.
+
+        The end frame the service pushes next travels behind the response's audio through the
+        output transport; when it reaches the gate (`played`), the user heard the reply to its
+        end, as in the cascade. With no end frame (`_no_end_frame`), it settles at once.
+        """
+        self._ending = generation
+
+    def _no_end_frame(self) -> None:
+        if self._ending is not None:
+            self.session.settle_generation(self._ending)
+            self._ending = None
+
+    def played(self, frame: Frame) -> None:
+        """The gate saw ``frame`` (a response's end) after the output: settle its generation."""
+        generation = self._played.pop(frame.id, None)
+        if generation is not None:
+            self.session.settle_generation(generation)
+
     def _became_ready(self) -> None:
         """The service's session with the provider is (again) ready: waiting tellings go."""
         self._ready.set()
@@ -142,6 +175,9 @@ class RealtimeAdapter:
             # The service's own barge-in (the provider said the user interrupted).
             self.session.interrupt()
         elif direction is FrameDirection.DOWNSTREAM:
+            if isinstance(frame, LLMFullResponseEndFrame) and self._ending is not None:
+                remember(self._played, frame.id, self._ending, keep=_KEEP_ENDS)
+                self._ending = None
             owned = isinstance(frame, (FunctionCallCancelFrame, FunctionCallResultFrame)) and (
                 owns_tool(self.runtime, frame.function_name)
             )
@@ -162,6 +198,7 @@ class RealtimeAdapter:
         await self._push_frame(frame)
 
     def _note_call(self, frame: FunctionCallInProgressFrame) -> None:
+        """A call of the service's is under way (a subclass may note more of it)."""
         confirmed = (frame.arguments or {}).get("operation_id")
         if frame.function_name == CONFIRM_TOOL and isinstance(confirmed, str):
             self._confirms[frame.tool_call_id] = confirmed
@@ -175,9 +212,12 @@ class RealtimeAdapter:
 
     async def _close(self, cancel: FunctionCallCancelFrame) -> None:
         """Close a cancelled call with its operation's real state, through the service."""
-        operation_id = self.runtime.operation_for_call(cancel.tool_call_id) or self._confirms.get(
-            cancel.tool_call_id
-        )
+        call_id = cancel.tool_call_id
+        operation_id = self.runtime.operation_for_call(call_id) or self._confirms.get(call_id)
+        if operation_id is None:
+            # Cancelled while it was being admitted: admission runs on; what it made of the
+            # call (an operation that goes on, or none) is what the provider is told.
+            operation_id = await self.runtime.admitted_as(call_id)
         if operation_id is None:
             # No operation behind it: a read, or a call stopped before it was admitted.
             result = stopped_result(self.runtime, cancel)
@@ -197,8 +237,17 @@ class RealtimeAdapter:
         await self._tell(told)
 
     async def _tell(self, told: Told) -> None:
-        message: Any = {"role": "developer", "content": told.text}
-        await self.llm.queue_frame(LLMMessagesAppendFrame(messages=[message], run_llm=told.run_llm))
+        await self.append({"role": "developer", "content": told.text}, run_llm=told.run_llm)
+
+    async def append(self, message: dict[str, Any], *, run_llm: bool) -> None:
+        """Put ``message`` into the provider's conversation through the service (and the mirror).
+
+        It goes into the service as if from before it: the service sends it to the provider,
+        and the assistant aggregator records it (and asks for a response if ``run_llm``).
+        """
+        await self.ready()
+        entry: Any = message
+        await self.llm.queue_frame(LLMMessagesAppendFrame(messages=[entry], run_llm=run_llm))
 
     async def interrupt(self) -> None:
         """Cut the bot off for an ``interrupt`` delivery: locally and at the provider."""

@@ -34,31 +34,49 @@ package's ``gemini`` extra). What the 1.14 service does and what the adapter cha
 
 Which models take which settings (Pipecat 1.14's own gates, which the adapter follows):
 NON_BLOCKING, ``scheduling`` and ``will_continue`` only where ``_supports_non_blocking_tools``
-holds (Gemini 2.x, 3.8 and later, and model ids with no version); never on 3.0 to 3.7, where a
-background action's answer is final at once and its outcome is told as text; never on Vertex
-AI. The 3.8 thinking models accept only NON_BLOCKING: a blocking action cannot make them wait
-(the model may talk on; its outcome is still told truthfully), which is logged once.
+holds (Gemini 2.x, 3.8 and later, and model ids with no version); never on 3.0 to 3.7 nor on
+Vertex AI, where a background action's call blocks like a blocking one (the adapter registers
+it so: a barge-in ends the wait, the truth is told, the outcome follows as text; Pipecat would
+otherwise write async-tool messages those models cannot take, and report an error). The 3.8
+thinking models accept only NON_BLOCKING: a blocking action cannot make them wait (the model
+may talk on; its outcome is still told truthfully), which is logged once.
 """
 
 from __future__ import annotations
 
 __all__ = ["GeminiLiveAdapter"]
 
+import asyncio
 import json
 from typing import Any
 
 from google.genai.types import FunctionResponse, FunctionResponseScheduling
 from loguru import logger
 from pipecat.adapters.llm.services.gemini_live_adapter import GeminiLiveLLMAdapter
-from pipecat.frames.frames import FunctionCallResultFrame, LLMMessagesAppendFrame
+from pipecat.frames.frames import (
+    FunctionCallInProgressFrame,
+    FunctionCallResultFrame,
+    LLMMessagesAppendFrame,
+)
 from pipecat.processors.frame_processor import FrameDirection
 
 from pipecat_actions.binding import owns_tool
 from pipecat_actions.policy import DeliveryMode, ExecutionMode
 from pipecat_actions.realtime._base import RealtimeAdapter
 from pipecat_actions.runtime.deliveries import PENDING_STATUSES, Told
+from pipecat_actions.status import ActionStatus
 
-_STILL_OPEN = frozenset(status.value.lower() for status in PENDING_STATUSES)
+_KEPT_OPEN = frozenset(
+    status.value.lower()
+    for status in PENDING_STATUSES
+    if status not in (ActionStatus.AWAITING_CONFIRMATION, ActionStatus.REQUESTED)
+)
+"""An answer with one of these statuses is no outcome yet, and the outcome comes without the
+user: the call stays open for it. (A confirmation is asked now and answered by
+``confirm_action``: that answer closes the call.)"""
+_OUTCOMES = frozenset(
+    {"committed", "failed_final", "cancelled", "expired", "compensated", "rejected"}
+)
 _SCHEDULING = {
     DeliveryMode.SILENT: "SILENT",
     DeliveryMode.INTERRUPT: "INTERRUPT",
@@ -89,6 +107,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
         """Operation → the provider's calls of it still open (answered with its outcome)."""
         self._cancelled_by_server: set[str] = set()
         self._in_generation = False
+        self._generation = self.session.generation
         self._warned_blocking = False
         result, tag = llm._handle_function_call_result, llm._tag_tool_behaviors
         message, ready, disconnect = (
@@ -96,6 +115,9 @@ class GeminiLiveAdapter(RealtimeAdapter):
             llm._handle_session_ready,
             llm._disconnect,
         )
+        connection = llm._connection_task_handler
+        self._groups: dict[str, str | None] = {}
+        """Call id → the group it was proposed with, while its final answer is to come."""
 
         async def function_call_result(frame: FunctionCallResultFrame) -> None:
             if not owns_tool(self.runtime, frame.function_name):
@@ -117,14 +139,47 @@ class GeminiLiveAdapter(RealtimeAdapter):
         async def disconnecting() -> None:
             self._went_away()
             self._open.clear()  # a new session knows none of the old call ids
+            # Pipecat forgets which results it sent; its catch-up path would then send every
+            # earlier tool result again, to ids the new session never issued.
+            completed = set(llm._completed_tool_calls)
             await disconnect()
+            llm._completed_tool_calls |= completed
+
+        async def connected(config: Any) -> None:
+            try:
+                await connection(config)
+            finally:
+                # The session ended for good (too many failures), unless a reconnect has
+                # started a connection of its own meanwhile.
+                if llm._connection_task is asyncio.current_task():
+                    self._went_away()
 
         llm._handle_function_call_result = function_call_result
         llm._tag_tool_behaviors = tag_tool_behaviors
         llm._handle_server_message = server_message
         llm._handle_session_ready = session_ready
         llm._disconnect = disconnecting
+        llm._connection_task_handler = connected
+        if not llm._supports_non_blocking_tools:
+            self._block_background_calls()
         super().install()
+
+    def _block_background_calls(self) -> None:
+        """On a model with no NON_BLOCKING calls, a background action's call blocks.
+
+        Its wait is then cancelled by a barge-in like a blocking one (the truth is told, the
+        outcome follows as text), and Pipecat writes no async-tool messages the model cannot
+        take (it reports an error for them).
+        """
+        llm: Any = self.llm
+        for name, item in llm._functions.items():
+            if name in self.runtime.bindings and not item.cancel_on_interruption:
+                item.cancel_on_interruption = True
+
+    def _note_call(self, frame: FunctionCallInProgressFrame) -> None:
+        super()._note_call(frame)
+        if owns_tool(self.runtime, frame.function_name):
+            self._groups[frame.tool_call_id] = frame.group_id
 
     def connected(self) -> bool:
         """Whether the service has a live session with the provider."""
@@ -178,75 +233,116 @@ class GeminiLiveAdapter(RealtimeAdapter):
         final = frame.properties.is_final if frame.properties else True
         if final:
             llm._completed_tool_calls.add(call_id)  # never sent again from the context
+        spoken = self._spoken(frame, final=final)
+        if final:
+            self._groups.pop(call_id, None)
         if call_id in self._cancelled_by_server or call_id not in llm._tool_call_id_to_name:
             # The provider does not wait on this id any more (it cancelled the call, or a
             # reconnect made it forget): the result is told as text.
             if final:
-                await self._say(frame)
+                await self._say(frame, answer=spoken)
             return
+        name = llm._tool_call_id_to_name[call_id]
         if not self._non_blocking(frame.function_name):
-            await send(frame)  # a blocking call: the service's own answer, no scheduling
+            if not final:
+                return  # a blocking call takes one answer (Pipecat drops these too)
+            # A blocking call: one answer, no scheduling (whatever the handler's own flag).
+            await self._respond(call_id, name, frame.result, scheduling=None, will_continue=False)
             return
         result = frame.result if isinstance(frame.result, dict) else {}
         operation_id, status = result.get("operation_id"), result.get("status")
-        name = llm._tool_call_id_to_name[call_id]
-        if final and isinstance(operation_id, str) and status in _STILL_OPEN:
+        if final and isinstance(operation_id, str) and status in _KEPT_OPEN:
             # Not finished (it waits for a person, or it is being checked): the call stays
-            # open, and the outcome answers it when the delivery service tells it (_tell).
+            # open, and the outcome answers it when the delivery service tells it (_tell). The
+            # user hears this answer (a manager must approve) unless calls proposed with it
+            # still run.
             self._open.setdefault(operation_id, []).append((call_id, name))
-            await self._respond(call_id, name, result, scheduling="SILENT", will_continue=True)
+            await self._respond(
+                call_id,
+                name,
+                result,
+                scheduling="WHEN_IDLE" if spoken else "SILENT",
+                will_continue=True,
+            )
             return
         await self._respond(
             call_id,
             name,
             frame.result,
-            scheduling=self._scheduling(frame, final=final),
+            scheduling=self._scheduling(frame, final=final, spoken=spoken),
             will_continue=not final,
         )
 
-    def _scheduling(self, frame: FunctionCallResultFrame, *, final: bool) -> str:
+    def _spoken(self, frame: FunctionCallResultFrame, *, final: bool) -> bool:
+        """Whether the model should answer this result now.
+
+        Not while calls proposed with it still wait for their answers (told together, as the
+        cascade's aggregator does), nor when the result frame says not to.
+        """
+        run_llm = frame.properties.run_llm if frame.properties else None
+        if run_llm is None:
+            run_llm = frame.run_llm
+        if run_llm is False:
+            return False
+        group = self._groups.get(frame.tool_call_id)
+        siblings = [
+            other
+            for other, its in self._groups.items()
+            if its is not None and its == group and other != frame.tool_call_id
+        ]
+        return not (final and siblings)
+
+    def _scheduling(self, frame: FunctionCallResultFrame, *, final: bool, spoken: bool) -> str:
         """A background call's answer comes after the conversation moved on: ``delivery.late``.
 
-        Intermediate results follow ``delivery.intermediate`` (SILENT by default); a result
-        nobody is to answer now (``run_llm`` False: calls proposed with it are still running)
-        is SILENT.
+        Intermediate results follow ``delivery.intermediate`` (SILENT by default); a refusal
+        is said as soon as the model is idle (WHEN_IDLE), whatever ``late`` says; a result
+        nobody is to answer now is SILENT.
         """
         binding = self.runtime.bindings.get(frame.function_name)
         if binding is None:
-            return "WHEN_IDLE"
+            return "WHEN_IDLE" if spoken else "SILENT"
         delivery = binding.policy.delivery
         if not final:
             return _SCHEDULING.get(delivery.intermediate, "SILENT")
-        run_llm = frame.properties.run_llm if frame.properties else None
-        if run_llm is False or (run_llm is None and frame.run_llm is False):
+        if not spoken:
             return "SILENT"
+        result = frame.result if isinstance(frame.result, dict) else {}
+        if result.get("status") not in _OUTCOMES:
+            return "WHEN_IDLE"  # a refusal, or a question for the user: said, not scheduled
         return _SCHEDULING.get(delivery.late, "WHEN_IDLE")
 
     async def _respond(
-        self, call_id: str, name: str, result: Any, *, scheduling: str, will_continue: bool
+        self, call_id: str, name: str, result: Any, *, scheduling: str | None, will_continue: bool
     ) -> None:
-        """Send one ``FunctionResponse`` (as the service does, with our scheduling)."""
+        """Send one ``FunctionResponse`` (as the service does, with our scheduling).
+
+        ``scheduling`` None: a blocking call's answer, with neither scheduling nor
+        ``will_continue`` (which only a NON_BLOCKING call takes).
+        """
         llm: Any = self.llm
         payload = GeminiLiveLLMAdapter.to_function_response_dict(
             json.dumps(result, ensure_ascii=False) if result else "COMPLETED"
         )
-        response = FunctionResponse(
-            name=name, id=call_id, response={**payload, "scheduling": scheduling}
-        )
-        response.scheduling = FunctionResponseScheduling(scheduling)
-        response.will_continue = will_continue
+        if scheduling is None:
+            response = FunctionResponse(name=name, id=call_id, response=payload)
+        else:
+            response = FunctionResponse(
+                name=name, id=call_id, response={**payload, "scheduling": scheduling}
+            )
+            response.scheduling = FunctionResponseScheduling(scheduling)
+            response.will_continue = will_continue
         try:
             await llm._session.send_tool_response(function_responses=response)
         except Exception as exc:
             await llm._handle_send_error(exc)
 
-    async def _say(self, frame: FunctionCallResultFrame) -> None:
-        """Tell a call's result as text."""
+    async def _say(self, frame: FunctionCallResultFrame, *, answer: bool) -> None:
+        """Tell a call's result as text (``answer``: and have the model answer it now)."""
         text = (
             f"Result of the earlier {frame.function_name} call {frame.tool_call_id}: "
             f"{json.dumps(frame.result, ensure_ascii=False)}"
         )
-        answer = frame.run_llm is not False
         await self._send_text(text, answer=answer)
 
     async def _send_text(self, text: str, *, answer: bool) -> None:
@@ -299,7 +395,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
             self._in_generation = False
         elif not self._in_generation and (speaks or calls):
             self._in_generation = True
-            self.session.start_generation()
+            self._generation = self.session.start_generation()
         if calls and not interrupted:
             # The model has said what it proposes: a blocking call stops its turn until the
             # answer, so no turn_complete comes first. What it retracts later, it cancels by
@@ -309,10 +405,13 @@ class GeminiLiveAdapter(RealtimeAdapter):
         cancellation = getattr(msg, "tool_call_cancellation", None)
         if cancellation is not None and cancellation.ids:
             await self._cancelled(list(cancellation.ids))
-        await handle(msg)
-        if content is not None and content.turn_complete and self._in_generation:
-            self.session.settle_generation()
+        ends = content is not None and content.turn_complete and self._in_generation
+        if ends:
+            self._generation_done(self._generation)  # settled once its end frame is played
             self._in_generation = False
+        await handle(msg)
+        if ends:
+            self._no_end_frame()
 
     async def _cancelled(self, call_ids: list[str]) -> None:
         """The provider cancelled these calls (the user spoke over them): a barge-in on each."""

@@ -8,7 +8,9 @@ llm.py`):
   answers the call with the operation's real state instead (see `RealtimeAdapter`).
 * A generation is one response: from ``response.created`` to ``response.done``. A response
   that is only a function call pushes no ``LLMFullResponseStartFrame``, so the server events
-  are read, not the frames.
+  are read, not the frames. A ``response.done`` that is not ``completed`` (cancelled by the
+  user's speech, incomplete, failed) and the server's ``speech_started`` mark it interrupted;
+  a completed one settles once its end frame has been played (see `RealtimeAdapter`).
 * A late outcome goes in as a system message item; the response it asks for is created when
   the assistant aggregator pushes the context back upstream. After ``reset_conversation`` the
   service sets the conversation up again from the local context at its next response: a told
@@ -40,14 +42,30 @@ class OpenAIRealtimeAdapter(RealtimeAdapter):
         created, done = llm._handle_evt_response_created, llm._handle_evt_response_done
         updated, disconnect = llm._handle_evt_session_updated, llm._disconnect
         receive = llm._receive_task_handler
+        started = llm._handle_evt_speech_started
+        self._generation = self.session.generation
 
         async def response_created(evt: Any) -> None:
-            self.session.start_generation()
+            self._generation = self.session.start_generation()
             await created(evt)
 
         async def response_done(evt: Any) -> None:
+            status = getattr(getattr(evt, "response", None), "status", None)
+            if status in (None, "completed"):
+                self._generation_done(self._generation)
+            else:
+                # Cancelled (the user spoke over it), incomplete or failed: what it proposed
+                # was not said to the end.
+                self.session.interrupt()
             await done(evt)
-            self.session.settle_generation()
+            self._no_end_frame()
+
+        async def speech_started(evt: Any) -> None:
+            # The server heard the user: a response not yet heard to its end is interrupted
+            # now, before the user aggregator's interruption has come back down to the
+            # tracker (the receive loop may handle the response's end first).
+            self.session.interrupt()
+            await started(evt)
 
         async def session_updated(evt: Any) -> None:
             await updated(evt)
@@ -70,6 +88,7 @@ class OpenAIRealtimeAdapter(RealtimeAdapter):
         llm._handle_evt_session_updated = session_updated
         llm._disconnect = disconnecting
         llm._receive_task_handler = receiving
+        llm._handle_evt_speech_started = speech_started
         super().install()
 
     def connected(self) -> bool:

@@ -251,6 +251,14 @@ class ActionRuntime:
         """Return the operation a Pipecat ``tool_call_id`` was admitted as (or joined), if any."""
         return self._operations.operation_for_call(tool_call_id)
 
+    def admitting(self, tool_call_id: str) -> bool:
+        """Whether the Pipecat call ``tool_call_id`` is being admitted now (see `admitted_as`)."""
+        return self._proposals.admitting(tool_call_id)
+
+    async def admitted_as(self, tool_call_id: str) -> str | None:
+        """Like `operation_for_call`, once an admission still under way for the call ends."""
+        return await self._proposals.admitted_as(tool_call_id)
+
     async def superseded_by(self, op: Operation) -> str | None:
         """The operation of a later user turn on the same resource that replaces ``op``."""
         return await self._supersession.superseded_by(op)

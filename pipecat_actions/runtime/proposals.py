@@ -12,6 +12,7 @@ from __future__ import annotations
 __all__ = ["Proposals"]
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -83,6 +84,25 @@ class Proposals:
         self._join_notes = join_notes
         self._elsewhere = elsewhere
         self._supersession = supersession
+        self._admitting: dict[str, asyncio.Future[_Started]] = {}
+        """tool_call_id → its admission, while it runs (it outlives a cancelled caller)."""
+
+    def admitting(self, tool_call_id: str) -> bool:
+        """Whether an admission of ``tool_call_id`` is under way."""
+        return tool_call_id in self._admitting
+
+    async def admitted_as(self, tool_call_id: str) -> str | None:
+        """The operation ``tool_call_id`` became, once an admission under way for it ends.
+
+        A barge-in can cancel the wait while the call is still being admitted; admission runs
+        on to its end, and what it made of the call is what closes it truthfully. None: the
+        call became no operation (refused, a read, or never proposed here).
+        """
+        admitting = self._admitting.get(tool_call_id)
+        if admitting is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(admitting)
+        return self._operations.operation_for_call(tool_call_id)
 
     async def propose(
         self,
@@ -175,6 +195,9 @@ class Proposals:
         admitting = asyncio.ensure_future(
             self._admit_and_start(tool, arguments, session, tool_call_id)
         )
+        if tool_call_id:
+            self._admitting[tool_call_id] = admitting
+            admitting.add_done_callback(lambda _: self._admitting.pop(tool_call_id, None))
         try:
             admitted = await asyncio.shield(admitting)
         except asyncio.CancelledError:

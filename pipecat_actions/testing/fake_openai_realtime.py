@@ -81,11 +81,15 @@ class FakeRealtimeServer:
         *,
         call_id: str | None = None,
         meanwhile: Callable[[], Awaitable[None]] | None = None,
+        before_done: Callable[[], Awaitable[None]] | None = None,
+        done_status: str = "completed",
     ) -> str:
         """Have the model call function ``name`` with ``arguments``, as the API does.
 
         ``meanwhile`` runs after the response was created and before the arguments are done
-        (the user barges in while the model is still proposing the call, say).
+        (the user barges in while the model is still proposing the call, say);
+        ``before_done`` after the arguments and before ``response.done``, which carries
+        ``done_status`` (``cancelled`` when the user's speech cut the response off).
 
         Returns:
             The call id (``call_id``, or a new one).
@@ -117,10 +121,12 @@ class FakeRealtimeServer:
             }
         )
         await self.send({"type": "conversation.item.done", "item": done_item})
+        if before_done is not None:
+            await before_done()
         await self.send(
             {
                 "type": "response.done",
-                "response": realtime_response(response_id, "completed", [done_item]),
+                "response": realtime_response(response_id, done_status, [done_item]),
             }
         )
         return call_id

@@ -47,6 +47,7 @@ from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.runtime.deliveries import SessionDelivery
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import FakeSystemOfRecord, Say, ScriptedLLM, ToolCalls
+from tests._waiting import guarded
 from tests.processors._clocked import (
     FLUSH,
     FrameLog,
@@ -57,6 +58,7 @@ from tests.processors._clocked import (
     run_script,
     until,
 )
+from tests.realtime._support import HeldAuthorizer
 
 POLICY = """
 version: 1
@@ -255,7 +257,10 @@ async def runtime_factory(tmp_path: Path) -> AsyncIterator[Any]:
     opened: list[ActionRuntime] = []
 
     async def make(
-        late: str = "in_place", latency_secs: float = 0.5, visible_to: str = "[]"
+        late: str = "in_place",
+        latency_secs: float = 0.5,
+        visible_to: str = "[]",
+        authorizer: Any = None,
     ) -> Agent:
         clock = ScriptClock()
         sor = FakeSystemOfRecord(clock=clock)
@@ -274,7 +279,7 @@ async def runtime_factory(tmp_path: Path) -> AsyncIterator[Any]:
 
         runtime = await ActionRuntime.create(
             load_policy_text(POLICY % {"late": late, "visible_to": visible_to}),
-            authorizer=AllowAll(),
+            authorizer=authorizer or AllowAll(),
             actions=[book_table],
             ledger_url=f"sqlite:///{tmp_path}/ledger-{len(opened)}.db",
             clock=clock,
@@ -1319,3 +1324,42 @@ async def test_a_catch_up_that_reads_a_confirmed_outcome_late_does_not_tell_it_a
 
     monkeypatch.setattr(SessionDelivery, "_catch_up", _catch_up)
     await _told_once_though_its_answer_was_held(tmp_path, read_now)
+
+
+async def test_a_barge_in_while_the_call_is_being_admitted_closes_it_with_what_admission_made(
+    runtime_factory: Any,
+) -> None:
+    # Admission runs on when Pipecat cancels the wait: the booking it admits goes on, so the
+    # call is closed with its real state (never "nothing was done"), and its outcome follows.
+    held = HeldAuthorizer()
+    agent = await runtime_factory(authorizer=held)
+    agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
+    agent.llm.push_step(Say("It is booked."))
+
+    async def admission_asks() -> None:
+        await guarded(held.asked.wait(), what="admission to ask the authorizer")
+
+    async def release_once_cancelled() -> None:
+        llm: Any = agent.llm
+        await until(lambda: not llm._function_call_tasks, what="Pipecat to cancel the wait")
+        held.release()
+
+    await agent.run(
+        [
+            LLMRunFrame(),
+            admission_asks,
+            InterruptionFrame(),
+            release_once_cancelled,
+            agent.closed("running", "admitted"),
+            agent.sent(0.5),
+            agent.advance(0.5),
+            agent.told_late(),
+        ]
+    )
+
+    (tool,) = _tool_messages(agent)
+    assert _status(tool) in ("running", "admitted")
+    assert "not_started" not in agent.text() and "CANCELLED" not in agent.text()
+    (late,) = agent.developer()
+    assert "committed" in late
+    assert agent.sor.side_effects["book"] == 1

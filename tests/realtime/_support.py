@@ -16,20 +16,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipecat.frames.frames import EndFrame, LLMRunFrame
+from pipecat.frames.frames import EndFrame, Frame, LLMFullResponseEndFrame, LLMRunFrame
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.llm_service import LLMService
 from pipecat.workers.runner import WorkerRunner
 
-from pipecat_actions import ActionRuntime, build_pipeline
+from pipecat_actions import ActionRuntime, Decision, build_pipeline
 from pipecat_actions.ledger import Operation
 from pipecat_actions.processors import ActionResultGate
 from pipecat_actions.session import SessionState
 from pipecat_actions.testing import FakeSystemOfRecord
 from tests._waiting import guarded
 from tests.processors._clocked import ScriptClock, until
-from tests.runtime._execution_support import Bookings, new_session, running
+from tests.runtime._execution_support import Bookings, new_session, policy, running
 
 LATENCY = 0.5
 """How long the provider takes to commit a booking, on the script's clock."""
@@ -48,6 +49,10 @@ POLICY = """
       book_in_background:
         kind: mutation
         mode: background
+      book_after_a_yes:
+        kind: mutation
+        mode: background
+        confirmation: {mode: verbal}
       book_silently:
         kind: mutation
         delivery: {late: silent}
@@ -74,6 +79,7 @@ TOOLS = (
     "book_or_cancel",
     "book_when_settled",
     "book_in_background",
+    "book_after_a_yes",
     "book_silently",
     "book_urgently",
     "book_in_background_silently",
@@ -160,8 +166,26 @@ class Restaurant:
     clock: ScriptClock
 
 
+class HeldAuthorizer:
+    """Allows every call, once `release` is called: an admission that takes its time."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self._released = asyncio.Event()
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def authorize(self, request: Any) -> Decision:
+        self.asked.set()
+        await self._released.wait()
+        return Decision.allow()
+
+
 @asynccontextmanager
-async def restaurant(tmp_path: Path, *, policy_text: str = POLICY) -> AsyncIterator[Restaurant]:
+async def restaurant(
+    tmp_path: Path, *, policy_text: str = POLICY, authorizer: Any = None
+) -> AsyncIterator[Restaurant]:
     """The runtime on a SQLite ledger in ``tmp_path``, with the booking actions."""
     clock = ScriptClock()
     sor = FakeSystemOfRecord(clock=clock)
@@ -170,25 +194,44 @@ async def restaurant(tmp_path: Path, *, policy_text: str = POLICY) -> AsyncItera
     bookings = Bookings(sor)
     actions = [bookings.action(name=name, cancel=name == "book_or_cancel") for name in TOOLS]
     ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    async with running(policy_text, actions, ledger_url=ledger_url, clock=clock) as runtime:
+    if authorizer is None:
+        async with running(policy_text, actions, ledger_url=ledger_url, clock=clock) as runtime:
+            yield Restaurant(runtime, sor, clock)
+        return
+    runtime = await ActionRuntime.create(
+        policy(policy_text),
+        authorizer=authorizer,
+        actions=actions,
+        ledger_url=ledger_url,
+        clock=clock,
+    )
+    try:
         yield Restaurant(runtime, sor, clock)
+    finally:
+        await runtime.close()
 
 
 @asynccontextmanager
 async def agent_on(
-    llm: LLMService, tmp_path: Path, *, policy_text: str = POLICY, session_id: str = "call-1"
+    llm: LLMService,
+    tmp_path: Path,
+    *,
+    policy_text: str = POLICY,
+    session_id: str = "call-1",
+    authorizer: Any = None,
+    transport: Any = None,
 ) -> AsyncIterator[Agent]:
     """Run the realtime restaurant agent on ``llm`` (already pointed at a fake provider)."""
     async with (
-        restaurant(tmp_path, policy_text=policy_text) as place,
-        running_pipeline(place, llm, session_id=session_id) as agent,
+        restaurant(tmp_path, policy_text=policy_text, authorizer=authorizer) as place,
+        running_pipeline(place, llm, session_id=session_id, transport=transport) as agent,
     ):
         yield agent
 
 
 @asynccontextmanager
 async def running_pipeline(
-    place: Restaurant, llm: LLMService, *, session_id: str = "call-1"
+    place: Restaurant, llm: LLMService, *, session_id: str = "call-1", transport: Any = None
 ) -> AsyncIterator[Agent]:
     """Run one pipeline of the session on ``llm`` until the test is done with it."""
     runtime, sor, clock = place.runtime, place.sor, place.clock
@@ -197,7 +240,9 @@ async def running_pipeline(
         messages=[{"role": "user", "content": "I'd like a table tonight."}],
         tools=runtime.tools_schema(),
     )
-    pipeline, gate = build_pipeline(runtime=runtime, session=session, llm=llm, context=context)
+    pipeline, gate = build_pipeline(
+        runtime=runtime, session=session, llm=llm, context=context, transport=transport
+    )
     worker = PipelineWorker(
         pipeline, enable_rtvi=False, cancel_on_idle_timeout=False, idle_timeout_secs=None
     )
@@ -222,3 +267,47 @@ def status_of(text: str) -> str | None:
     except ValueError:
         return None
     return value.get("status") if isinstance(value, dict) else None
+
+
+class HeldEnds(FrameProcessor):
+    """Where the output transport is: holds each response's end frame until `release`.
+
+    As a real output transport plays a response's audio before the end frame behind it passes.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[Frame] = []
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, LLMFullResponseEndFrame) and direction is FrameDirection.DOWNSTREAM:
+            self.held.append(frame)
+            return
+        await self.push_frame(frame, direction)
+
+    def release(self) -> None:
+        """Let the held end frames go on (the audio before them has been played)."""
+        held, self.held = self.held, []
+        for frame in held:
+            self.create_task(self.push_frame(frame))
+
+
+class OutputOnly:
+    """A transport stand-in for `build_pipeline`: a pass-through input, and ``output``."""
+
+    def __init__(self, output: FrameProcessor) -> None:
+        self._input = _PassThrough()
+        self._output = output
+
+    def input(self) -> FrameProcessor:
+        return self._input
+
+    def output(self) -> FrameProcessor:
+        return self._output
+
+
+class _PassThrough(FrameProcessor):
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        await self.push_frame(frame, direction)

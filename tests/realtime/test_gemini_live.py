@@ -270,3 +270,70 @@ async def test_a_call_bundled_with_the_interruption_of_its_generation_is_refused
     assert answer["response"]["reason"] == "stale_proposal"
     assert statuses == [S.REJECTED]
     assert agent.side_effects() == 0
+
+
+async def test_background_calls_proposed_together_are_answered_silently_but_the_last(
+    tmp_path: Path,
+) -> None:
+    async with gemini_agent(tmp_path) as (agent, fake):
+        await fake.send(
+            {
+                "toolCall": {
+                    "functionCalls": [
+                        {"id": "call-a", "name": "book_in_background", "args": booking("20:00")},
+                        {"id": "call-b", "name": "book_in_background", "args": booking("22:00")},
+                    ]
+                }
+            }
+        )
+        await agent.at_the_provider(times=2)
+        agent.commit()
+        await fake.wait_for(_response_for("call-a"), HANG_GUARD_SECS)
+        await fake.wait_for(_response_for("call-b"), HANG_GUARD_SECS)
+
+    answers = [r for r in fake.tool_responses() if r.get("id") in ("call-a", "call-b")]
+    assert [r["scheduling"] for r in answers] == ["SILENT", "WHEN_IDLE"]
+    assert [_status(r) for r in answers] == ["committed", "committed"]
+    assert agent.side_effects() == 2
+
+
+async def test_a_background_call_that_needs_a_yes_is_asked_aloud_and_its_call_closed(
+    tmp_path: Path,
+) -> None:
+    async with gemini_agent(tmp_path) as (_, fake):
+        call_id = await fake.call("book_after_a_yes", booking())
+        await fake.wait_for(_response_for(call_id), HANG_GUARD_SECS)
+
+    (answer,) = fake.tool_responses(call_id)
+    assert _status(answer) == "awaiting_confirmation"
+    assert answer["scheduling"] == "WHEN_IDLE"  # the model must ask the user now
+    assert answer.get("will_continue", answer.get("willContinue")) is False
+
+
+async def test_after_a_reconnect_no_earlier_result_is_sent_again(tmp_path: Path) -> None:
+    async with gemini_agent(tmp_path) as (agent, fake):
+        first = await fake.call("book_in_background", booking("20:00"))
+        await agent.at_the_provider()
+        agent.commit()
+        await fake.wait_for(_response_for(first), HANG_GUARD_SECS)
+        await agent.delivered("book_in_background")
+        await fake.drop()  # the service reconnects by itself
+        await fake.wait_for_connections(3, HANG_GUARD_SECS)
+        # Pipecat's catch-up path sends every tool result of the context it has not marked
+        # sent; a reconnect must not unmark the ones sent before it.
+        llm: Any = agent.llm
+        assert first in llm._completed_tool_calls
+        second = await fake.call("book_table", booking("22:00"))
+        await agent.at_the_provider(times=2)
+        agent.commit()
+        await fake.wait_for(_response_for(second), HANG_GUARD_SECS, connection=3)
+        await until(
+            lambda: agent.context_text().count(second) >= 2, what="the result in the context"
+        )
+        on_the_new_session = [
+            r
+            for message in fake.received_from(3)
+            for r in field(field(message, "tool_response") or {}, "function_responses") or []
+        ]
+
+    assert [r["id"] for r in on_the_new_session] == [second]

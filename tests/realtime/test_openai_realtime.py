@@ -25,6 +25,9 @@ from tests._waiting import guarded
 from tests.processors._clocked import until
 from tests.realtime._support import (
     Agent,
+    HeldAuthorizer,
+    HeldEnds,
+    OutputOnly,
     agent_on,
     booking,
     restaurant,
@@ -330,3 +333,86 @@ async def test_an_interrupting_late_outcome_cancels_the_providers_response_first
 
     assert server.received.index(cancelled) < server.received.index(late)
     assert agent.side_effects() == 1
+
+
+async def test_a_barge_in_while_the_call_is_being_admitted_tells_the_provider_what_admission_made(
+    tmp_path: Path,
+) -> None:
+    # Admission runs on when the wait is cancelled: the booking it admits goes on, and the
+    # provider is told that (never "nothing was done"), then its outcome.
+    held = HeldAuthorizer()
+    async with openai_agent(tmp_path, authorizer=held) as (agent, server):
+        call_id = await server.call("book_table", booking())
+        await guarded(held.asked.wait(), what="admission to ask the authorizer")
+        await server.speech_started()
+        llm: Any = agent.llm
+        await until(lambda: not llm._function_call_tasks, what="Pipecat to cancel the wait")
+        held.release()
+        output = await server.wait_for(_output_for(call_id))
+        await agent.at_the_provider()
+        await server.speech_stopped()
+        agent.commit()
+        await server.wait_for(_message_saying("committed", "book_table"))
+        op = await agent.delivered("book_table")
+
+    assert status_of(output["item"]["output"]) == "running"
+    assert op.status is S.COMMITTED
+    assert agent.side_effects() == 1
+
+
+async def test_a_call_from_a_response_the_user_cut_off_is_refused_when_it_waits_for_its_turn(
+    tmp_path: Path,
+) -> None:
+    # The server VAD heard the user while the response was still going: response.done says
+    # cancelled, possibly before the user aggregator's interruption is back at the tracker.
+    async with openai_agent(tmp_path) as (agent, server):
+        call_id = await server.call(
+            "book_when_settled",
+            booking(),
+            before_done=server.speech_started,
+            done_status="cancelled",
+        )
+        output = await server.wait_for(_output_for(call_id))
+        statuses = [op.status for op in await agent.runtime.ledger.list()]
+
+    # Refused as stale, or (when Pipecat's cancel of the wait came first) closed as never
+    # started: either way nothing was done, and the provider is told so.
+    assert status_of(output["item"]["output"]) in ("refused", "not_started")
+    assert statuses == [S.REJECTED]
+    assert agent.side_effects() == 0
+
+
+async def test_a_call_waiting_for_its_turn_runs_only_once_the_reply_was_heard_to_its_end(
+    tmp_path: Path,
+) -> None:
+    # The response's end frame follows its audio through the output transport: until it has
+    # passed, the user has not heard the reply to its end, and a barge-in still makes the
+    # call stale.
+    playback = HeldEnds()
+    async with FakeRealtimeServer() as server:
+        llm = OpenAIRealtimeLLMService(api_key="x", base_url=server.url)
+        async with agent_on(llm, tmp_path, transport=OutputOnly(playback)) as agent:
+            await server.wait_for(_type("response.create"))
+            await until(lambda: playback.held, what="the first reply to be playing")
+            playback.release()
+            await server.call("book_when_settled", booking())
+            await until(lambda: playback.held, what="the reply to be playing")
+            await server.speech_started()  # the user speaks over the end of the reply
+            await until(lambda: agent.session.user_speaking, what="the user's turn")
+            playback.release()
+            op = await agent.settled("book_when_settled", S.CANCELLED, S.REJECTED, S.COMMITTED)
+
+    assert op.status is not S.COMMITTED and op.sent_at is None
+    assert agent.side_effects() == 0
+
+
+async def test_a_handoff_brief_reaches_the_provider(tmp_path: Path) -> None:
+    async with openai_agent(tmp_path) as (agent, server):
+        call_id = await server.call("book_table", booking())
+        await agent.at_the_provider()
+        await server.speech_started()
+        await server.wait_for(_output_for(call_id))
+        await agent.gate.handoff("billing")
+        await server.wait_for(_message_saying("You are now handling", "book_table"))
+        agent.commit()
+        await agent.settled("book_table", S.COMMITTED)
