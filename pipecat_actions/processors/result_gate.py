@@ -369,7 +369,8 @@ class ActionResultGate(FrameProcessor):
         )
 
     async def cleanup(self) -> None:
-        """Stop listening to the runtime."""
-        self.delivery.close()
+        """Stop listening to the runtime; stop this pipeline's ledger reads."""
+        for reading in self.delivery.close():
+            await self.cancel_task(reading)
         self.runtime.telemetry.forget_session(self.session.session_id)
         await super().cleanup()  # type: ignore[no-untyped-call]

@@ -29,6 +29,7 @@ __all__ = [
     "compensation_told",
 ]
 
+import asyncio
 import json
 from collections import OrderedDict, deque
 from collections.abc import Coroutine, Mapping
@@ -358,6 +359,7 @@ class SessionDelivery:
         self._outlet = outlet
         self._state = _SessionState()
         self._listening = False
+        self._reads: set[asyncio.Task[Any]] = set()
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -371,9 +373,7 @@ class SessionDelivery:
         self.session.bot_speaking = False
         self.listen()
         service = self._service
-        self._outlet.spawn(
-            self._resume(before=service.clock.now(), mark=service.operations.call_mark)
-        )
+        self._reading(self._resume(before=service.clock.now(), mark=service.operations.call_mark))
 
     def listen(self) -> None:
         """Hear the runtime's outcomes for the session (`start` does it too)."""
@@ -381,11 +381,26 @@ class SessionDelivery:
             self._service.operations.listen(self.session.session_id, self.on_outcome)
             self._listening = True
 
-    def close(self) -> None:
-        """Stop listening; what is still owed stays owed in the ledger."""
+    def close(self) -> list[Any]:
+        """Stop listening; what is still owed stays owed in the ledger.
+
+        Returns:
+            The tasks still reading the ledger for this pipeline (the look-up of what the
+            session is owed, catch-ups, watchers): the adapter cancels them as its pipeline
+            ends. They only read; what they would have told stays owed.
+        """
         if self._listening:
             self._service.operations.unlisten(self.session.session_id, self.on_outcome)
             self._listening = False
+        reading, self._reads = [t for t in self._reads if not t.done()], set()
+        return reading
+
+    def _reading(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Spawn a task that only reads (see `close`)."""
+        task = self._outlet.spawn(coroutine)
+        if isinstance(task, asyncio.Task):
+            self._reads.add(task)
+            task.add_done_callback(self._reads.discard)
 
     # --- events from the adapter -----------------------------------------------------------
 
@@ -396,7 +411,7 @@ class SessionDelivery:
         (the runtime's listeners fired first), it is told now.
         """
         self._await(operation_id, group)
-        self._outlet.spawn(self._catch_up(operation_id, shown))
+        self._reading(self._catch_up(operation_id, shown))
 
     def told_in_place(self, operation_id: str, *, record: bool = True) -> None:
         """A call's result told ``operation_id``'s outcome: no later message for it.
@@ -499,7 +514,7 @@ class SessionDelivery:
         if untracked and operation_id not in state.awaited | state.watched:
             # Run elsewhere: this process's listeners will not hear its outcome.
             state.watched.add(operation_id)
-            self._outlet.spawn(self._watch(operation_id))
+            self._reading(self._watch(operation_id))
         state.awaited.add(operation_id)
         if group is not None:
             state.groups[operation_id] = group

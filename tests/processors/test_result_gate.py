@@ -46,7 +46,7 @@ from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.runtime.deliveries import SessionDelivery
 from pipecat_actions.status import ActionStatus
-from pipecat_actions.testing import FakeSystemOfRecord, Say, ScriptedLLM, ToolCalls
+from pipecat_actions.testing import FakeSystemOfRecord, Say, ScriptedLLM, ToolCalls, capture_logs
 from tests._waiting import guarded
 from tests.processors._clocked import (
     FLUSH,
@@ -1363,3 +1363,42 @@ async def test_a_barge_in_while_the_call_is_being_admitted_closes_it_with_what_a
     (late,) = agent.developer()
     assert "committed" in late
     assert agent.sor.side_effects["book"] == 1
+
+
+async def test_a_pipeline_that_ends_while_its_owed_look_up_still_reads_leaves_no_task_behind(
+    runtime_factory: Any,
+) -> None:
+    # The look-up of what the session is owed runs when the pipeline starts; a pipeline that
+    # ends first (a very short call, a busy database) stops it: it only reads, and what it
+    # would have told stays owed in the ledger.
+    agent = await runtime_factory()
+    ledger = agent.runtime.ledger
+    plain_list = ledger.list
+    reading = asyncio.Event()
+
+    async def stuck_list(*args: Any, **kwargs: Any) -> Any:
+        reading.set()
+        await asyncio.Event().wait()  # never answers
+
+    async def look_up_started() -> None:
+        await guarded(reading.wait(), what="the owed look-up to start")
+
+    ledger.list = stuck_list  # type: ignore[method-assign]
+    try:
+        with capture_logs("WARNING") as warned:
+            pair = LLMContextAggregatorPair(agent.context)
+            # Not agent.run: that waits for the gate to be idle, which it never is here.
+            await run_script(
+                [
+                    pair.user(),
+                    ActionTurnTracker(agent.session),
+                    agent.llm,
+                    agent.gate,
+                    pair.assistant(),
+                ],
+                [look_up_started],
+            )
+    finally:
+        ledger.list = plain_list  # type: ignore[method-assign]
+
+    assert not [line for line in warned if "dangling" in line]
