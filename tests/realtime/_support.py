@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,36 +116,33 @@ class Agent:
 
     async def operation(self, tool: str) -> Operation:
         """The one operation of ``tool``, once the ledger has it."""
-        found: list[Operation] = []
-
-        async def check() -> bool:
-            found[:] = [op for op in await self.runtime.ledger.list() if op.tool == tool]
-            return len(found) == 1
-
-        await until(check, what=f"one operation of {tool}")
-        return found[0]
+        return await self._the_operation(tool, lambda op: True, f"one operation of {tool}")
 
     async def settled(self, tool: str, *statuses: Any) -> Operation:
         """Wait until the operation of ``tool`` is in one of ``statuses``."""
-        seen: list[Operation] = []
-
-        async def check() -> bool:
-            ops = [op for op in await self.runtime.ledger.list() if op.tool == tool]
-            seen[:] = ops
-            return len(ops) == 1 and ops[0].status in statuses
-
-        await until(check, what=f"{tool} to reach {statuses}")
-        return seen[0]
+        return await self._the_operation(
+            tool, lambda op: op.status in statuses, f"{tool} to reach {statuses}"
+        )
 
     async def delivered(self, tool: str) -> Operation:
         """Wait until the outcome of ``tool``'s operation is recorded as told."""
+        return await self._the_operation(
+            tool,
+            lambda op: op.delivered_status is op.status,
+            f"the outcome of {tool} to be recorded as told",
+        )
+
+    async def _the_operation(
+        self, tool: str, ready: Callable[[Operation], bool], what: str
+    ) -> Operation:
+        """Wait until ``tool`` has exactly one operation and it is ``ready``; return it."""
         seen: list[Operation] = []
 
         async def check() -> bool:
             seen[:] = [op for op in await self.runtime.ledger.list() if op.tool == tool]
-            return len(seen) == 1 and seen[0].delivered_status is seen[0].status
+            return len(seen) == 1 and ready(seen[0])
 
-        await until(check, what=f"the outcome of {tool} to be recorded as told")
+        await until(check, what=what)
         return seen[0]
 
     def side_effects(self) -> int:

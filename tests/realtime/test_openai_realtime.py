@@ -70,6 +70,16 @@ def _message_saying(*words: str) -> Callable[[Event], bool]:
     return matches
 
 
+async def _talked_over(agent: Agent, server: FakeRealtimeServer, tool: str) -> str:
+    """The model books with ``tool``; the user speaks over it while the booking is at the
+    provider, and the call is answered (truthfully, the test checks how). Returns its id."""
+    call_id = await server.call(tool, booking())
+    await agent.at_the_provider()
+    await server.speech_started()
+    await server.wait_for(_output_for(call_id))
+    return call_id
+
+
 def _outputs(server: FakeRealtimeServer, call_id: str) -> list[str | None]:
     return [status_of(text) for text in server.function_outputs(call_id)]
 
@@ -78,10 +88,7 @@ async def test_a_barge_in_on_a_running_booking_tells_the_provider_it_goes_on_the
     tmp_path: Path,
 ) -> None:
     async with openai_agent(tmp_path) as (agent, server):
-        call_id = await server.call("book_table", booking())
-        await agent.at_the_provider()
-        await server.speech_started()  # the user barges in while the booking is at the provider
-        await server.wait_for(_output_for(call_id))
+        call_id = await _talked_over(agent, server, "book_table")
         agent.commit()
         await agent.settled("book_table", S.COMMITTED)
         await server.speech_stopped()
@@ -156,10 +163,7 @@ async def test_a_late_outcome_waits_until_the_user_stops_speaking_then_reaches_t
     tmp_path: Path,
 ) -> None:
     async with openai_agent(tmp_path) as (agent, server):
-        call_id = await server.call("book_table", booking())
-        await agent.at_the_provider()
-        await server.speech_started()
-        await server.wait_for(_output_for(call_id))  # closed truthfully: it goes on
+        call_id = await _talked_over(agent, server, "book_table")
         agent.commit()
         await agent.settled("book_table", S.COMMITTED)
         await until(lambda: agent.gate.delivery._state.held, what="the outcome to be held")
@@ -177,10 +181,7 @@ async def test_a_silent_late_outcome_reaches_the_provider_and_asks_for_no_respon
     tmp_path: Path,
 ) -> None:
     async with openai_agent(tmp_path) as (agent, server):
-        call_id = await server.call("book_silently", booking())
-        await agent.at_the_provider()
-        await server.speech_started()
-        await server.wait_for(_output_for(call_id))
+        await _talked_over(agent, server, "book_silently")
         await server.speech_stopped()
         responses = server.count("response.create")
         agent.commit()
@@ -297,10 +298,7 @@ async def test_an_outcome_due_while_the_conversation_is_reset_reaches_the_new_se
     # reset_conversation reconnects and sets the conversation up again from the local context:
     # the late outcome told meanwhile is in that context and asks for the response that does it.
     async with openai_agent(tmp_path) as (agent, server):
-        call_id = await server.call("book_table", booking())
-        await agent.at_the_provider()
-        await server.speech_started()
-        await server.wait_for(_output_for(call_id))
+        await _talked_over(agent, server, "book_table")
         await server.speech_stopped()
         llm: Any = agent.llm
         await llm.reset_conversation()
@@ -318,10 +316,7 @@ async def test_an_interrupting_late_outcome_cancels_the_providers_response_first
     tmp_path: Path,
 ) -> None:
     async with openai_agent(tmp_path) as (agent, server):
-        call_id = await server.call("book_urgently", booking())
-        await agent.at_the_provider()
-        await server.speech_started()
-        await server.wait_for(_output_for(call_id))
+        await _talked_over(agent, server, "book_urgently")
         await server.speech_stopped()
         # The bot is speaking a response of the provider's when the outcome comes.
         await server.send({"type": "response.created", "response": response("resp_talking")})
@@ -408,10 +403,7 @@ async def test_a_call_waiting_for_its_turn_runs_only_once_the_reply_was_heard_to
 
 async def test_a_handoff_brief_reaches_the_provider(tmp_path: Path) -> None:
     async with openai_agent(tmp_path) as (agent, server):
-        call_id = await server.call("book_table", booking())
-        await agent.at_the_provider()
-        await server.speech_started()
-        await server.wait_for(_output_for(call_id))
+        await _talked_over(agent, server, "book_table")
         await agent.gate.handoff("billing")
         await server.wait_for(_message_saying("You are now handling", "book_table"))
         agent.commit()
