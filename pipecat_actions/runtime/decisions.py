@@ -19,7 +19,7 @@ from pipecat_actions.observability.correlation import operation_logger
 from pipecat_actions.policy import ExecutionMode, OnInterruption
 from pipecat_actions.results import refusal_result, render_operation
 from pipecat_actions.runtime._operations import Operations
-from pipecat_actions.runtime._runner import DEFAULT_DEADLINE_SECS, Runner
+from pipecat_actions.runtime._runner import Runner
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import (
     AWAITING_PERSON_STATUSES,
@@ -159,7 +159,12 @@ class Decisions:
     ) -> Operation:
         """Approve an operation waiting for approval; see `ActionRuntime.approve`."""
         tracked = self._operations.get(operation_id)
-        deadline_secs = tracked.binding.policy.deadline_secs if tracked else DEFAULT_DEADLINE_SECS
+        if tracked is not None:
+            deadline_secs = tracked.binding.policy.deadline_secs
+        else:
+            # Run by whoever recovers it: its own policy's deadline, not a default.
+            waiting = await self._ledger.get(operation_id)
+            deadline_secs = self._runner.deadline_secs(waiting.tool)
         try:
             approved = await approve_operation(
                 self._ledger,

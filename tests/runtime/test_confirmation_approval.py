@@ -167,3 +167,19 @@ async def test_repeating_a_call_that_awaits_approval_answers_at_once(
         assert again["operation_id"] == operation_id
         assert (await rt.ledger.get(operation_id)).status is S.AWAITING_APPROVAL
         assert restaurant.bookings_made == 0
+
+
+async def test_a_call_approved_in_another_runtime_gets_its_own_policys_deadline(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    slow = APPROVAL.replace(
+        "      expires_after_secs: 300", "      expires_after_secs: 300\n    deadline_secs: 900"
+    )
+    restaurant = Restaurant(clock)
+    async with running(slow, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        operation_id = await _ask(rt, SessionState("call-1", principal="alice"))
+    async with running(slow, restaurant, ledger_url=ledger_url, clock=clock) as operator:
+        approved = await operator.approve(operation_id, approver="maria", reason="known guest")
+
+    # Not the 30 s default of a tool without a policy: this runtime has book_table's.
+    assert approved.deadline_at == clock.now() + 900
