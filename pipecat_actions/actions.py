@@ -62,6 +62,8 @@ class ActionContext:
         tenant: The tenant.
         deadline_at: When the operation must have an outcome (epoch seconds), if known.
         operation: The ledger record, for hooks that run on an existing operation.
+        tool_call_id: The provider's id of the call that proposed it, if any (never a key:
+            the same intent may come with another id).
     """
 
     operation_id: str
@@ -74,6 +76,7 @@ class ActionContext:
     tenant: str
     deadline_at: float | None = None
     operation: Operation | None = None
+    tool_call_id: str | None = None
 
     @classmethod
     def of(cls, op: Operation) -> ActionContext:
@@ -89,6 +92,7 @@ class ActionContext:
             tenant=op.tenant,
             deadline_at=op.deadline_at,
             operation=op,
+            tool_call_id=op.provider_call_id,
         )
 
 
@@ -157,7 +161,13 @@ Hook = Callable[[ActionContext], Awaitable[Any]]
 
 @dataclass(frozen=True, slots=True)
 class ActionDefinition:
-    """An effect with its hooks and its argument model; build it with `action`."""
+    """An effect with its hooks and its argument model; build it with `action`.
+
+    ``app_handler`` is True for an action whose handler Pipecat calls is the application's
+    own, routed through the runtime (`ActionRuntime.instrument`, `pipecat_actions.flows`):
+    `ActionRuntime.attach` registers no handler for it and `ActionRuntime.tools_schema`
+    leaves it out, since the application (or Flows) registers and advertises it.
+    """
 
     name: str
     effect: Effect
@@ -169,6 +179,7 @@ class ActionDefinition:
     cancel: Hook | None = None
     preconditions: Hook | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    app_handler: bool = False
 
     async def run(self, ctx: ActionContext) -> Any:
         """Call the effect with the context and the validated arguments."""

@@ -16,18 +16,22 @@ from __future__ import annotations
 
 __all__ = ["attach", "instrument", "owns_tool", "tools_schema"]
 
+import dataclasses
 import functools
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipecat.adapters.llm.schemas.direct_function import DirectFunctionWrapper
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
-from pipecat.frames.frames import TTSSpeakFrame
+from pipecat.frames.frames import FunctionCallResultProperties, TTSSpeakFrame
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pydantic import BaseModel, ConfigDict, create_model
 
 from pipecat_actions.actions import ActionContext, ActionDefinition
+from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.policy import ConfirmationMode, ExecutionMode, OnDuplicate
 from pipecat_actions.session import SessionState
 
@@ -51,6 +55,7 @@ def tools_schema(runtime: ActionRuntime) -> ToolsSchema:
             **binding.action.json_schema(),
         )
         for binding in runtime.bindings.values()
+        if not binding.action.app_handler  # advertised by the application (or Flows)
     ]
     if _needs_confirm_tool(runtime):
         tools.append(
@@ -74,6 +79,8 @@ def tools_schema(runtime: ActionRuntime) -> ToolsSchema:
 def attach(runtime: ActionRuntime, llm: LLMService, session: SessionState) -> None:
     """Register a handler on ``llm`` for every action of ``runtime``, bound to ``session``."""
     for name, binding in runtime.bindings.items():
+        if binding.action.app_handler:
+            continue  # Pipecat calls the application's own handler, routed through the runtime
         llm.register_function(
             name,
             _handler(runtime, name, session),
@@ -155,18 +162,28 @@ def instrument(runtime: ActionRuntime, llm: LLMService, session: SessionState) -
     sees an unchanged handler and does not re-register it. Handlers registered before the call
     are wrapped too. A tool without an entry in the policy raises `ConfigurationError` when it
     is registered.
+
+    The effect runs the handler the call came through (a handler registered again under the
+    same name serves the calls made after that), with the call's own ``llm``, ``context``,
+    ``pipeline_worker`` and ``app_resources``. What it passes as ``properties`` with its final
+    result (``run_llm``, ``on_context_updated``) goes with the call's result when the
+    operation committed in that very call; a refusal, a join or an outcome the ledger holds
+    otherwise is answered without them. An operation that runs without its call (recovered
+    after a restart) gets the latest handler of its name, the ``llm`` given here, and a
+    ``context`` and ``pipeline_worker`` that raise a clear error when read.
     """
     original_register = llm.register_function
     original_direct = llm._register_direct_function
+    calls = _Calls(llm)
 
     def register_function(function_name: str | None, handler: Any, **options: Any) -> None:
         if function_name is not None and not _is_ours(handler):
-            handler = _wrap_handler(runtime, function_name, handler, session)
+            handler = _wrap_handler(runtime, function_name, handler, session, calls)
         original_register(function_name, handler, **options)
 
     def register_direct(handler: Any, **options: Any) -> None:
         original_direct(handler, **options)
-        _admit_direct(runtime, llm, handler, session)
+        _admit_direct(runtime, llm, handler, session, calls)
 
     llm.register_function = register_function  # type: ignore[method-assign]
     llm._register_direct_function = register_direct  # type: ignore[method-assign]
@@ -174,11 +191,11 @@ def instrument(runtime: ActionRuntime, llm: LLMService, session: SessionState) -
         if name is None or _is_ours(item.handler):
             continue
         if isinstance(item.handler, DirectFunctionWrapper):
-            _admit_direct(runtime, llm, item.handler.function, session)
+            _admit_direct(runtime, llm, item.handler.function, session, calls)
         else:
             original_register(
                 name,
-                _wrap_handler(runtime, name, item.handler, session),
+                _wrap_handler(runtime, name, item.handler, session, calls),
                 cancel_on_interruption=item.cancel_on_interruption,
                 timeout_secs=item.timeout_secs,
                 cancellable_by_llm=item.cancellable_by_llm,
@@ -191,23 +208,174 @@ def _is_ours(handler: Any) -> bool:
     )
 
 
+_Invoke = Callable[[FunctionCallParams, dict[str, Any]], Awaitable[Any]]
+"""How one handler is called as an effect: with its params and the call's arguments."""
+
+
+@dataclass
+class _Call:
+    """One Pipecat call of an instrumented handler: what its effect runs, and what it gave."""
+
+    invoke: _Invoke
+    params: FunctionCallParams | None
+    ran: bool = False
+    properties: FunctionCallResultProperties | None = None
+
+
+class _Calls:
+    """The calls of instrumented handlers whose effect may still run, by Pipecat tool_call_id.
+
+    A call is kept until its effect ran or its answer says it never will (a refusal); one whose
+    waiting was cancelled stays, since its operation may start later. Bounded: the oldest go
+    first (their effects then run the latest handler of their name).
+    """
+
+    LIMIT = 1024
+
+    def __init__(self, llm: LLMService) -> None:
+        self.llm = llm
+        self.latest: dict[str, _Invoke] = {}
+        self._calls: OrderedDict[str, _Call] = OrderedDict()
+
+    def open(self, name: str, invoke: _Invoke, params: FunctionCallParams) -> _Call:
+        self.latest[name] = invoke
+        call = self._calls[params.tool_call_id] = _Call(invoke, params)
+        while len(self._calls) > self.LIMIT:
+            self._calls.popitem(last=False)
+        return call
+
+    def close(self, tool_call_id: str, call: _Call, result: Any) -> None:
+        status = result.get("status") if isinstance(result, dict) else None
+        if call.ran or status not in _MAY_STILL_RUN:
+            self._calls.pop(tool_call_id, None)
+
+    def take(self, name: str, ctx: ActionContext) -> _Call:
+        """The call whose effect runs now; for an operation without one, the latest handler."""
+        call = self._calls.get(ctx.tool_call_id or "")
+        if call is not None:
+            return call
+        return _Call(self.latest[name], None)
+
+    def params(self, name: str, ctx: ActionContext, call: _Call, capture: Any) -> Any:
+        arguments = dict(ctx.args)
+        if call.params is not None:
+            return dataclasses.replace(call.params, arguments=arguments, result_callback=capture)
+        return FunctionCallParams(
+            function_name=name,
+            tool_call_id=ctx.tool_call_id or ctx.operation_id,
+            arguments=arguments,
+            llm=self.llm,
+            pipeline_worker=_Unavailable(name, "pipeline_worker"),  # type: ignore[arg-type]
+            context=_Unavailable(name, "context"),  # type: ignore[arg-type]
+            result_callback=capture,
+        )
+
+
+_MAY_STILL_RUN = frozenset(
+    {
+        "requested",
+        "admitted",
+        "running",
+        "awaiting_confirmation",
+        "awaiting_approval",
+        "failed_retryable",
+        "unknown",
+    }
+)
+"""Answers after which a call's effect may still run (the operation is not settled)."""
+
+
+class _Unavailable:
+    """Stands in for what an effect run without its Pipecat call cannot have."""
+
+    def __init__(self, tool: str, what: str) -> None:
+        self._message = (
+            f"params.{what} is not available to {tool}: this operation runs without the "
+            "Pipecat call that proposed it (it was recovered or resumed after that call ended)"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(self._message)
+
+
+def _effect(name: str, calls: _Calls) -> Callable[..., Any]:
+    """The effect of an instrumented tool: the handler of the call it serves."""
+
+    async def effect(ctx: ActionContext, **arguments: Any) -> Any:
+        call = calls.take(name, ctx)
+        box: dict[str, Any] = {}
+
+        async def capture(result: Any, *, properties: Any = None) -> None:
+            if properties is None or getattr(properties, "is_final", True):
+                box["result"] = result
+                call.properties = properties
+
+        await call.invoke(calls.params(name, ctx, call, capture), arguments)
+        call.ran = True
+        return box.get("result")
+
+    return effect
+
+
+async def _answer(
+    runtime: ActionRuntime,
+    name: str,
+    invoke: _Invoke,
+    params: FunctionCallParams,
+    session: SessionState,
+    calls: _Calls,
+) -> None:
+    call = calls.open(name, invoke, params)
+    result = await runtime.propose(
+        name, dict(params.arguments), session, tool_call_id=params.tool_call_id
+    )
+    calls.close(params.tool_call_id, call, result)
+    committed_here = (
+        call.ran
+        and result.get("status") == "committed"
+        and result.get("operation_id") == runtime.operation_for_call(params.tool_call_id)
+    )
+    if committed_here and call.properties is not None:
+        await params.result_callback(result, properties=call.properties)
+    else:
+        await params.result_callback(result)
+
+
+def _register_effect(
+    runtime: ActionRuntime, name: str, description: str | None, calls: _Calls
+) -> None:
+    if name in runtime.bindings:
+        if not runtime.bindings[name].action.app_handler:
+            raise ConfigurationError(
+                f"{name} is an @action of the runtime and also a handler registered on the "
+                "LLM; give the handler another name or drop one of them"
+            )
+        return
+    runtime.register(
+        ActionDefinition(
+            name=name,
+            effect=_effect(name, calls),
+            args_model=_open_model(name),
+            description=description or name,
+            app_handler=True,
+        )
+    )
+
+
 def _wrap_handler(
-    runtime: ActionRuntime, name: str, handler: Any, session: SessionState
+    runtime: ActionRuntime, name: str, handler: Any, session: SessionState, calls: _Calls
 ) -> Callable[..., Any]:
     """Wrap a ``handler(params)``: its result becomes the result of an admitted operation."""
-    if name not in runtime.bindings:
 
-        async def call(ctx: ActionContext, arguments: dict[str, Any], capture: Any) -> None:
-            await handler(_params(name, ctx, arguments, capture))
+    async def invoke(params: FunctionCallParams, arguments: dict[str, Any]) -> Any:
+        return await handler(params)
 
-        runtime.register(_definition(name, call, getattr(handler, "__doc__", None)))
+    _register_effect(runtime, name, getattr(handler, "__doc__", None), calls)
+    calls.latest[name] = invoke
 
     @functools.wraps(handler)
     async def wrapped(params: FunctionCallParams) -> None:
-        result = await runtime.propose(
-            name, dict(params.arguments), session, tool_call_id=params.tool_call_id
-        )
-        await params.result_callback(result)
+        await _answer(runtime, name, invoke, params, session, calls)
 
     wrapped._pipecat_actions_wrapped = True  # type: ignore[attr-defined]
     return wrapped
@@ -216,62 +384,29 @@ def _wrap_handler(
 class _AdmittedDirectFunction(DirectFunctionWrapper):
     """A direct function whose calls go through the runtime; ``function`` stays the original."""
 
-    def __init__(self, function: Any, runtime: ActionRuntime, session: SessionState) -> None:
+    def __init__(
+        self, function: Any, runtime: ActionRuntime, session: SessionState, calls: _Calls
+    ) -> None:
         super().__init__(function)
         self._runtime = runtime
         self._session = session
+        self._calls_book = calls
+
+    async def call(self, params: FunctionCallParams, arguments: dict[str, Any]) -> Any:
+        """Run the original function with the call's params (the effect)."""
+        return await self.function(params, **arguments)
 
     async def invoke(self, args: Any, params: FunctionCallParams) -> None:
-        result = await self._runtime.propose(
-            self.name, dict(args), self._session, tool_call_id=params.tool_call_id
-        )
-        await params.result_callback(result)
+        await _answer(self._runtime, self.name, self.call, params, self._session, self._calls_book)
 
 
 def _admit_direct(
-    runtime: ActionRuntime, llm: LLMService, function: Any, session: SessionState
+    runtime: ActionRuntime, llm: LLMService, function: Any, session: SessionState, calls: _Calls
 ) -> None:
-    admitted = _AdmittedDirectFunction(function, runtime, session)
-    name = admitted.name
-    if name not in runtime.bindings:
-
-        async def call(ctx: ActionContext, arguments: dict[str, Any], capture: Any) -> None:
-            await function(_params(name, ctx, arguments, capture), **arguments)
-
-        runtime.register(_definition(name, call, admitted.description))
-    llm._functions[name].handler = admitted
-
-
-def _params(
-    name: str, ctx: ActionContext, arguments: dict[str, Any], capture: Any
-) -> FunctionCallParams:
-    # The application's handler runs as the effect, outside Pipecat's call: it gets the
-    # arguments and a result callback, not the LLM, the worker or the context.
-    return FunctionCallParams(
-        function_name=name,
-        tool_call_id=ctx.operation_id,
-        arguments=arguments,
-        llm=None,  # type: ignore[arg-type]
-        pipeline_worker=None,  # type: ignore[arg-type]
-        context=None,  # type: ignore[arg-type]
-        result_callback=capture,
-    )
-
-
-def _definition(name: str, call: Callable[..., Any], description: str | None) -> ActionDefinition:
-    async def effect(ctx: ActionContext, **arguments: Any) -> Any:
-        box: dict[str, Any] = {}
-
-        async def capture(result: Any, *, properties: Any = None) -> None:
-            if properties is None or getattr(properties, "is_final", True):
-                box["result"] = result
-
-        await call(ctx, arguments, capture)
-        return box.get("result")
-
-    return ActionDefinition(
-        name=name, effect=effect, args_model=_open_model(name), description=description or name
-    )
+    admitted = _AdmittedDirectFunction(function, runtime, session, calls)
+    _register_effect(runtime, admitted.name, admitted.description, calls)
+    calls.latest[admitted.name] = admitted.call
+    llm._functions[admitted.name].handler = admitted
 
 
 def _open_model(name: str) -> type[BaseModel]:

@@ -155,6 +155,7 @@ class Reads:
                     principal=session.principal,
                     tenant=session.tenant,
                     deadline_at=deadline_at,
+                    tool_call_id=tool_call_id,
                 )
                 try:
                     with self._telemetry.read_attempt(ids, attempt):
