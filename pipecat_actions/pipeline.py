@@ -73,6 +73,7 @@ def build_pipeline(
     stt: FrameProcessor | None = None,
     transport: Any = None,
     user_params: LLMUserAggregatorParams | None = None,
+    context_aggregator: LLMContextAggregatorPair | None = None,
 ) -> tuple[Pipeline, ActionResultGate]:
     """Build the standard pipeline with the runtime attached and the processors in place.
 
@@ -89,11 +90,27 @@ def build_pipeline(
         stt: The STT service, if any.
         transport: A Pipecat transport (its ``input()`` and ``output()`` are used), if any.
         user_params: Parameters of the user aggregator (VAD, turn strategies).
+        context_aggregator: The aggregator pair to place, when the application needs it
+            too (Pipecat Flows' ``FlowManager(context_aggregator=...)``); its context must
+            be ``context``. Left out: a pair is made around ``context`` with ``user_params``.
 
     Returns:
         The pipeline and its gate (for handoffs: ``await gate.handoff("billing")``).
     """
-    pair = LLMContextAggregatorPair(context, user_params=user_params)
+    if context_aggregator is not None:
+        if context_aggregator.user().context is not context:
+            raise ConfigurationError(
+                "context_aggregator holds another LLMContext than context; pass the pair's "
+                "own context"
+            )
+        if user_params is not None:
+            raise ConfigurationError(
+                "user_params cannot apply to a context_aggregator already made; give them "
+                "to LLMContextAggregatorPair instead"
+            )
+        pair = context_aggregator
+    else:
+        pair = LLMContextAggregatorPair(context, user_params=user_params)
     realtime = is_realtime_service(llm)
     if realtime and adapter_of(llm) is not None:
         # Refused before anything is registered: the service still serves its first session.

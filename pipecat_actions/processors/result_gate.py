@@ -287,7 +287,8 @@ class ActionResultGate(FrameProcessor):
         result, op = await closing_result(self.delivery, cancel, operation_id)
         if op is None or op.status not in TERMINAL_STATUSES:
             self.delivery.await_outcome(operation_id, group)
-        frame = closing_frame(cancel, result)
+        # What the truth leads to (a Flows transition) follows once it is in the context.
+        frame = closing_frame(cancel, result, then=self.delivery.next_step(op) if op else None)
         if op is None:
             await self.push_frame(frame)
             return

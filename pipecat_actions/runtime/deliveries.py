@@ -22,6 +22,7 @@ from __future__ import annotations
 __all__ = [
     "PENDING_STATUSES",
     "Deliveries",
+    "NextStep",
     "Outlet",
     "SessionDelivery",
     "Speaker",
@@ -32,7 +33,7 @@ __all__ = [
 import asyncio
 import json
 from collections import OrderedDict, deque
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -144,6 +145,14 @@ class Outlet(Speaker, Protocol):
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coroutine`` as a task of the pipeline (cancelled when the pipeline ends)."""
+
+
+NextStep = Callable[[Operation], Callable[[], Awaitable[None]] | None]
+"""Given an outcome about to be told, what the conversation moves on to after it, if anything.
+
+A Flows adapter answers with a node transition (`pipecat_actions.flows`): the telling then goes
+into the context silently and the step, run after it, makes the bot speak (in the new node).
+"""
 
 
 @dataclass
@@ -360,6 +369,7 @@ class SessionDelivery:
         self._state = _SessionState()
         self._listening = False
         self._reads: set[asyncio.Task[Any]] = set()
+        self._next: NextStep | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -401,6 +411,22 @@ class SessionDelivery:
         if isinstance(task, asyncio.Task):
             self._reads.add(task)
             task.add_done_callback(self._reads.discard)
+
+    def then(self, next_step: NextStep | None) -> None:
+        """Ask ``next_step`` what follows each outcome this pipeline tells (see `NextStep`)."""
+        self._next = next_step
+
+    def next_step(self, op: Operation) -> Callable[[], Awaitable[None]] | None:
+        """What follows telling ``op`` now (None: the telling itself makes the bot speak)."""
+        if self._next is None:
+            return None
+        try:
+            return self._next(op)
+        except Exception as exc:  # what follows must never stop the telling
+            logger.opt(exception=exc).warning(
+                "{}: could not decide what follows {}: {}", self, op.operation_id, exc
+            )
+            return None
 
     # --- events from the adapter -----------------------------------------------------------
 
@@ -644,8 +670,12 @@ class SessionDelivery:
             text = f"Outcome of an earlier {op.tool} request: {json.dumps(content)}"
         # Calls proposed together are told together: every outcome but the last goes into the
         # context silently, and the last one makes the bot speak about all of them.
-        run_llm = late.mode is not DeliveryMode.SILENT and not self._siblings_pending(
-            op.operation_id
+        # What follows (a Flows transition) makes the bot speak instead, after the telling.
+        step = self.next_step(op) if late.mode is not DeliveryMode.SILENT else None
+        run_llm = (
+            late.mode is not DeliveryMode.SILENT
+            and step is None
+            and not self._siblings_pending(op.operation_id)
         )
         self._forget(op.operation_id)
         state.told[op.operation_id] = op.status
@@ -668,6 +698,13 @@ class SessionDelivery:
             await self._outlet.tell(told)
             state.interrupted = False
             await self._record(op, late=True)
+        if step is not None:
+            try:
+                await step()
+            except Exception as exc:  # told and recorded: a failed step loses no outcome
+                logger.opt(exception=exc).warning(
+                    "{}: what follows {} failed: {}", self, op.operation_id, exc
+                )
 
     async def _record_in_place(self, operation_id: str) -> None:
         service = self._service

@@ -423,6 +423,8 @@ async def run_conversation(
     timeout_secs: float = 30.0,
     enable_tracing: bool = False,
     clock: Clock | None = None,
+    context_aggregator: LLMContextAggregatorPair | None = None,
+    on_started: Callable[[PipelineWorker], Awaitable[None]] | None = None,
 ) -> ConversationResult:
     """Run ``script`` against a voice pipeline built around ``llm`` and return what happened.
 
@@ -445,6 +447,11 @@ async def run_conversation(
             spans, on the global tracer provider).
         clock: What `Wait` and `UserSays.at_secs` wait on; real (monotonic) time if
             omitted. Everything else in the conversation runs in real time.
+        context_aggregator: The aggregator pair to use (a `FlowManager` needs it); one
+            around ``context`` with ``user_params`` if omitted (then ``context`` and
+            ``user_params`` must be left out).
+        on_started: Awaited with the worker once the pipeline started, before the first
+            step (e.g. ``FlowManager.initialize``).
 
     Returns:
         What was heard, the final context messages and every frame pushed.
@@ -454,8 +461,14 @@ async def run_conversation(
     """
     tts = tts if tts is not None else FakeTTS()
     transport = transport if transport is not None else FakeTransport()
-    context = context if context is not None else LLMContext()
-    pair = LLMContextAggregatorPair(context, user_params=user_params or offline_user_params())
+    if context_aggregator is not None:
+        if context is not None or user_params is not None:
+            raise ValueError("give context_aggregator, or context and user_params, not both")
+        pair = context_aggregator
+        context = pair.user().context
+    else:
+        context = context if context is not None else LLMContext()
+        pair = LLMContextAggregatorPair(context, user_params=user_params or offline_user_params())
     output = transport.output()
     pipeline = Pipeline(
         [
@@ -502,6 +515,8 @@ async def run_conversation(
     try:
         async with asyncio.timeout(timeout_secs):
             await started.wait()
+            if on_started is not None:
+                await on_started(worker)
             for step in script:
                 await driver.run(step)
             if settle is not None:

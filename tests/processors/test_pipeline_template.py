@@ -47,6 +47,34 @@ async def test_the_template_orders_user_aggregator_tracker_llm_reporter_gate_ass
     assert isinstance(gate, ActionResultGate)
 
 
+async def test_the_template_places_the_aggregator_pair_it_is_given(
+    runtime: ActionRuntime,
+) -> None:
+    # Pipecat Flows' FlowManager needs the pair the pipeline runs.
+    context = LLMContext(messages=[])
+    pair = LLMContextAggregatorPair(context)
+    pipeline, _ = build_pipeline(
+        runtime=runtime,
+        session=SessionState(session_id="s", principal="p"),
+        llm=ScriptedLLM([]),
+        context=context,
+        context_aggregator=pair,
+    )
+    processors = pipeline.processors
+    assert pair.user() in processors and pair.assistant() in processors
+
+
+async def test_a_pair_around_another_context_is_refused(runtime: ActionRuntime) -> None:
+    with pytest.raises(ConfigurationError, match="another LLMContext"):
+        build_pipeline(
+            runtime=runtime,
+            session=SessionState(session_id="s", principal="p"),
+            llm=ScriptedLLM([]),
+            context=LLMContext(messages=[]),
+            context_aggregator=LLMContextAggregatorPair(LLMContext(messages=[])),
+        )
+
+
 @pytest.mark.parametrize(
     ("order", "message"),
     [
