@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipecat.frames.frames import EndFrame, Frame, LLMFullResponseEndFrame, LLMRunFrame
+from pipecat.frames.frames import (
+    EndFrame,
+    Frame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMRunFrame,
+)
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
@@ -288,6 +294,20 @@ class HeldEnds(FrameProcessor):
         held, self.held = self.held, []
         for frame in held:
             self.create_task(self.push_frame(frame))
+
+
+class SeesInterruptions(FrameProcessor):
+    """Where the output transport is: counts the interruptions that passed the service."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interruptions = 0
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, InterruptionFrame) and direction is FrameDirection.DOWNSTREAM:
+            self.interruptions += 1
+        await self.push_frame(frame, direction)
 
 
 class OutputOnly:

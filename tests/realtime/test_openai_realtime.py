@@ -28,6 +28,7 @@ from tests.realtime._support import (
     HeldAuthorizer,
     HeldEnds,
     OutputOnly,
+    SeesInterruptions,
     agent_on,
     booking,
     restaurant,
@@ -134,7 +135,8 @@ async def test_a_booking_cancelled_at_the_users_barge_in_is_told_cancelled_becau
 async def test_a_call_proposed_in_a_response_the_user_interrupted_is_refused_and_books_nothing(
     tmp_path: Path,
 ) -> None:
-    async with openai_agent(tmp_path) as (agent, server):
+    seen = SeesInterruptions()
+    async with openai_agent(tmp_path, transport=OutputOnly(seen)) as (agent, server):
         before = agent.session.generation
 
         async def barge_in() -> None:
@@ -148,13 +150,16 @@ async def test_a_call_proposed_in_a_response_the_user_interrupted_is_refused_and
                 lambda: agent.session.is_interrupted(generation),
                 what="the session to record the barge-in on the response",
             )
+            # The service has handled the interruption too (it passes it on after): the call
+            # it is about to make is not cancelled by it, and meets the stale-proposal check.
+            await until(lambda: seen.interruptions, what="the interruption to pass the service")
 
         call_id = await server.call("book_table", booking(), meanwhile=barge_in)
         await server.wait_for(_output_for(call_id))
         statuses = [op.status for op in await agent.runtime.ledger.list()]
 
     (output,) = server.function_outputs(call_id)
-    assert json.loads(output)["reason"] == "stale_proposal"
+    assert json.loads(output).get("reason") == "stale_proposal", output
     assert agent.side_effects() == 0
     assert statuses == [S.REJECTED]
 
