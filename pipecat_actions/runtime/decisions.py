@@ -221,17 +221,14 @@ class Decisions:
         self._operations.spawn(self._runner.execute(admitted, tracked, take_slot=True))
         if not wait:
             return render_operation(admitted)
-        tracked.answered_by_call = True
-        try:
+        # Answered (or the call stopped) when this ends: later outcomes are told as late ones.
+        with tracked.answered_in(op.session_id):  # confirmed only in its own session
             outcome = await asyncio.shield(tracked.done)
             # What the call is answered with, and tells in place once its result reaches the
             # gate: until then the delivery service must not tell it again as a late outcome
             # (a catch-up that read it meanwhile, say).
             self._operations.note_answered(outcome)
             return render_operation(outcome)
-        finally:
-            # Answered (or the call was stopped): later outcomes are told as late ones.
-            tracked.answered_by_call = False
 
     async def pending_approvals(self) -> list[Operation]:
         """Operations waiting for a person's approval, oldest first."""

@@ -517,8 +517,8 @@ class SessionDelivery:
         if op.operation_id not in state.awaited:
             return
         tracked = self._service.operations.get(op.operation_id)
-        if tracked is not None and tracked.answered_by_call:
-            return  # the call waiting for it (confirm_action) tells it in place, once
+        if tracked is not None and self.session.session_id in tracked.answering:
+            return  # a call waiting for it (confirm_action, a join) tells it in place, once
         answered = self._service.operations.answered(op.operation_id)
         retold = op.operation_id in state.retell
         if answered is not None and answered.status is op.status and not retold:

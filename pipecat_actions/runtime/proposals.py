@@ -215,7 +215,11 @@ class Proposals:
             if wait and op.status in IN_FLIGHT_STATUSES:
                 tracked = self._operations.get(op.operation_id)
                 if tracked is not None:
-                    op = await asyncio.shield(tracked.done)
+                    # This call answers with the outcome, in place: the session's delivery
+                    # does not tell it again as a late outcome of the call it joined.
+                    with tracked.answered_in(session.session_id):
+                        op = await asyncio.shield(tracked.done)
+                        self._operations.note_answered(op)
                 else:
                     op = await self._elsewhere.wait(op)
             joined = self._asking(render_operation(op, note=note), op)

@@ -1402,3 +1402,35 @@ async def test_a_pipeline_that_ends_while_its_owed_look_up_still_reads_leaves_no
         ledger.list = plain_list  # type: ignore[method-assign]
 
     assert not [line for line in warned if "dangling" in line]
+
+
+async def test_an_outcome_a_repeated_call_waits_for_is_told_by_that_call_and_not_again_late(
+    runtime_factory: Any,
+) -> None:
+    # The user talks over the booking (its call is closed as running); the model repeats the
+    # call, which joins the booking and waits for it. When it commits, the repeat's result says
+    # so in place: the first call's late telling would say it a second time.
+    agent = await runtime_factory(late="when_idle")
+    agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
+    agent.llm.push_step(ToolCalls([("book_table", BOOK_2100)]))
+    agent.llm.push_step(Say("Your table is booked."))
+    await agent.run(
+        [
+            LLMRunFrame(),
+            agent.sent(0.5),
+            InterruptionFrame(),
+            agent.closed("running"),
+            LLMRunFrame(),  # the model answers the user's turn by repeating the call
+            lambda: until(
+                lambda: agent.runtime.operation_for_call("call_2") is not None,
+                what="the repeat to join the booking",
+            ),
+            agent.advance(0.5),
+            agent.closed("committed"),
+            agent.delivered(1),
+        ]
+    )
+
+    assert [_status(content) for content in _tool_messages(agent)] == ["running", "committed"]
+    assert agent.developer() == []  # no "Outcome of an earlier book_table request"
+    assert agent.sor.side_effects["book"] == 1
