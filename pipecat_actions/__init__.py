@@ -13,6 +13,7 @@ from pipecat_actions.actions import (
     Reconciliation,
     Refused,
     action,
+    action_context,
 )
 from pipecat_actions.admission.authorization import (
     AllowAll,
@@ -86,6 +87,7 @@ __all__ = [
     "Reconciliation",
     "Refused",
     "action",
+    "action_context",
     # effect failures
     "EffectFailed",
     "EffectNotSent",

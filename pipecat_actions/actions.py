@@ -32,10 +32,14 @@ __all__ = [
     "Reconciliation",
     "Refused",
     "action",
+    "action_context",
+    "running_as",
 ]
 
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar, get_type_hints, overload
@@ -94,6 +98,39 @@ class ActionContext:
             operation=op,
             tool_call_id=op.provider_call_id,
         )
+
+
+_RUNNING: ContextVar[ActionContext | None] = ContextVar("pipecat_actions_running", default=None)
+
+
+def action_context() -> ActionContext:
+    """The context of the operation whose effect runs now, for a handler the runtime routes.
+
+    An `action` effect is given its `ActionContext`; a handler routed through the runtime by
+    ``runtime.instrument`` or `pipecat_actions.flows.FlowActions` has the signature Pipecat or
+    Flows gives it, and reads it here: ``action_context().idempotency_key`` is the key to send
+    to a provider that deduplicates requests.
+
+    Raises:
+        RuntimeError: Not inside such a handler's run (e.g. called from Pipecat directly).
+    """
+    ctx = _RUNNING.get()
+    if ctx is None:
+        raise RuntimeError(
+            "action_context() is only known while the runtime runs a routed handler as an "
+            "operation's effect (runtime.instrument, FlowActions)"
+        )
+    return ctx
+
+
+@contextmanager
+def running_as(ctx: ActionContext) -> Iterator[None]:
+    """Make ``ctx`` what `action_context` returns while a routed handler runs (for adapters)."""
+    token = _RUNNING.set(ctx)
+    try:
+        yield
+    finally:
+        _RUNNING.reset(token)
 
 
 class Refused(PipecatActionsError):

@@ -30,7 +30,7 @@ from pipecat.frames.frames import FunctionCallResultProperties, TTSSpeakFrame
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pydantic import BaseModel, ConfigDict, create_model
 
-from pipecat_actions.actions import ActionContext, ActionDefinition
+from pipecat_actions.actions import ActionContext, ActionDefinition, running_as
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.policy import ConfirmationMode, ExecutionMode, OnDuplicate
 from pipecat_actions.session import SessionState
@@ -310,7 +310,8 @@ def _effect(name: str, calls: _Calls) -> Callable[..., Any]:
                 box["result"] = result
                 call.properties = properties
 
-        await call.invoke(calls.params(name, ctx, call, capture), arguments)
+        with running_as(ctx):
+            await call.invoke(calls.params(name, ctx, call, capture), arguments)
         call.ran = True
         return box.get("result")
 

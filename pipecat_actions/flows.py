@@ -32,8 +32,13 @@ What holds:
 * **Transitions on the truth.** A ``transition_to: {field: status, cases: {...}}`` branch is
   evaluated on the runtime's result (a committed result also shows the handler's own fields
   to the branch, so branches on them keep working). An unconditional ``transition_to`` (or a
-  Python handler's next node) is followed only when the operation committed (in that very
-  call, for a Python handler); otherwise the node stays and the bot tells the truth.
+  Python handler's next node, also for a repeated call that joined the operation) is
+  followed only when the operation committed; otherwise the node stays and the bot tells the
+  truth.
+* **What a handler needs.** `pipecat_actions.action_context` gives the running handler its
+  operation's `ActionContext` (``idempotency_key`` for a provider that deduplicates);
+  ``flow_manager.state[STATE_KEY][function]`` holds the runtime's latest result of each
+  function, for the prompts of the nodes it leads to.
 * **Late outcomes.** An outcome that comes after its call was answered (a barge-in, a
   background action, an approval, an unknown reconciled) is told in the node active when it
   arrives; when the conversation is still in the node the call was made in (or the node its
@@ -43,7 +48,7 @@ What holds:
 
 from __future__ import annotations
 
-__all__ = ["FlowActions", "FunctionHooks"]
+__all__ = ["STATE_KEY", "FlowActions", "FunctionHooks"]
 
 import dataclasses
 import functools
@@ -69,7 +74,7 @@ from pipecat.flows.types import FlowsDirectFunctionWrapper
 from pipecat.frames.frames import FunctionCallResultProperties
 from pydantic import BaseModel, ConfigDict, create_model
 
-from pipecat_actions.actions import ActionContext, ActionDefinition, Hook
+from pipecat_actions.actions import ActionContext, ActionDefinition, Hook, running_as
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.outcomes import EffectNotSent
 from pipecat_actions.results import render_operation
@@ -83,6 +88,13 @@ if TYPE_CHECKING:
     from pipecat_actions.processors import ActionResultGate
     from pipecat_actions.runtime import ActionRuntime
     from pipecat_actions.session import SessionState
+
+STATE_KEY = "pipecat_actions"
+"""``flow_manager.state[STATE_KEY][function]`` holds the runtime's latest result of each managed
+function (status, operation_id, message, and a committed handler's result), set before any
+transition it decides: a node's prompt may say ``{{ pipecat_actions.book_table.result.booking_id
+}}`` even when the outcome became known only by reconciliation, after the handler's own state
+writes were lost with its answer."""
 
 _Run = Callable[[dict[str, Any]], Awaitable[Any]]
 """One node's handler, called with a call's arguments (the effect runs it)."""
@@ -210,6 +222,8 @@ class FlowActions:
         self._admitted: dict[int, Callable[..., Any]] = {}
         self._calls: OrderedDict[str, _FlowCall] = OrderedDict()
         self._latest: dict[str, _Run] = {}
+        self._ran: OrderedDict[str, Any] = OrderedDict()
+        """The next node each operation's handler returned, by operation id."""
         self._names: set[str] = set()
 
     # --- wiring ----------------------------------------------------------------------------
@@ -464,6 +478,7 @@ class FlowActions:
             call.name, call.arguments, self._session, tool_call_id=call.tool_call_id
         )
         call.result = result
+        self._remember(call, result)
         if result.get("status") in _FINAL:
             self._calls.pop(call.tool_call_id, None)  # nothing more comes for it
         return result
@@ -513,12 +528,17 @@ class FlowActions:
             run = call.run if call is not None and call.run is not None else self._latest.get(name)
             if run is None:
                 raise EffectNotSent(f"{name} has no Flows handler in this process")
-            response = await run(dict(arguments))
+            with running_as(ctx):  # action_context() for the handler (its idempotency key)
+                response = await run(dict(arguments))
             result, next_node = (
                 response if isinstance(response, tuple) and len(response) == 2 else (response, None)
             )
             if call is not None:
                 call.ran, call.next_node = True, next_node
+            # A repeated call that joins this operation goes where its handler said.
+            self._ran[ctx.operation_id] = next_node
+            while len(self._ran) > self.LIMIT:
+                self._ran.popitem(last=False)
             return result
 
         return effect
@@ -528,9 +548,11 @@ class FlowActions:
     def _destination(self, call: _FlowCall, result: Mapping[str, Any]) -> NodeConfig | None:
         """The node ``result`` leads to from ``call``'s function, or None (the node stays)."""
         committed = result.get("status") == "committed"
-        if call.ref is None:  # a flow built in Python: the handler's next node, if it ran
-            next_node = call.next_node if committed and call.ran else None
-            return next_node if isinstance(next_node, dict) else None  # type: ignore[return-value]
+        if call.ref is None:  # a flow built in Python: the handler's next node, once it ran
+            if not committed:
+                return None
+            ran = call.next_node if call.ran else self._ran.get(str(result.get("operation_id")))
+            return ran if isinstance(ran, dict) else None  # type: ignore[return-value]
         target = call.ref.transition_to
         if target is None or self._flow is None:
             return None
@@ -541,6 +563,13 @@ class FlowActions:
             return None  # branches on a field of the handler's own result: it did not commit
         node = target.cases.get(case_key(view[target.field]), target.default)
         return self._flow.node(node) if node is not None else None
+
+    def _remember(self, call: _FlowCall, result: Mapping[str, Any]) -> None:
+        """Keep the latest truth of ``call``'s function in the flow's state (see `STATE_KEY`)."""
+        if self._manager is not None:
+            outcomes = self._manager.state.setdefault(STATE_KEY, {})
+            if isinstance(outcomes, dict):
+                outcomes[call.name] = dict(result)
 
     def _leads_on(self, call: _FlowCall, result: Mapping[str, Any]) -> NodeConfig | None:
         """Where ``result`` takes the conversation from ``call``, or None (it stays).
@@ -569,6 +598,7 @@ class FlowActions:
         if op.status in TERMINAL_STATUSES:
             self._calls.pop(call.tool_call_id, None)
         result = render_operation(op)
+        self._remember(call, result)
         destination = self._leads_on(call, result)
         if destination is None:
             return None  # told in the node the conversation is in, which stays

@@ -21,6 +21,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.services.llm_service import FunctionCallParams
 
+from pipecat_actions.actions import action_context
 from pipecat_actions.admission.authorization import AllowAll, Decision
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.policy import load_policy_text
@@ -144,6 +145,7 @@ async def test_a_handler_gets_its_calls_llm_context_and_worker(runtime: ActionRu
 
     async def add_note(params: FunctionCallParams) -> None:
         seen.update(
+            operation_id=action_context().operation_id,
             llm=params.llm,
             context=params.context,
             worker=params.pipeline_worker,
@@ -161,6 +163,8 @@ async def test_a_handler_gets_its_calls_llm_context_and_worker(runtime: ActionRu
     assert seen["context"] is context
     assert seen["worker"] is not None and seen["worker"] is llm.pipeline_worker
     assert seen["tool_call_id"] == "call_9"
+    (op,) = await runtime.ledger.list()
+    assert seen["operation_id"] == op.operation_id  # action_context() inside the handler
 
 
 async def test_a_handler_registered_again_serves_the_calls_made_after_it(

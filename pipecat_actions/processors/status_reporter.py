@@ -97,9 +97,10 @@ def rtvi_observer_params(
     """Return RTVI observer parameters that leave the runtime's tools to `ActionStatusReporter`.
 
     Pipecat's function-call reports are turned off (``DISABLED``) for every tool registered on
-    ``runtime`` and for ``confirm_action``; every other tool keeps the level ``params`` gives
-    it. Pass the result to ``PipelineWorker(..., rtvi_observer_params=...)`` once the actions
-    are registered (a tool registered later is reported by both).
+    ``runtime``, every tool its policy names (registered later by ``runtime.instrument`` or
+    `pipecat_actions.flows.FlowActions`, node by node) and ``confirm_action``; every other tool
+    keeps the level ``params`` gives it. Pass the result to
+    ``PipelineWorker(..., rtvi_observer_params=...)``.
 
     Args:
         runtime: The runtime whose tools are reported by the `ActionStatusReporter`.
@@ -107,7 +108,7 @@ def rtvi_observer_params(
     """
     made = copy.copy(params) if params is not None else RTVIObserverParams()
     levels = dict(made.function_call_report_level)
-    for name in [*runtime.bindings, CONFIRM_TOOL]:
+    for name in [*runtime.bindings, *runtime.policy.names(), CONFIRM_TOOL]:
         levels[name] = RTVIFunctionCallReportLevel.DISABLED
     made.function_call_report_level = levels
     return made

@@ -27,7 +27,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 
 from pipecat_actions import ActionRuntime, AllowAll
-from pipecat_actions.actions import ActionContext, Reconciliation
+from pipecat_actions.actions import ActionContext, Reconciliation, action_context
 from pipecat_actions.flows import FlowActions, FunctionHooks
 from pipecat_actions.ledger import Operation
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
@@ -37,6 +37,7 @@ from pipecat_actions.testing.conversation import ConversationResult, Step, run_c
 from pipecat_actions.testing.llm import ScriptedLLM, ScriptStep
 from pipecat_actions.testing.transport import offline_user_params
 from pipecat_actions.testing.tts import FakeTTS
+from tests._waiting import HANG_GUARD_SECS
 from tests.processors._clocked import ScriptClock, until
 from tests.runtime._execution_support import new_session, policy
 
@@ -137,15 +138,23 @@ class FlowAgent:
             self.actions.attach(manager, self.gate)
             await self.start(manager)
 
-        return await run_conversation(
-            steps,
-            llm=self.llm,
-            tts=FakeTTS(),
-            context_aggregator=self.pair,
-            after_user_aggregator=[ActionTurnTracker(self.session)],
-            before_assistant_aggregator=[self.gate],
-            on_started=started,
-        )
+        try:
+            return await run_conversation(
+                steps,
+                llm=self.llm,
+                tts=FakeTTS(),
+                context_aggregator=self.pair,
+                after_user_aggregator=[ActionTurnTracker(self.session)],
+                before_assistant_aggregator=[self.gate],
+                on_started=started,
+                timeout_secs=4 * HANG_GUARD_SECS,  # a hang guard for the story, not a bound
+            )
+        except BaseException:
+            # Shown by pytest with the failure: where the story stood.
+            print("nodes entered:", self.nodes)
+            for message in self.context.get_messages():
+                print("context:", json.dumps(message, default=str)[:300])
+            raise
 
     @property
     def node(self) -> str | None:
@@ -211,7 +220,7 @@ def _book_with(sor: FakeSystemOfRecord, handled: list[str], label: str) -> Calla
             str(args["time"]),
             int(args["party_size"]),
             "Ada",
-            idempotency_key="|".join(str(args[k]) for k in ("date", "time", "party_size")),
+            idempotency_key=action_context().idempotency_key,  # the operation's own key
         )
         return {"booking_id": booking.booking_id}
 
@@ -297,8 +306,7 @@ def python_start(
 
 
 async def _reconcile(sor: FakeSystemOfRecord, ctx: ActionContext) -> Reconciliation:
-    key = "|".join(str(ctx.args[k]) for k in ("date", "time", "party_size"))
-    found = sor.find_by_idempotency_key(key)
+    found = sor.find_by_idempotency_key(ctx.idempotency_key)
     if found is None:
         return Reconciliation.not_found()
     return Reconciliation.committed({"booking_id": getattr(found, "booking_id", None)})

@@ -14,6 +14,8 @@ from pipecat.flows import FlowManager, FlowsFunctionSchema
 
 from pipecat_actions import Decision
 from pipecat_actions.errors import ConfigurationError
+from pipecat_actions.flows import STATE_KEY
+from pipecat_actions.runtime.deliveries import WATCH_SECS
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing.conversation import (
     BargeIn,
@@ -61,6 +63,7 @@ async def test_a_committed_booking_moves_the_flow_on_with_no_inference_in_the_ol
 
     assert a.nodes == ["greet", "confirm"]
     assert a.bookings() == 1 and a.handled == [kind]
+    assert a.sor.find_by_idempotency_key(op.idempotency_key) is not None  # action_context()
     assert op.delivered_status is S.COMMITTED
     # Flows' run_llm=False kept: greet, the tool call, then only the confirm node's answer.
     assert a.llm.inferences == 3
@@ -227,6 +230,15 @@ async def test_an_unknown_outcome_goes_to_checking_and_its_reconciled_commit_to_
             op = await a.settled(S.UNKNOWN)
             await a.runtime.reconcile_unknown(op.operation_id, actor="operator:maria")
 
+            async def heard() -> bool:
+                # Escalated, it is no longer run here: the conversation re-reads it every
+                # WATCH_SECS (of the runtime's clock) until it is told.
+                a.clock.advance(WATCH_SECS)
+                current = await a.runtime.ledger.get(op.operation_id)
+                return current.delivered_status is S.COMMITTED
+
+            await until(heard, what="the operator's finding to be told")
+
         result = await a.converse(
             [
                 WaitUntilIdle(),
@@ -245,6 +257,10 @@ async def test_an_unknown_outcome_goes_to_checking_and_its_reconciled_commit_to_
     assert a.nodes == ["greet", "checking", "confirm"]
     assert a.bookings() == 1
     assert [m["status"] for m in tool_messages(result)] == ["unknown"]
+    # What reconciliation found is in the flow's state, for the confirm node's prompt.
+    assert a.manager is not None
+    known = a.manager.state[STATE_KEY]["book_table"]
+    assert known["status"] == "committed" and known["result"]["booking_id"] == "bk_0001"
     assert result.context_messages[-1]["content"] == "Booked after all."
 
 
@@ -467,3 +483,81 @@ async def test_instrument_alone_keeps_a_flows_edge_transition(tmp_path: Path) ->
     assert a.nodes == ["greet", "confirm"]
     assert a.llm.inferences == 3
     assert op.provider_call_id is not None and a.bookings() == 1
+
+
+async def test_a_silent_late_outcome_goes_into_the_context_and_moves_nothing(
+    tmp_path: Path,
+) -> None:
+    silent = POLICY.replace(
+        "on_interruption: continue",
+        "on_interruption: continue\n        mode: blocking\n        delivery: {late: silent}",
+    )
+    script = [
+        Say("Hello, what can I book for you?"),
+        ToolCalls([("book_table", DETAILS)], say="One moment while I book that for you."),
+        Say("Still working on it."),
+    ]
+    async with flow_agent(tmp_path, script, policy_text=silent) as a:
+
+        async def commit() -> None:
+            await a.settled(S.RUNNING)
+            await a.at_the_restaurant()
+            a.commit()
+
+        result = await a.converse(
+            [
+                WaitUntilIdle(),
+                UserSays("Two at nine."),
+                BargeIn("Are you still there?", after_secs=0.1),
+                WaitUntilIdle(),
+                Call(commit),
+                Call(a.told(S.COMMITTED)),
+                WaitUntilIdle(),
+            ]
+        )
+
+    assert a.nodes == ["greet"]
+    assert "Outcome of an earlier book_table" in contents(result)
+    assert a.llm.inferences == 3  # told silently: no inference for it
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_repeated_call_after_a_barge_in_tells_the_commit_once_and_moves_on_once(
+    tmp_path: Path, kind: str
+) -> None:
+    blocking = POLICY.replace(
+        "on_interruption: continue", "on_interruption: continue\n        mode: blocking"
+    )
+    script = [
+        Say("Hello, what can I book for you?"),
+        ToolCalls([("book_table", DETAILS)], say="One moment while I book that for you."),
+        ToolCalls([("book_table", DETAILS)], say="I'm still on it."),  # the model repeats it
+        Say("You're booked."),
+    ]
+    async with flow_agent(tmp_path, script, kind=kind, policy_text=blocking) as a:
+
+        async def commit() -> None:
+            await until(
+                lambda: a.runtime.operation_for_call("call_2") is not None,
+                what="the repeat to join the booking",
+            )
+            await a.at_the_restaurant()
+            a.commit()
+
+        result = await a.converse(
+            [
+                WaitUntilIdle(),
+                UserSays("Two at nine."),
+                BargeIn("Are you still there?", after_secs=0.1),
+                Call(commit),
+                Call(a.entered("confirm")),
+                WaitUntilIdle(),
+            ]
+        )
+        (op,) = await a.operations()
+
+    told = [m for m in tool_messages(result) if m.get("status") == "committed"]
+    late = [m for m in result.context_messages if "Outcome of an earlier" in str(m.get("content"))]
+    assert len(told) + len(late) == 1  # the commit, told once
+    assert a.nodes == ["greet", "confirm"]  # entered once
+    assert a.bookings() == 1 and op.status is S.COMMITTED

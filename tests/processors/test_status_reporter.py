@@ -485,3 +485,20 @@ async def test_frames_pass_unchanged_in_order_and_none_waits_for_the_ledger(
     assert [id(f) for f in passed] == [id(f) for f in sent]  # the same objects, in order
     told = [f.data for f in down if isinstance(f, RTVIServerMessageFrame)]
     assert [(m["event"], m["status"]) for m in told] == [("proposed", "requested")]
+
+
+async def test_a_policy_tool_registered_later_is_left_to_the_reporter_too(tmp_path: Path) -> None:
+    # Flows (FlowActions) and runtime.instrument register their tools after the worker and its
+    # RTVI observer are made: the policy names them before that.
+    runtime = await ActionRuntime.create(
+        load_policy_text("version: 1\ntools:\n  book_table:\n    kind: mutation\n"),
+        authorizer=AllowAll(),
+        ledger_url=f"sqlite:///{tmp_path}/later.db",
+    )
+    try:
+        levels = rtvi_observer_params(runtime).function_call_report_level
+    finally:
+        await runtime.close()
+
+    assert "book_table" not in runtime.bindings
+    assert levels["book_table"] is RTVIFunctionCallReportLevel.DISABLED
