@@ -47,13 +47,16 @@ test-stress: $(STAMP)
 	$(BIN)/python -m tests.stress $(STRESS_ARGS)
 
 # make demo REALTIME=openai (or gemini): the story on a real speech-to-speech service against
-# a fake provider on 127.0.0.1, offline.
+# a fake provider on 127.0.0.1, offline. make demo FLOW=1: the reservation as a Pipecat Flows
+# conversation (configs/flows/restaurant.yaml), offline.
 demo: $(STAMP)
-	$(if $(REALTIME),$(BIN)/python -m bots.realtime_demo $(REALTIME),$(BIN)/python -m bots.demo)
+	$(if $(and $(FLOW),$(REALTIME)),$(error FLOW=1 and REALTIME=... are separate demos; give one))
+	$(if $(REALTIME),$(BIN)/python -m bots.realtime_demo $(REALTIME),$(if $(FLOW),$(BIN)/python -m bots.flow_demo,$(BIN)/python -m bots.demo))
 
+# make bot FLOW=1: the Daily bot runs the Pipecat Flows reservation (cascade only).
 .PHONY: bot
 bot: $(STAMP)
-	REALTIME=$(REALTIME) $(BIN)/python bots/daily_bot.py -t daily
+	FLOW=$(FLOW) REALTIME=$(REALTIME) $(BIN)/python bots/daily_bot.py -t daily
 
 bench: $(STAMP)
 	$(BIN)/python bench/ledger.py

@@ -5,6 +5,7 @@
     make bot                                   # = .venv/bin/python bots/daily_bot.py -t daily
     make bot REALTIME=openai                   # OpenAI Realtime, speech to speech
     make bot REALTIME=gemini                   # Gemini Live, speech to speech
+    make bot FLOW=1                            # the reservation as a Pipecat Flows conversation
     .venv/bin/python bots/daily_bot.py -t webrtc   # a local page, http://localhost:7860/client
 
 Pipecat's development runner serves http://localhost:7860; for ``-t daily`` open
@@ -25,6 +26,14 @@ and TTS, with its realtime adapter (`pipecat_actions.realtime`)::
         Gemini Live → ActionStatusReporter → transport.output → ActionResultGate
         → assistant aggregator
 
+With ``FLOW=1`` the conversation is the Pipecat Flows reservation of
+``configs/flows/restaurant.yaml`` (greet → collect → book → confirm, with ``checking`` and
+``try_again``), under ``configs/restaurant_flow_policy.yaml``: a `FlowManager` on the same
+cascade pipeline (`build_pipeline` with the manager's aggregator pair), its functions routed
+through the runtime by `pipecat_actions.flows.FlowActions`, so the flow moves on the runtime's
+truthful status (``bots.restaurant_flow``; the offline version is ``make demo FLOW=1``). The
+flow runs on the cascade only: ``FLOW=1`` with ``REALTIME`` is refused.
+
 An RTVI client (Pipecat's web client on ``-t webrtc``) gets ``action-status`` server messages
 for the bot's tools, never ``llm-function-call-stopped {cancelled: true}`` for a booking that
 goes on (`pipecat_actions.processors.status_reporter`).
@@ -39,7 +48,9 @@ Environment (a ``.env`` file in the working directory is read too, as Pipecat's 
   bot's meeting token with it (https://dashboard.daily.co/developers).
 * ``DAILY_ROOM_URL``, optional: join this room instead of creating one (the runner still
   needs ``DAILY_API_KEY`` to mint the token).
-* ``POLICY``, optional: the tool policies (default ``configs/restaurant.yaml``).
+* ``FLOW``, optional: ``1`` runs the Pipecat Flows reservation (see above).
+* ``POLICY``, optional: the tool policies (default ``configs/restaurant.yaml``; with ``FLOW=1``
+  ``configs/restaurant_flow_policy.yaml``).
 * ``PIPECAT_ACTIONS_LEDGER_URL``, optional: the action ledger (default: SQLite at
   ``./.pipecat_actions/ledger.db``; ``postgresql://...`` to share it between processes).
 
@@ -92,6 +103,7 @@ from pipecat_actions import ActionRuntime, AuthorizationRequest, Decision, Sessi
 # missing key must be reported in one line before anything else is printed.
 if TYPE_CHECKING:
     from pipecat.audio.vad.silero import SileroVADAnalyzer
+    from pipecat.flows import Flow, FlowManager
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.worker import PipelineWorker
     from pipecat.processors.aggregators.llm_context import LLMContext
@@ -99,11 +111,13 @@ if TYPE_CHECKING:
     from pipecat.services.llm_service import LLMService
     from pipecat.transports.base_transport import BaseTransport
 
+    from pipecat_actions.flows import FlowActions
     from pipecat_actions.processors import ActionResultGate
     from pipecat_actions.testing import FakeSystemOfRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_POLICY = ROOT / "configs" / "restaurant.yaml"
+FLOW_POLICY = ROOT / "configs" / "restaurant_flow_policy.yaml"
 DEMO_PRINCIPAL = "demo-caller"
 """The principal every session of this demo acts for (there is no sign-in)."""
 
@@ -160,6 +174,11 @@ class RestaurantBot:
         context: The conversation context, with the actions' tool schemas.
         vad_analyzer: The voice activity detector of the user aggregator.
         system_of_record: The restaurant's booking and payment system (a fake).
+        flow: With ``flow=True``: the configured reservation flow (its nodes and functions).
+        flow_manager: With ``flow=True``: the `FlowManager` on ``worker``, attached to
+            ``flow_actions``; it is initialized with the flow's first node when the caller
+            connects.
+        flow_actions: With ``flow=True``: routes the flow's functions through ``runtime``.
     """
 
     transport: BaseTransport
@@ -172,15 +191,25 @@ class RestaurantBot:
     context: LLMContext
     vad_analyzer: SileroVADAnalyzer
     system_of_record: FakeSystemOfRecord
+    flow: Flow | None = None
+    flow_manager: FlowManager | None = None
+    flow_actions: FlowActions | None = None
 
     async def close(self) -> None:
         """Stop the runtime: running operations get a grace period, then recovery."""
         await self.runtime.close()
 
 
+def flow_enabled(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``$FLOW`` asks for the Pipecat Flows reservation (``1``, ``true``, ``yes``)."""
+    return env.get("FLOW", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def policy_path(env: Mapping[str, str] = os.environ) -> Path:
-    """Return the policy file: ``$POLICY``, else ``configs/restaurant.yaml``."""
-    return Path(env["POLICY"]) if env.get("POLICY") else DEFAULT_POLICY
+    """Return the policy file: ``$POLICY``, else the restaurant's (or the flow's) default."""
+    if env.get("POLICY"):
+        return Path(env["POLICY"])
+    return FLOW_POLICY if flow_enabled(env) else DEFAULT_POLICY
 
 
 @cache
@@ -204,6 +233,7 @@ async def build_bot(
     idle_timeout_secs: float | None = 300.0,
     realtime: str | None = None,
     google_api_key: str = "",
+    flow: bool = False,
 ) -> RestaurantBot:
     """Build one session's bot on ``transport``; nothing touches the network until it runs.
 
@@ -223,6 +253,8 @@ async def build_bot(
         realtime: ``openai`` or ``gemini`` for a speech-to-speech service (no STT, no TTS);
             None for the cascade.
         google_api_key: The Google key, for ``realtime="gemini"``.
+        flow: Run the Pipecat Flows reservation (``configs/flows/restaurant.yaml``) instead of
+            the free conversation; ``policy`` then defaults to the flow's policy. Cascade only.
 
     Returns:
         The session's graph; the caller runs ``worker`` and then calls ``close``.
@@ -240,22 +272,31 @@ async def build_bot(
     from pipecat_actions.pipeline import build_pipeline
     from pipecat_actions.processors import rtvi_observer_params
 
+    if flow and realtime is not None:
+        raise ValueError("the flow runs on the cascade only: give flow=True or realtime, not both")
     sor = system_of_record if system_of_record is not None else shared_system_of_record()
+    if policy is None:
+        policy = FLOW_POLICY if flow else policy_path()
     runtime = await ActionRuntime.create(
-        policy if policy is not None else policy_path(),
+        policy,
         authorizer=SessionPrincipalAuthorizer(principal),
-        actions=build_actions(sor),
+        # The flow's functions are registered by FlowActions, node by node.
+        actions=[] if flow else build_actions(sor),
         ledger_url=ledger_url,
     )
     try:
         session = SessionState(session_id=session_id or str(uuid.uuid4()), principal=principal)
-        instructions = INSTRUCTIONS.format(
-            restaurant=RESTAURANT, today=(today or datetime.date.today()).isoformat()
-        )
+        day = today or datetime.date.today()
+        instructions = INSTRUCTIONS.format(restaurant=RESTAURANT, today=day.isoformat())
         llm: LLMService
         stt: OpenAISTTService | None = None
         tts: OpenAITTSService | None = None
-        if realtime is None:
+        if flow:
+            # The flow's nodes set the system instruction (role_message) and the tools.
+            llm = OpenAILLMService(api_key=openai_api_key)
+            stt = OpenAISTTService(api_key=openai_api_key)
+            tts = OpenAITTSService(api_key=openai_api_key)
+        elif realtime is None:
             llm = OpenAILLMService(
                 api_key=openai_api_key,
                 settings=OpenAILLMService.Settings(system_instruction=instructions),
@@ -266,18 +307,41 @@ async def build_bot(
             llm = realtime_service(
                 realtime, instructions, openai_api_key=openai_api_key, google_api_key=google_api_key
             )
-        context = LLMContext(messages=[], tools=runtime.tools_schema())
         vad = SileroVADAnalyzer()
-        pipeline, gate = build_pipeline(
-            runtime=runtime,
-            session=session,
-            llm=llm,
-            context=context,
-            stt=stt,
-            tts=tts,
-            transport=transport,
-            user_params=LLMUserAggregatorParams(vad_analyzer=vad),
-        )
+        user_params = LLMUserAggregatorParams(vad_analyzer=vad)
+        if flow:
+            # FlowManager needs the aggregator pair; build_pipeline places this one.
+            from pipecat.processors.aggregators.llm_response_universal import (
+                LLMContextAggregatorPair,
+            )
+
+            context = LLMContext(messages=[])  # each node sets its tools
+            pair: LLMContextAggregatorPair | None = LLMContextAggregatorPair(
+                context, user_params=user_params
+            )
+            pipeline, gate = build_pipeline(
+                runtime=runtime,
+                session=session,
+                llm=llm,
+                context=context,
+                stt=stt,
+                tts=tts,
+                transport=transport,
+                context_aggregator=pair,
+            )
+        else:
+            pair = None
+            context = LLMContext(messages=[], tools=runtime.tools_schema())
+            pipeline, gate = build_pipeline(
+                runtime=runtime,
+                session=session,
+                llm=llm,
+                context=context,
+                stt=stt,
+                tts=tts,
+                transport=transport,
+                user_params=user_params,
+            )
         worker = PipelineWorker(
             pipeline,
             params=PipelineParams(enable_metrics=True, enable_usage_metrics=True),
@@ -285,13 +349,18 @@ async def build_bot(
             idle_timeout_secs=idle_timeout_secs,
             rtvi_observer_params=rtvi_observer_params(runtime),
         )
+        flow_parts = _attach_flow(runtime, session, sor, worker, llm, pair, gate, transport, day)
     except BaseException:
         await runtime.close()
         raise
+    the_flow, flow_manager, flow_actions = flow_parts or (None, None, None)
 
     @transport.event_handler("on_client_connected")
     async def on_client_connected(transport: BaseTransport, client: Any) -> None:
-        await worker.queue_frames([LLMRunFrame()])
+        if flow_manager is not None and the_flow is not None:
+            await flow_manager.initialize(the_flow.initial_node)  # its first node speaks
+        else:
+            await worker.queue_frames([LLMRunFrame()])
 
     @transport.event_handler("on_client_disconnected")
     async def on_client_disconnected(transport: BaseTransport, client: Any) -> None:
@@ -308,7 +377,41 @@ async def build_bot(
         context=context,
         vad_analyzer=vad,
         system_of_record=sor,
+        flow=the_flow,
+        flow_manager=flow_manager,
+        flow_actions=flow_actions,
     )
+
+
+def _attach_flow(
+    runtime: ActionRuntime,
+    session: SessionState,
+    sor: FakeSystemOfRecord,
+    worker: PipelineWorker,
+    llm: LLMService,
+    pair: Any,
+    gate: ActionResultGate,
+    transport: BaseTransport,
+    today: datetime.date,
+) -> tuple[Flow, FlowManager, FlowActions] | None:
+    """The flow's manager on ``worker``, its functions routed through ``runtime`` (or None)."""
+    if pair is None:
+        return None
+    from pipecat.flows import FlowManager
+
+    from bots.restaurant_flow import flow_state, restaurant_flow
+
+    actions, flow = restaurant_flow(runtime, session, sor)
+    manager = FlowManager(
+        worker=worker,
+        llm=llm,
+        context_aggregator=pair,
+        transport=transport,
+        global_functions=flow.global_functions,
+    )
+    actions.attach(manager, gate)
+    manager.state.update(flow_state(today))
+    return flow, manager, actions
 
 
 REALTIME_SERVICES = ("openai", "gemini")
@@ -359,6 +462,7 @@ async def bot(runner_args: RunnerArguments) -> None:
         openai_api_key=os.environ.get("OPENAI_API_KEY", ""),
         google_api_key=os.environ.get("GOOGLE_API_KEY", ""),
         realtime=os.environ.get("REALTIME") or None,
+        flow=flow_enabled(),
         session_id=runner_args.session_id,
         idle_timeout_secs=runner_args.pipeline_idle_timeout_secs,
     )
@@ -383,6 +487,8 @@ def missing_settings(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
         return (
             f"daily_bot: REALTIME must be one of {', '.join(REALTIME_SERVICES)}, not {realtime!r}"
         )
+    if realtime is not None and flow_enabled(env):
+        return "daily_bot: FLOW=1 runs the cascade (OpenAI LLM, STT and TTS): leave REALTIME unset"
     wanted = {
         None: {"OPENAI_API_KEY": "the LLM, speech-to-text and text-to-speech"},
         "openai": {"OPENAI_API_KEY": "OpenAI Realtime"},
@@ -428,18 +534,34 @@ def _transport(argv: Sequence[str]) -> str | None:
     return "daily" if known.direct else known.transport
 
 
-async def _check_setup(policy: Path) -> None:
-    # Open a runtime once, recovering nothing: the policy, the actions it must cover and the
-    # ledger all fail here, in one line, rather than when the first caller arrives.
+async def _check_setup(policy: Path, *, flow: bool = False) -> None:
+    # Open a runtime once, recovering nothing: the policy, the actions it must cover (with
+    # FLOW=1: the flow's functions) and the ledger all fail here, in one line, rather than
+    # when the first caller arrives.
     from bots.restaurant import build_actions, new_system_of_record
 
+    sor = new_system_of_record()
     runtime = await ActionRuntime.create(
         policy,
         authorizer=SessionPrincipalAuthorizer(DEMO_PRINCIPAL),
-        actions=build_actions(new_system_of_record()),
+        actions=[] if flow else build_actions(sor),
         recover=False,
     )
-    await runtime.close()
+    try:
+        if flow:
+            from pipecat.flows import FlowError
+
+            from bots.restaurant_flow import FLOW_CONFIG, restaurant_flow
+            from pipecat_actions.errors import ConfigurationError
+
+            session = SessionState(session_id="setup-check", principal=DEMO_PRINCIPAL)
+            try:
+                restaurant_flow(runtime, session, sor)
+            except (FlowError, ValueError, OSError) as exc:
+                problem = " ".join(str(exc).split())
+                raise ConfigurationError(f"flow {FLOW_CONFIG}: {problem}") from exc
+    finally:
+        await runtime.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -458,11 +580,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(problem, file=sys.stderr)
             sys.exit(2)
         try:
-            asyncio.run(_check_setup(policy_path()))
+            asyncio.run(_check_setup(policy_path(), flow=flow_enabled()))
         except PipecatActionsError as exc:
             print(f"daily_bot: {exc}", file=sys.stderr)
             sys.exit(2)
         ledger = redact_url(default_ledger_url()).replace("sqlite+aiosqlite:", "sqlite:", 1)
+        if flow_enabled():
+            print("daily_bot: flow configs/flows/restaurant.yaml", file=sys.stderr)
         print(
             f"daily_bot: policy {policy_path()}\n"
             f"daily_bot: operator: pipecat-actions approvals list --ledger {ledger}",
