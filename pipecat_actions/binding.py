@@ -16,6 +16,7 @@ from __future__ import annotations
 
 __all__ = ["attach", "instrument", "owns_tool", "tools_schema"]
 
+import asyncio
 import dataclasses
 import functools
 from collections import OrderedDict
@@ -249,6 +250,11 @@ class _Calls:
         if call.ran or status not in _MAY_STILL_RUN:
             self._calls.pop(tool_call_id, None)
 
+    def ran(self, tool_call_id: str | None, call: _Call) -> None:
+        """``call``'s effect ran: forget it (the call's answer keeps its own reference)."""
+        if tool_call_id is not None and self._calls.get(tool_call_id) is call:
+            del self._calls[tool_call_id]
+
     def take(self, name: str, ctx: ActionContext) -> _Call:
         """The call whose effect runs now; for an operation without one, the latest handler."""
         call = self._calls.get(ctx.tool_call_id or "")
@@ -313,6 +319,7 @@ def _effect(name: str, calls: _Calls) -> Callable[..., Any]:
         with running_as(ctx):
             await call.invoke(calls.params(name, ctx, call, capture), arguments)
         call.ran = True
+        calls.ran(ctx.tool_call_id, call)  # kept no longer (its answer holds what it needs)
         return box.get("result")
 
     return effect
@@ -327,9 +334,15 @@ async def _answer(
     calls: _Calls,
 ) -> None:
     call = calls.open(name, invoke, params)
-    result = await runtime.propose(
-        name, dict(params.arguments), session, tool_call_id=params.tool_call_id
-    )
+    try:
+        result = await runtime.propose(
+            name, dict(params.arguments), session, tool_call_id=params.tool_call_id
+        )
+    except asyncio.CancelledError:
+        raise  # its operation may still start later: the call is kept for its effect
+    except BaseException:
+        calls.close(params.tool_call_id, call, None)
+        raise
     calls.close(params.tool_call_id, call, result)
     committed_here = (
         call.ran

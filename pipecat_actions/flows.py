@@ -50,6 +50,7 @@ from __future__ import annotations
 
 __all__ = ["STATE_KEY", "FlowActions", "FunctionHooks"]
 
+import asyncio
 import dataclasses
 import functools
 import inspect
@@ -124,6 +125,8 @@ class _FlowCall:
     """The node stays and the bot tells the truth (a transition Flows would make is not)."""
     decided: str | None = None
     """The status a transition was last decided on (each status decides once)."""
+    operation_id: str | None = None
+    """The operation it was admitted as (or joined), once known."""
 
 
 @dataclass
@@ -219,7 +222,7 @@ class FlowActions:
         self._manager: FlowManager | None = None
         self._flow: Flow | None = None
         self._configured: dict[int, _Configured] = {}
-        self._admitted: dict[int, Callable[..., Any]] = {}
+        self._admitted: dict[tuple[str, int], Callable[..., Any]] = {}
         self._calls: OrderedDict[str, _FlowCall] = OrderedDict()
         self._latest: dict[str, _Run] = {}
         self._ran: OrderedDict[str, Any] = OrderedDict()
@@ -421,7 +424,7 @@ class FlowActions:
 
     def _admit_direct(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         """A configured flow's tool ``function``, its calls proposed to the runtime."""
-        known = self._admitted.get(id(function))
+        known = self._admitted.get((name, id(function)))
         if known is not None:
             return known  # one callable reachable through two namespaces stays one tool
 
@@ -441,7 +444,7 @@ class FlowActions:
                 return _view(result), NO_RESPONSE
             return _view(result), TRANSITION_IN_YAML  # Flows' branch, on the runtime's result
 
-        self._admitted[id(function)] = admitted
+        self._admitted[(name, id(function))] = admitted  # a callable may serve several names
         return admitted
 
     # --- one call --------------------------------------------------------------------------
@@ -474,14 +477,28 @@ class FlowActions:
     async def _propose(self, call: _FlowCall) -> dict[str, Any]:
         assert call.run is not None
         self._latest[call.name] = call.run
-        result = await self._runtime.propose(
-            call.name, call.arguments, self._session, tool_call_id=call.tool_call_id
-        )
+        try:
+            result = await self._runtime.propose(
+                call.name, call.arguments, self._session, tool_call_id=call.tool_call_id
+            )
+        except asyncio.CancelledError:
+            raise  # the call is closed by the gate; its outcome may still decide (`_after`)
+        except BaseException:
+            self._calls.pop(call.tool_call_id, None)
+            raise
         call.result = result
+        call.operation_id = result.get("operation_id")
         self._remember(call, result)
         if result.get("status") in _FINAL:
-            self._calls.pop(call.tool_call_id, None)  # nothing more comes for it
+            self._settled(call)
         return result
+
+    def _settled(self, call: _FlowCall) -> None:
+        """Nothing more comes for ``call``, nor for the other calls of its operation."""
+        self._calls.pop(call.tool_call_id, None)
+        if call.operation_id is not None:
+            for other in [c for c in self._calls.values() if c.operation_id == call.operation_id]:
+                self._calls.pop(other.tool_call_id, None)
 
     def _answering(
         self, call: _FlowCall, callback: Callable[..., Awaitable[None]]
@@ -535,6 +552,7 @@ class FlowActions:
             )
             if call is not None:
                 call.ran, call.next_node = True, next_node
+                call.operation_id = ctx.operation_id
             # A repeated call that joins this operation goes where its handler said.
             self._ran[ctx.operation_id] = next_node
             while len(self._ran) > self.LIMIT:
@@ -596,14 +614,25 @@ class FlowActions:
         if call is None or manager is None:
             return None
         if op.status in TERMINAL_STATUSES:
-            self._calls.pop(call.tool_call_id, None)
+            call.operation_id = op.operation_id
+            self._settled(call)
         result = render_operation(op)
         self._remember(call, result)
+        if manager._pending_transition is not None:
+            # Another call's transition waited for this one (closed by a barge-in, or told
+            # late): it goes now, or it would wait for ever.
+            return manager._check_and_execute_transition
         destination = self._leads_on(call, result)
         if destination is None:
             return None  # told in the node the conversation is in, which stays
+        node, status = call.node, call.decided
 
         async def step() -> None:
+            # Decided when the telling began; the telling took a while (a ledger write): only
+            # if the conversation is still where it was, and nothing else asked to move on.
+            if manager.current_node != node or manager._pending_transition is not None:
+                logger.debug("{}: {} no longer leads on from {}", call.name, status, node)
+                return
             # Flows' own way: the transition waits for calls still in progress.
             manager._pending_transition = {
                 "next_node": destination,

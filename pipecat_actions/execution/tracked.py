@@ -10,8 +10,7 @@ from __future__ import annotations
 __all__ = ["Tracked"]
 
 import asyncio
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,24 +32,7 @@ class Tracked:
     on_finish: list[Callable[[], None]] = field(default_factory=list)
     reported: ActionStatus | None = None
     """The last outcome listeners were told (UNKNOWN first, then what reconciliation found)."""
-    answering: dict[str, int] = field(default_factory=dict)
-    """Sessions with tool calls waiting to answer with this outcome (``confirm_action``, a
-    duplicate that joined it), by session id: it is told there, in place, and that session's
-    listeners leave it to that answer."""
     unsettled: bool = False
     """An outcome is known here but the ledger does not hold it yet (its write is failing, or
     this process's execution of it broke down): the heartbeat stops renewing its lease, so that
     whoever claims it once the lease runs out reconciles it."""
-
-    @contextmanager
-    def answered_in(self, session_id: str) -> Iterator[None]:
-        """While a call of ``session_id`` waits to answer with this outcome (see `answering`)."""
-        self.answering[session_id] = self.answering.get(session_id, 0) + 1
-        try:
-            yield
-        finally:
-            left = self.answering[session_id] - 1
-            if left:
-                self.answering[session_id] = left
-            else:
-                del self.answering[session_id]

@@ -16,8 +16,9 @@ from __future__ import annotations
 __all__ = ["RECENT_CALLS", "RECENT_TOLD", "Listener", "Operations"]
 
 import asyncio
-from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pipecat_actions._recent import remember
@@ -53,7 +54,8 @@ class Operations:
         self._tracked: dict[str, Tracked] = {}
         self._calls: OrderedDict[str, str] = OrderedDict()
         self._first_noted: OrderedDict[str, int] = OrderedDict()
-        self._answered: OrderedDict[str, Operation] = OrderedDict()
+        self._answered: OrderedDict[tuple[str, str], Operation] = OrderedDict()
+        self._answering: Counter[tuple[str, str]] = Counter()
         self._notes = 0
         self._listeners: dict[str, list[Listener]] = {}
         self._watchers: list[Listener] = []
@@ -82,17 +84,47 @@ class Operations:
             if len(self._first_noted) > RECENT_CALLS:
                 self._first_noted.popitem(last=False)
 
-    def note_answered(self, op: Operation) -> None:
-        """A call's result was rendered from ``op``: what its conversation is told in place."""
-        remember(self._answered, op.operation_id, op, keep=RECENT_TOLD)
+    def begin_answer(self, session_id: str, operation_id: str) -> None:
+        """A call of ``session_id`` will answer with ``operation_id``'s outcome, in place.
 
-    def answered(self, operation_id: str) -> Operation | None:
-        """The record a call was last answered with (`note_answered`), if still kept.
+        From when admission joins the call to the operation (or ``confirm_action`` releases
+        it) until `end_answer`: that conversation's delivery leaves the outcome to the call's
+        answer, which `note_answered` then records.
+        """
+        self._answering[(session_id, operation_id)] += 1
+
+    def end_answer(self, session_id: str, operation_id: str) -> None:
+        """The call `begin_answer` announced was answered, or stopped."""
+        key = (session_id, operation_id)
+        self._answering[key] -= 1
+        if self._answering[key] <= 0:
+            del self._answering[key]
+
+    @contextmanager
+    def answering(self, session_id: str, operation_id: str) -> Iterator[None]:
+        """`begin_answer` ... `end_answer` around a block."""
+        self.begin_answer(session_id, operation_id)
+        try:
+            yield
+        finally:
+            self.end_answer(session_id, operation_id)
+
+    def is_answering(self, session_id: str, operation_id: str) -> bool:
+        """Whether a call of ``session_id`` is to answer with ``operation_id``'s outcome."""
+        return (session_id, operation_id) in self._answering
+
+    def note_answered(self, op: Operation, session_id: str) -> None:
+        """A call of ``session_id`` was answered from ``op``: what it is told there, in place."""
+        remember(self._answered, (session_id, op.operation_id), op, keep=RECENT_TOLD)
+
+    def answered(self, operation_id: str, session_id: str) -> Operation | None:
+        """The record a call of ``session_id`` was last answered with, if still kept.
 
         The delivery record is made from it, not from a read of the ledger: it is what the
-        conversation was told, even if the operation has moved on since.
+        conversation was told, even if the operation has moved on since. Per session: a call
+        of another conversation (a duplicate of the same caller's) tells nothing here.
         """
-        return self._answered.get(operation_id)
+        return self._answered.get((session_id, operation_id))
 
     @property
     def call_mark(self) -> int:

@@ -222,12 +222,12 @@ class Decisions:
         if not wait:
             return render_operation(admitted)
         # Answered (or the call stopped) when this ends: later outcomes are told as late ones.
-        with tracked.answered_in(op.session_id):  # confirmed only in its own session
+        with self._operations.answering(op.session_id, op.operation_id):
             outcome = await asyncio.shield(tracked.done)
             # What the call is answered with, and tells in place once its result reaches the
             # gate: until then the delivery service must not tell it again as a late outcome
             # (a catch-up that read it meanwhile, say).
-            self._operations.note_answered(outcome)
+            self._operations.note_answered(outcome, op.session_id)
             return render_operation(outcome)
 
     async def pending_approvals(self) -> list[Operation]:

@@ -516,10 +516,9 @@ class SessionDelivery:
             state.awaited.add(op.operation_id)
         if op.operation_id not in state.awaited:
             return
-        tracked = self._service.operations.get(op.operation_id)
-        if tracked is not None and self.session.session_id in tracked.answering:
+        if self._service.operations.is_answering(self.session.session_id, op.operation_id):
             return  # a call waiting for it (confirm_action, a join) tells it in place, once
-        answered = self._service.operations.answered(op.operation_id)
+        answered = self._service.operations.answered(op.operation_id, self.session.session_id)
         retold = op.operation_id in state.retell
         if answered is not None and answered.status is op.status and not retold:
             # A call's result holds this very outcome and is on its way to the gate, which
@@ -660,6 +659,16 @@ class SessionDelivery:
         state, op = self._state, late.operation
         if op.operation_id not in state.awaited:
             return  # told meanwhile, in place
+        operations, session_id = self._service.operations, self.session.session_id
+        answered = operations.answered(op.operation_id, session_id)
+        retold = op.operation_id in state.retell
+        if operations.is_answering(session_id, op.operation_id) or (
+            answered is not None and answered.status is op.status and not retold
+        ):
+            # A call of this conversation answers with this outcome, or was answered with it
+            # (a repeat that joined the operation as it finished): the gate records it in
+            # place when that answer passes.
+            return
         if op.compensates is not None:
             content = compensation_told(op)
             text = f"Undoing an earlier request: {json.dumps(content)}"
@@ -712,7 +721,9 @@ class SessionDelivery:
             # What the call was answered with, as the runtime rendered it: no read back, and
             # the record says what was told even if the operation moved on meanwhile (then
             # the newer status stays owed). Read only if the runtime no longer keeps it.
-            op = service.operations.answered(operation_id) or await service.ledger.get(operation_id)
+            op = service.operations.answered(
+                operation_id, self.session.session_id
+            ) or await service.ledger.get(operation_id)
             with service.telemetry.delivery(op, self.session, late=False):
                 self._state.interrupted = False
                 await self._record(op, late=False)

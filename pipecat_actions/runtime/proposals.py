@@ -13,6 +13,7 @@ __all__ = ["Proposals"]
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -202,6 +203,7 @@ class Proposals:
             admitted = await asyncio.shield(admitting)
         except asyncio.CancelledError:
             admitting.add_done_callback(self._interrupted_during_admission)
+            admitting.add_done_callback(functools.partial(self._unanswered, session))
             raise
         if isinstance(admitted, dict):
             return admitted
@@ -210,20 +212,7 @@ class Proposals:
         if isinstance(admitted, Shared):
             return await self._reads.shared(admitted)
         if isinstance(admitted, Joined):
-            op = admitted.operation
-            note = "This request was already made; this is its outcome."
-            if wait and op.status in IN_FLIGHT_STATUSES:
-                tracked = self._operations.get(op.operation_id)
-                if tracked is not None:
-                    # This call answers with the outcome, in place: the session's delivery
-                    # does not tell it again as a late outcome of the call it joined.
-                    with tracked.answered_in(session.session_id):
-                        op = await asyncio.shield(tracked.done)
-                        self._operations.note_answered(op)
-                else:
-                    op = await self._elsewhere.wait(op)
-            joined = self._asking(render_operation(op, note=note), op)
-            return await self._told(joined, op) if wait else joined
+            return await self._joined(admitted, session, wait=wait)
         tracked = admitted
         if on_started is not None:
             await on_started(tracked.operation_id)
@@ -234,7 +223,7 @@ class Proposals:
         except asyncio.CancelledError:
             self._operations.spawn(self._decisions.interrupted(tracked.operation_id))
             raise
-        return await self._told(render_operation(final), final)
+        return await self._told(render_operation(final), final, session)
 
     async def _admit_and_start(
         self,
@@ -261,6 +250,8 @@ class Proposals:
             )
             if tool_call_id:
                 self._operations.note_call(tool_call_id, admitted.operation.operation_id)
+            # Until this call is answered (`_joined`), its outcome is told there, in place.
+            self._operations.begin_answer(session.session_id, admitted.operation.operation_id)
         if not isinstance(admitted, Admission):
             return admitted
         if tool_call_id:
@@ -270,14 +261,38 @@ class Proposals:
             return self._asking(render_operation(admitted.operation), admitted.operation)
         return tracked
 
-    async def _told(self, result: dict[str, Any], op: Operation) -> dict[str, Any]:
+    async def _joined(self, joined: Joined, session: SessionState, *, wait: bool) -> dict[str, Any]:
+        """The answer of a call admission joined to an operation: the operation's outcome.
+
+        From admission on (`_admit_and_start`), the session's delivery leaves that outcome to
+        this answer, which tells it in place; a late telling would say it a second time.
+        """
+        op = joined.operation
+        session_id, operation_id = session.session_id, op.operation_id
+        try:
+            if wait and op.status in IN_FLIGHT_STATUSES:
+                tracked = self._operations.get(operation_id)
+                if tracked is not None:
+                    op = await asyncio.shield(tracked.done)
+                else:
+                    op = await self._elsewhere.wait(op)
+            note = "This request was already made; this is its outcome."
+            result = self._asking(render_operation(op, note=note), op)
+            return await self._told(result, op, session) if wait else result
+        finally:
+            # Answered in place (`_told` noted it), or stopped: later outcomes are told late.
+            self._operations.end_answer(session_id, operation_id)
+
+    async def _told(
+        self, result: dict[str, Any], op: Operation, session: SessionState
+    ) -> dict[str, Any]:
         """A call's final result, saying whether a later user turn superseded ``op``.
 
         Decided here, in the handler's task, from the operation at hand: never in the
         pipeline's frame path, and with no read of the operation again. The delivery record
         is made from ``op`` too, when the result reaches the conversation.
         """
-        self._operations.note_answered(op)
+        self._operations.note_answered(op, session.session_id)
         return await self._supersession.note(result, op)
 
     def _asking(self, result: dict[str, Any], op: Operation) -> dict[str, Any]:
@@ -293,6 +308,14 @@ class Proposals:
         except (KeyError, IndexError, ValueError):
             return result  # the validator checked the placeholders; arguments may be missing
         return {**result, "ask": question, "message": f"{result['message']} Ask: {question}"}
+
+    def _unanswered(self, session: SessionState, admitting: asyncio.Future[_Started]) -> None:
+        """A call stopped during admission that joined an operation will never answer it."""
+        if admitting.cancelled() or admitting.exception() is not None:
+            return
+        joined = admitting.result()
+        if isinstance(joined, Joined):
+            self._operations.end_answer(session.session_id, joined.operation.operation_id)
 
     def _interrupted_during_admission(self, admitting: asyncio.Future[_Started]) -> None:
         if admitting.cancelled() or admitting.exception() is not None:

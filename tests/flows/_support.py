@@ -66,6 +66,13 @@ POLICY = """
         kind: read
 """
 
+
+def booking_policy(*settings: str) -> str:
+    """`POLICY` with more settings of book_table, one YAML line each (``"mode: blocking"``)."""
+    extra = "".join(f"\n        {line}" for line in settings)
+    return POLICY.replace("on_interruption: continue", "on_interruption: continue" + extra)
+
+
 BRANCH = {"field": "status", "cases": {"committed": "confirm", "unknown": "checking"}}
 """The book function's transition in the configured flow: on the runtime's status."""
 
@@ -182,6 +189,15 @@ class FlowAgent:
             await until(check, what=f"{tool}'s {status} to be told")
 
         return wait
+
+    def answers(self) -> Callable[[], Awaitable[None]]:
+        """A `Call` step: once the restaurant holds the booking request, let it answer."""
+
+        async def answer() -> None:
+            await self.at_the_restaurant()
+            self.commit()
+
+        return answer
 
     async def at_the_restaurant(self, times: int = 1) -> None:
         """Wait until ``times`` booking requests are held by the restaurant (sent, unanswered)."""

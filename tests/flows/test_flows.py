@@ -28,6 +28,7 @@ from tests.flows._support import (
     DEADLINE,
     DETAILS,
     POLICY,
+    booking_policy,
     contents,
     flow_agent,
     python_node,
@@ -53,12 +54,7 @@ async def test_a_committed_booking_moves_the_flow_on_with_no_inference_in_the_ol
     tmp_path: Path, kind: str
 ) -> None:
     async with flow_agent(tmp_path, _script_book(Say("Booked, see you at nine.")), kind=kind) as a:
-
-        async def commit() -> None:
-            await a.at_the_restaurant()
-            a.commit()
-
-        result = await a.converse([WaitUntilIdle(), UserSays("Two at nine."), Call(commit)])
+        result = await a.converse([WaitUntilIdle(), UserSays("Two at nine."), Call(a.answers())])
         op = await a.settled(S.COMMITTED)
 
     assert a.nodes == ["greet", "confirm"]
@@ -80,9 +76,7 @@ async def test_a_committed_booking_moves_the_flow_on_with_no_inference_in_the_ol
 async def test_a_barge_in_during_a_slow_booking_moves_the_flow_on_once_it_commits(
     tmp_path: Path, kind: str
 ) -> None:
-    blocking = POLICY.replace(
-        "on_interruption: continue", "on_interruption: continue\n        mode: blocking"
-    )
+    blocking = booking_policy("mode: blocking")
     script = [
         Say("Hello, what can I book for you?"),
         ToolCalls([("book_table", DETAILS)], say="One moment while I book that for you."),
@@ -90,19 +84,13 @@ async def test_a_barge_in_during_a_slow_booking_moves_the_flow_on_once_it_commit
         Say("You're booked."),
     ]
     async with flow_agent(tmp_path, script, kind=kind, policy_text=blocking) as a:
-
-        async def commit() -> None:
-            await a.settled(S.RUNNING)
-            await a.at_the_restaurant()
-            a.commit()
-
         result = await a.converse(
             [
                 WaitUntilIdle(),
                 UserSays("Two at nine."),
                 BargeIn("Are you still there?", after_secs=0.1),
                 WaitUntilIdle(),
-                Call(commit),
+                Call(a.answers()),
                 Call(a.entered("confirm")),
                 WaitUntilIdle(),
             ]
@@ -157,12 +145,7 @@ async def test_a_branch_on_a_field_of_the_handlers_own_result_works_when_it_comm
 ) -> None:
     branch = {"field": "booking_id", "cases": {"bk_0001": "confirm"}, "default": "checking"}
     async with flow_agent(tmp_path, _script_book(Say("Done.")), transition_to=branch) as a:
-
-        async def commit() -> None:
-            await a.at_the_restaurant()
-            a.commit()
-
-        result = await a.converse([WaitUntilIdle(), UserSays("Two at nine."), Call(commit)])
+        result = await a.converse([WaitUntilIdle(), UserSays("Two at nine."), Call(a.answers())])
         await a.settled(S.COMMITTED)
 
     assert a.nodes == ["greet", "confirm"]
@@ -171,10 +154,7 @@ async def test_a_branch_on_a_field_of_the_handlers_own_result_works_when_it_comm
 
 
 async def test_awaiting_approval_waits_and_the_approval_moves_the_flow_on(tmp_path: Path) -> None:
-    approval = POLICY.replace(
-        "on_interruption: continue",
-        "on_interruption: continue\n        confirmation: {mode: approval}",
-    )
+    approval = booking_policy("confirmation: {mode: approval}")
     branch = {
         "field": "status",
         "cases": {"committed": "confirm", "awaiting_approval": "wait"},
@@ -214,10 +194,6 @@ async def test_an_unknown_outcome_goes_to_checking_and_its_reconciled_commit_to_
     async with flow_agent(tmp_path, script, reconcile=True) as a:
         a.sor.faults.lose_response_after_commit("book")
 
-        async def commit() -> None:
-            await a.at_the_restaurant()
-            a.commit()
-
         async def checks_give_up() -> None:
             async def escalated() -> bool:
                 a.clock.advance(DEADLINE)  # the next pause between checks passes
@@ -243,7 +219,7 @@ async def test_an_unknown_outcome_goes_to_checking_and_its_reconciled_commit_to_
             [
                 WaitUntilIdle(),
                 UserSays("Two at nine."),
-                Call(commit),
+                Call(a.answers()),
                 Call(checks_give_up),
                 Call(a.entered("checking")),
                 WaitUntilIdle(),
@@ -268,9 +244,7 @@ async def test_an_unknown_outcome_goes_to_checking_and_its_reconciled_commit_to_
 async def test_a_late_outcome_is_told_in_the_node_active_when_it_arrives(
     tmp_path: Path, kind: str
 ) -> None:
-    blocking = POLICY.replace(
-        "on_interruption: continue", "on_interruption: continue\n        mode: blocking"
-    )
+    blocking = booking_policy("mode: blocking")
     script = [
         Say("Hello, what can I book for you?"),
         ToolCalls([("book_table", DETAILS)], say="One moment while I book that for you."),
@@ -279,11 +253,6 @@ async def test_a_late_outcome_is_told_in_the_node_active_when_it_arrives(
         Say("By the way, your table is booked."),
     ]
     async with flow_agent(tmp_path, script, kind=kind, policy_text=blocking) as a:
-
-        async def commit() -> None:
-            await a.at_the_restaurant()
-            a.commit()
-
         result = await a.converse(
             [
                 WaitUntilIdle(),
@@ -291,7 +260,7 @@ async def test_a_late_outcome_is_told_in_the_node_active_when_it_arrives(
                 BargeIn("Where do I park?", after_secs=0.1),
                 Call(a.entered("elsewhere")),
                 WaitUntilIdle(),
-                Call(commit),
+                Call(a.answers()),
                 Call(a.told(S.COMMITTED)),
                 WaitUntilIdle(),
             ]
@@ -308,9 +277,7 @@ async def test_a_late_outcome_is_told_in_the_node_active_when_it_arrives(
 async def test_a_background_outcome_never_overrides_a_transition_asked_for_since(
     tmp_path: Path, kind: str
 ) -> None:
-    background = POLICY.replace(
-        "on_interruption: continue", "on_interruption: continue\n        mode: background"
-    )
+    background = booking_policy("mode: background")
     script = [
         Say("Hello, what can I book for you?"),
         ToolCalls([("book_table", DETAILS)]),
@@ -318,11 +285,6 @@ async def test_a_background_outcome_never_overrides_a_transition_asked_for_since
         Say("Your table is booked, and parking is round the back."),
     ]
     async with flow_agent(tmp_path, script, kind=kind, policy_text=background) as a:
-
-        async def commit() -> None:
-            await a.at_the_restaurant()
-            a.commit()
-
         result = await a.converse(
             [
                 WaitUntilIdle(),
@@ -330,7 +292,7 @@ async def test_a_background_outcome_never_overrides_a_transition_asked_for_since
                 WaitUntilIdle(function_calls=False),
                 UserSays("Where do I park?"),
                 WaitUntilIdle(function_calls=False),
-                Call(commit),
+                Call(a.answers()),
                 Call(a.entered("elsewhere")),
                 WaitUntilIdle(),
             ]
@@ -391,10 +353,7 @@ async def test_a_function_name_reused_by_two_nodes_runs_each_nodes_own_handler(
 
 
 async def test_the_policy_decides_the_call_options_flows_registers(tmp_path: Path) -> None:
-    timed = POLICY.replace(
-        "on_interruption: continue",
-        "on_interruption: continue\n        mode: blocking\n        timeout_secs: 7",
-    )
+    timed = booking_policy("mode: blocking", "timeout_secs: 7")
     async with flow_agent(tmp_path, [Say("Hello.")], policy_text=timed) as a:
         await a.converse([WaitUntilIdle()])
         item = a.llm._functions["book_table"]
@@ -473,11 +432,7 @@ async def test_instrument_alone_keeps_a_flows_edge_transition(tmp_path: Path) ->
 
         a.actions.attach = instrument_instead  # type: ignore[method-assign]
 
-        async def commit() -> None:
-            await a.at_the_restaurant()
-            a.commit()
-
-        await a.converse([WaitUntilIdle(), UserSays("Two at nine."), Call(commit)])
+        await a.converse([WaitUntilIdle(), UserSays("Two at nine."), Call(a.answers())])
         op = await a.settled(S.COMMITTED)
 
     assert a.nodes == ["greet", "confirm"]
@@ -488,29 +443,20 @@ async def test_instrument_alone_keeps_a_flows_edge_transition(tmp_path: Path) ->
 async def test_a_silent_late_outcome_goes_into_the_context_and_moves_nothing(
     tmp_path: Path,
 ) -> None:
-    silent = POLICY.replace(
-        "on_interruption: continue",
-        "on_interruption: continue\n        mode: blocking\n        delivery: {late: silent}",
-    )
+    silent = booking_policy("mode: blocking", "delivery: {late: silent}")
     script = [
         Say("Hello, what can I book for you?"),
         ToolCalls([("book_table", DETAILS)], say="One moment while I book that for you."),
         Say("Still working on it."),
     ]
     async with flow_agent(tmp_path, script, policy_text=silent) as a:
-
-        async def commit() -> None:
-            await a.settled(S.RUNNING)
-            await a.at_the_restaurant()
-            a.commit()
-
         result = await a.converse(
             [
                 WaitUntilIdle(),
                 UserSays("Two at nine."),
                 BargeIn("Are you still there?", after_secs=0.1),
                 WaitUntilIdle(),
-                Call(commit),
+                Call(a.answers()),
                 Call(a.told(S.COMMITTED)),
                 WaitUntilIdle(),
             ]
@@ -525,9 +471,7 @@ async def test_a_silent_late_outcome_goes_into_the_context_and_moves_nothing(
 async def test_a_repeated_call_after_a_barge_in_tells_the_commit_once_and_moves_on_once(
     tmp_path: Path, kind: str
 ) -> None:
-    blocking = POLICY.replace(
-        "on_interruption: continue", "on_interruption: continue\n        mode: blocking"
-    )
+    blocking = booking_policy("mode: blocking")
     script = [
         Say("Hello, what can I book for you?"),
         ToolCalls([("book_table", DETAILS)], say="One moment while I book that for you."),

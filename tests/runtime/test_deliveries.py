@@ -310,7 +310,7 @@ async def test_a_result_told_in_place_is_recorded_as_told_even_if_the_operation_
     session = new_session()
     delivery, outlet = await _pipeline(runtime, session)
     op = await _booked_elsewhere(runtime, session, S.COMMITTED)
-    runtime.deliveries.operations.note_answered(op)  # what the runtime answered the call with
+    runtime.deliveries.operations.note_answered(op, session.session_id)  # the call's answer
     await _moved_elsewhere(runtime, op, S.COMPENSATING)
     delivery.told_in_place(op.operation_id)
     await outlet.settled()
@@ -342,3 +342,25 @@ async def test_a_call_seen_admitted_and_running_now_is_not_told_until_its_outcom
     await outlet.settled()
     assert outlet.statuses() == ["committed"]
     delivery.close()
+
+
+async def test_a_call_of_another_conversation_answered_with_the_outcome_does_not_mute_it_here(
+    runtime: ActionRuntime,
+) -> None:
+    # The same caller repeated the request from a second conversation, whose call was
+    # answered "committed" there. This conversation still waits to be told: it is.
+    session = new_session()
+    outlet = Recorder()
+    delivery = runtime.deliveries.open(session, outlet)
+    delivery.listen()
+    op = await _booked_elsewhere(runtime, session)  # RUNNING
+    delivery.expect(op.operation_id, shown="running")
+    await outlet.settled()
+
+    committed = await _moved_elsewhere(runtime, op, S.COMMITTED)
+    runtime.deliveries.operations.note_answered(committed, "call-2")  # the other conversation
+    delivery.on_outcome(committed)
+    await outlet.settled()
+    delivery.close()
+
+    assert outlet.statuses() == ["committed"]
