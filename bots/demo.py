@@ -147,12 +147,16 @@ def script(refund_mode: ConfirmationMode) -> list[Any]:
             say="Your table at nine is booked. Moving it to half past nine now.",
         ),
         Say("Done: a table for two at half past nine. I am cancelling the nine o'clock one."),
+        # The compensation's outcome is told when it comes, and the model answers it.
+        Say("The nine o'clock booking is cancelled, free of charge."),
         refund,
     ]
     if refund_mode is ConfirmationMode.VERBAL:
         steps += [
             Say("Shall I refund the twenty euro deposit to your card?"),
             confirm_refund,
+            # confirm_action answers that the refund started; its outcome is told after.
+            Say("I have started the refund."),
             Say("Your refund of twenty euros has been sent."),
             Say("Yes, there is a car park right next door."),
         ]
