@@ -52,11 +52,26 @@ def _check_story(ops: list[dict[str, Any]]) -> None:
     assert [o["status"] for o in crashed] == ["COMMITTED"]  # reconciled after the SIGKILL
 
 
+def _check_transcript(printed: str) -> None:
+    """Each line of the model answers what came before it: nothing from a later turn."""
+    transcript = printed[printed.index("TRANSCRIPT") : printed.index("LEDGER")]
+    lines = [line.split(maxsplit=2)[1:] for line in transcript.splitlines()[1:] if line.strip()]
+    said = [(who, text) for who, *rest in lines for text in rest if who in ("user", "bot")]
+    asked = said.index(("user", "And please refund the deposit for the nine o'clock booking."))
+    refund_offered = said.index(("bot", "Of course."))
+    parking = said.index(("user", "Thanks. Is there parking nearby?"))
+    car_park = said.index(("bot", "Yes, there is a car park right next door."))
+    assert asked < refund_offered, said  # the refund only once she asked for it
+    assert parking < car_park, said
+    assert ("bot", "(done)") not in said  # the script did not run out early
+
+
 def test_the_demo_tells_the_whole_story_with_a_manager_approving_the_refund(
     tmp_path: Path,
 ) -> None:
     outcome, printed = _run_demo(tmp_path)
     _check_story(outcome["operations"])
+    _check_transcript(printed)
     assert "TRANSCRIPT" in printed
     assert "LEDGER" in printed
     assert "METRICS" in printed
@@ -69,6 +84,7 @@ def test_the_demo_tells_the_whole_story_with_a_manager_approving_the_refund(
 def test_the_demo_follows_another_policy_file(tmp_path: Path) -> None:
     outcome, printed = _run_demo(tmp_path, "configs/restaurant_verbal_refunds.yaml")
     _check_story(outcome["operations"])
+    _check_transcript(printed)
     assert "AWAITING_CONFIRMATION" in printed
     assert "AWAITING_APPROVAL" not in printed
 
