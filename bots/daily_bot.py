@@ -107,6 +107,7 @@ if TYPE_CHECKING:
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.worker import PipelineWorker
     from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
     from pipecat.runner.types import RunnerArguments
     from pipecat.services.llm_service import LLMService
     from pipecat.transports.base_transport import BaseTransport
@@ -309,6 +310,7 @@ async def build_bot(
             )
         vad = SileroVADAnalyzer()
         user_params = LLMUserAggregatorParams(vad_analyzer=vad)
+        pair: LLMContextAggregatorPair | None = None
         if flow:
             # FlowManager needs the aggregator pair; build_pipeline places this one.
             from pipecat.processors.aggregators.llm_response_universal import (
@@ -316,32 +318,20 @@ async def build_bot(
             )
 
             context = LLMContext(messages=[])  # each node sets its tools
-            pair: LLMContextAggregatorPair | None = LLMContextAggregatorPair(
-                context, user_params=user_params
-            )
-            pipeline, gate = build_pipeline(
-                runtime=runtime,
-                session=session,
-                llm=llm,
-                context=context,
-                stt=stt,
-                tts=tts,
-                transport=transport,
-                context_aggregator=pair,
-            )
+            pair = LLMContextAggregatorPair(context, user_params=user_params)
         else:
-            pair = None
             context = LLMContext(messages=[], tools=runtime.tools_schema())
-            pipeline, gate = build_pipeline(
-                runtime=runtime,
-                session=session,
-                llm=llm,
-                context=context,
-                stt=stt,
-                tts=tts,
-                transport=transport,
-                user_params=user_params,
-            )
+        pipeline, gate = build_pipeline(
+            runtime=runtime,
+            session=session,
+            llm=llm,
+            context=context,
+            stt=stt,
+            tts=tts,
+            transport=transport,
+            user_params=None if pair is not None else user_params,  # the pair has them
+            context_aggregator=pair,
+        )
         worker = PipelineWorker(
             pipeline,
             params=PipelineParams(enable_metrics=True, enable_usage_metrics=True),
