@@ -35,6 +35,7 @@ from pipecat_actions.actions import ActionContext, ActionDefinition, running_as
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.policy import ConfirmationMode, ExecutionMode, OnDuplicate
 from pipecat_actions.session import SessionState
+from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES, ActionStatus
 
 if TYPE_CHECKING:
     from pipecat_actions.runtime import ActionRuntime
@@ -278,15 +279,8 @@ class _Calls:
 
 
 _MAY_STILL_RUN = frozenset(
-    {
-        "requested",
-        "admitted",
-        "running",
-        "awaiting_confirmation",
-        "awaiting_approval",
-        "failed_retryable",
-        "unknown",
-    }
+    status.value.lower()
+    for status in (*IN_FLIGHT_STATUSES, *AWAITING_PERSON_STATUSES, ActionStatus.UNKNOWN)
 )
 """Answers after which a call's effect may still run (the operation is not settled)."""
 
