@@ -33,6 +33,7 @@ __all__ = [
     "Refused",
     "action",
     "action_context",
+    "open_arguments",
     "running_as",
 ]
 
@@ -341,3 +342,12 @@ def _args_model(effect: Effect, name: str) -> type[BaseModel]:
         **fields,
     )
     return model
+
+
+def open_arguments(name: str) -> type[BaseModel]:
+    """The argument model of an action whose handler is the application's (``app_handler``).
+
+    The handler validates its own arguments; the runtime still applies the payload cap and
+    records them.
+    """
+    return create_model(f"{name}_arguments", __config__=ConfigDict(extra="allow", frozen=True))

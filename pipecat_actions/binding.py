@@ -29,9 +29,8 @@ from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.frames.frames import FunctionCallResultProperties, TTSSpeakFrame
 from pipecat.services.llm_service import FunctionCallParams, LLMService
-from pydantic import BaseModel, ConfigDict, create_model
 
-from pipecat_actions.actions import ActionContext, ActionDefinition, running_as
+from pipecat_actions.actions import ActionContext, ActionDefinition, open_arguments, running_as
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.policy import ConfirmationMode, ExecutionMode, OnDuplicate
 from pipecat_actions.session import SessionState
@@ -363,7 +362,7 @@ def _register_effect(
         ActionDefinition(
             name=name,
             effect=_effect(name, calls),
-            args_model=_open_model(name),
+            args_model=open_arguments(name),
             description=description or name,
             app_handler=True,
         )
@@ -415,9 +414,3 @@ def _admit_direct(
     _register_effect(runtime, admitted.name, admitted.description, calls)
     calls.latest[admitted.name] = admitted.call
     llm._functions[admitted.name].handler = admitted
-
-
-def _open_model(name: str) -> type[BaseModel]:
-    # The application's handler validates its own arguments; the runtime still applies the
-    # payload cap and records them.
-    return create_model(f"{name}_arguments", __config__=ConfigDict(extra="allow", frozen=True))

@@ -73,9 +73,14 @@ from pipecat.flows import (
 from pipecat.flows.config import case_key
 from pipecat.flows.types import FlowsDirectFunctionWrapper
 from pipecat.frames.frames import FunctionCallResultProperties
-from pydantic import BaseModel, ConfigDict, create_model
 
-from pipecat_actions.actions import ActionContext, ActionDefinition, Hook, running_as
+from pipecat_actions.actions import (
+    ActionContext,
+    ActionDefinition,
+    Hook,
+    open_arguments,
+    running_as,
+)
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.outcomes import EffectNotSent
 from pipecat_actions.results import render_operation
@@ -372,7 +377,7 @@ class FlowActions:
             ActionDefinition(
                 name=name,
                 effect=self._effect(name),
-                args_model=_open_model(name),
+                args_model=open_arguments(name),
                 description=description or name,
                 reconcile=hooks.reconcile,
                 compensate=hooks.compensate,
@@ -672,9 +677,3 @@ async def _call_handler(handler: Any, arguments: dict[str, Any], manager: FlowMa
     if count == 1:
         return await handler(arguments)
     return await handler(arguments, manager)
-
-
-def _open_model(name: str) -> type[BaseModel]:
-    # Flows' handlers validate their own arguments; the runtime still applies the payload cap
-    # and records them.
-    return create_model(f"{name}_arguments", __config__=ConfigDict(extra="allow", frozen=True))
