@@ -75,6 +75,8 @@ class LedgerSettings:
         pool_timeout_secs: How long a call that holds its turn waits for a free PostgreSQL
             connection before it fails with `LedgerUnavailable`. With the bound above this
             only happens when something outside the ledger holds the pool's connections.
+        connect_timeout_secs: How long opening a new PostgreSQL connection may take (a
+            network's and a server's pace, unrelated to waiting for a free one).
     """
 
     sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
@@ -83,8 +85,14 @@ class LedgerSettings:
     pool_size: int = 5
     max_overflow: int = 5
     pool_timeout_secs: float = 10.0
+    connect_timeout_secs: float = 10.0
 
     def __post_init__(self) -> None:
+        if not self.connect_timeout_secs > 0 or not self.pool_timeout_secs > 0:
+            raise LedgerConfigurationError(
+                f"pool_timeout_secs and connect_timeout_secs must be positive "
+                f"(got {self.pool_timeout_secs} and {self.connect_timeout_secs})"
+            )
         if self.pool_size < 1 or self.max_overflow < 0:
             raise LedgerConfigurationError(
                 f"pool_size must be at least 1 and max_overflow at least 0 "
@@ -176,6 +184,7 @@ def create_engine_for(url: URL, settings: LedgerSettings) -> AsyncEngine:
         max_overflow=settings.max_overflow,
         pool_timeout=settings.pool_timeout_secs,
         pool_pre_ping=False,
+        connect_args={"timeout": settings.connect_timeout_secs},
     )
     _install_postgres_checks(engine, settings)
     return engine

@@ -231,7 +231,7 @@ class SqlLedger(Ledger):
                 dsn=dsn,
                 url=redact_url(parsed),
                 max_idle=settings.pool_size,
-                connect_timeout=settings.pool_timeout_secs,
+                connect_timeout=settings.connect_timeout_secs,
                 check_durability=not settings.allow_unsafe_postgres,
             )
             notices = PostgresNotices(dsn=dsn, url=redact_url(parsed))

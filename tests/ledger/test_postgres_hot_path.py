@@ -14,11 +14,16 @@ from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, make_url
 
 from pipecat_actions.clock import ManualClock
-from pipecat_actions.errors import LedgerIntegrityError, LedgerUnavailable
+from pipecat_actions.errors import (
+    LedgerConfigurationError,
+    LedgerIntegrityError,
+    LedgerUnavailable,
+)
 from pipecat_actions.ledger import SqlLedger
+from pipecat_actions.ledger.engine import LedgerSettings
 from pipecat_actions.status import ActionStatus
 from tests._waiting import eventually, guarded
 from tests.ledger._support import new_op
@@ -185,3 +190,77 @@ async def _dead_connection(url: str) -> asyncpg.Connection:
     finally:
         await killer.close()
     return conn
+
+
+class SlowConnects:
+    """A relay to the server on 127.0.0.1 whose every new connection waits ``delay`` first."""
+
+    def __init__(self, url: str, *, delay: float) -> None:
+        self._target = make_url(url)
+        self._delay = delay
+        self._server: asyncio.Server | None = None
+        self._relays: set[asyncio.Task[None]] = set()
+        self.connections = 0
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return self._target.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for relay in self._relays:
+            relay.cancel()
+        await asyncio.gather(*self._relays, return_exceptions=True)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._relays.add(task)
+        try:
+            await asyncio.sleep(self._delay)  # a slow network or a busy server's accept
+            up_reader, up_writer = await asyncio.open_connection(
+                self._target.host, self._target.port
+            )
+
+            async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+                dst.close()
+
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except (OSError, asyncio.CancelledError):
+            writer.close()
+        finally:
+            self._relays.discard(task)
+
+
+async def test_a_connection_slower_to_open_than_the_pool_timeout_is_still_opened(
+    pg_fresh_url: str,
+) -> None:
+    # Waiting for a free connection and opening a new one are different waits: a short
+    # pool timeout (fail fast when the pool is exhausted) must not fail every connection that
+    # the network takes longer than that to open. It used to (asyncpg was handed the pool
+    # timeout), and a burst on a small pool lost audit notes to a `TimeoutError`.
+    settings = LedgerSettings(pool_size=2, max_overflow=0, pool_timeout_secs=0.01)
+    async with SlowConnects(pg_fresh_url, delay=0.2) as slow_url:
+        led = await SqlLedger.create(slow_url, clock=ManualClock(), settings=settings)
+        try:
+            op = (await led.admit(new_op("k1"))).operation
+            # Two writes at once: the second needs a connection of its own, opened now.
+            await asyncio.gather(
+                led.annotate(op.operation_id, actor="t", detail={"n": 1}),
+                led.annotate(op.operation_id, actor="t", detail={"n": 2}),
+            )
+            trail = await led.events(op.operation_id)
+        finally:
+            await led.close()
+    assert sorted(e.detail.get("n") for e in trail[1:]) == [1, 2]
+
+
+def test_timeouts_must_be_positive() -> None:
+    with pytest.raises(LedgerConfigurationError, match="connect_timeout_secs"):
+        LedgerSettings(connect_timeout_secs=0)
