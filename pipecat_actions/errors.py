@@ -10,6 +10,7 @@ Every error derives from `PipecatActionsError` and carries keyword-only context 
     ├── LedgerError                    the ledger could not do what was asked
     │   ├── LedgerUnavailable          the database could not be reached (retryable)
     │   ├── LedgerConfigurationError   unsafe durability settings, unsupported URL
+    │   │   └── LedgerNotFound         no ledger where one must already exist
     │   ├── LedgerIntegrityError       the write breaks a constraint (duplicate id, ...)
     │   ├── LedgerLost                 the ledger's file was deleted, replaced or damaged
     │   ├── SchemaVersionMismatch      the database schema is older or newer than this code
@@ -34,6 +35,7 @@ __all__ = [
     "LedgerError",
     "LedgerIntegrityError",
     "LedgerLost",
+    "LedgerNotFound",
     "LedgerUnavailable",
     "OperationNotFound",
     "PipecatActionsError",
@@ -129,6 +131,18 @@ class LedgerUnavailable(LedgerError):
 
 class LedgerConfigurationError(LedgerError):
     """The database is set up in a way the ledger refuses (unsafe durability, bad URL)."""
+
+
+class LedgerNotFound(LedgerConfigurationError):
+    """No ledger is where one was asked for with ``must_exist``; nothing was created.
+
+    Attributes:
+        path: The SQLite file that is not there.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        self.path = path
+        super().__init__(message)
 
 
 class LedgerIntegrityError(LedgerError):

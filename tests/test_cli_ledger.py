@@ -1,9 +1,12 @@
-"""`pipecat-actions ledger list|show`, `undelivered` and `stats` against a real ledger."""
+"""`pipecat-actions ledger list|show`, `undelivered` and `stats` against a real ledger, and how
+the commands open one: an existing ledger only, by URL or plain path, private to its owner."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +15,9 @@ from typing import Any
 import pytest
 
 from pipecat_actions.cli import main
+from pipecat_actions.errors import LedgerConfigurationError, LedgerNotFound, SchemaVersionMismatch
 from pipecat_actions.ledger import NewOperation, SqlLedger
+from pipecat_actions.ledger.engine import normalize_url
 from pipecat_actions.status import ActionStatus
 
 S = ActionStatus
@@ -94,7 +99,7 @@ def test_ledger_show_prints_the_audit_timeline_with_who_and_why(
 ) -> None:
     _, out, _ = _cli(capsys, "ledger", "list", "--ledger", url, "--json")
     first = json.loads(out)[0]["operation_id"]
-    code, out, _ = _cli(capsys, "ledger", "show", first, "--ledger", url)
+    code, out, _ = _cli(capsys, "ledger", "show", first, "--ledger", url, "--json")
     assert code == 0
     shown = json.loads(out)
     assert shown["operation"]["status"] == "COMMITTED"
@@ -138,3 +143,93 @@ def test_an_unknown_operation_or_database_is_one_line_from_the_installed_command
         assert done.returncode == 1, done
         assert done.stderr.count("\n") == 1, done.stderr
         assert "Traceback" not in done.stderr
+
+
+# --- opening a ledger: existing only on request, plain paths, private files ---------------
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+async def test_must_exist_opens_an_existing_ledger_only(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "ledger.db"
+    with pytest.raises(LedgerNotFound) as refused:
+        await SqlLedger.create(f"sqlite:///{path}", must_exist=True)
+    assert refused.value.path == str(path)
+    assert _tree(tmp_path) == []
+    (tmp_path / "sub").mkdir()
+    path.touch()
+    with pytest.raises(SchemaVersionMismatch):  # never given a schema: create_schema is moot
+        await SqlLedger.create(f"sqlite:///{path}", must_exist=True)
+    made = tmp_path / "made.db"
+    await (await SqlLedger.create(f"sqlite:///{made}")).close()
+    opened = await SqlLedger.create(f"sqlite:///{made}", must_exist=True)
+    await opened.close()
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+async def test_a_new_sqlite_ledger_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "ledger.db"
+    umask = os.umask(0o022)  # the common default, which leaves new files world-readable
+    try:
+        ledger = await SqlLedger.create(f"sqlite:///{path}")
+    finally:
+        os.umask(umask)
+    try:
+        await ledger.admit(
+            NewOperation(
+                tool="refund",
+                kind="mutation",
+                args={"card": "4242424242424242"},
+                idempotency_key="k",
+                session_id="s",
+                principal="alice",
+            )
+        )
+        sidecars = [path.with_name(path.name + end) for end in ("-wal", "-shm", ".lock")]
+        assert all(p.exists() for p in sidecars)  # SQLite's while the ledger is open
+        assert _mode(path.parent) == 0o700
+        assert {p.name: _mode(p) for p in [path, *sidecars]} == {
+            "ledger.db": 0o600,
+            "ledger.db-wal": 0o600,
+            "ledger.db-shm": 0o600,
+            "ledger.db.lock": 0o600,
+        }
+    finally:
+        await ledger.close()
+
+
+def test_files_that_exist_keep_the_mode_their_owner_gave_them(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ledger.db"
+    lock = path.with_name("ledger.db.lock")
+    os.chmod(tmp_path, 0o750)
+    os.chmod(path, 0o640)  # a team's choice: a group reads the ledger
+    os.chmod(lock, 0o660)
+    for argv in (["db", "upgrade", url], ["ledger", "list", "--ledger", url]):
+        assert _cli(capsys, *argv)[::2] == (0, "")  # and not a word about them
+    assert (_mode(tmp_path), _mode(path), _mode(lock)) == (0o750, 0o640, 0o660)
+
+
+@pytest.mark.parametrize("given", ["ledger.db", "./x/ledger.db", "x/../ledger.db"])
+def test_a_plain_path_is_a_sqlite_file_from_the_working_directory(
+    given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    parsed = normalize_url(given)
+    assert parsed.drivername == "sqlite+aiosqlite"
+    assert parsed.database == os.path.abspath(tmp_path / given)
+    assert normalize_url(str(tmp_path / "abs.db")).database == str(tmp_path / "abs.db")
+
+
+@pytest.mark.parametrize(
+    "given", ["sqlite:ledger.db", "postgresql:/db", "file:ledger.db", "runs/10:00/ledger.db"]
+)
+def test_an_unparseable_url_says_how_to_name_a_sqlite_file(given: str) -> None:
+    with pytest.raises(LedgerConfigurationError, match="sqlite:///PATH"):
+        normalize_url(given)

@@ -100,7 +100,7 @@ def test_db_upgrade_on_postgres(pg_fresh_url: str, capsys: pytest.CaptureFixture
     [
         ("mysql://root@localhost/x", "unsupported ledger database 'mysql'"),
         ("sqlite://", "in-memory SQLite"),
-        ("not a url at all", "not a database URL"),
+        ("not a url: at all", "not a database URL"),
         ("postgresql://postgres@127.0.0.1:1/nothing", "failed: "),
     ],
 )

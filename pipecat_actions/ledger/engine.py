@@ -12,6 +12,11 @@ SQLite (the default, a file under ``.pipecat_actions/`` in the working directory
 
 Each setting is read back after it is set; a connection that does not take it is refused.
 
+A SQLite ledger holds every tool call's arguments: the directory it creates for one is its
+owner's alone (0700), the files it creates (the database, its ``.lock`` sidecar) are 0600, and
+SQLite gives its ``-wal`` and ``-shm`` files the database file's mode. What already exists keeps
+the mode it has (a team may share a ledger on purpose).
+
 PostgreSQL: the server must not run with ``synchronous_commit=off`` or ``fsync=off`` (a
 committed admission could be lost on a crash) unless ``allow_unsafe_postgres=True``.
 """
@@ -31,6 +36,7 @@ __all__ = [
     "redact_url",
 ]
 
+import contextlib
 import fcntl
 import os
 import sqlite3
@@ -46,12 +52,19 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from pipecat_actions.errors import LedgerConfigurationError, LedgerLost, LedgerUnavailable
+from pipecat_actions.errors import (
+    LedgerConfigurationError,
+    LedgerLost,
+    LedgerNotFound,
+    LedgerUnavailable,
+)
 
 DEFAULT_LEDGER_DIR = ".pipecat_actions"
 _KEPT_MARKER = b"pipecat_actions ledger"
 """First bytes of a SQLite ledger's lock file once the ledger has been opened there."""
 ENV_LEDGER_URL = "PIPECAT_ACTIONS_LEDGER_URL"
+_PRIVATE_DIRECTORY = 0o700
+_PRIVATE_FILE = 0o600
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +124,24 @@ def default_ledger_url() -> str:
 def normalize_url(url: str) -> URL:
     """Parse ``url`` and pick the async driver (``aiosqlite`` or ``asyncpg``).
 
+    A plain path (``ledger.db``, ``./data/ledger.db``, ``/srv/ledger.db``, ``~/ledger.db``) is
+    a SQLite file, made absolute from the working directory. Every URL has a colon and a
+    plain path is a value without one: a path that has one is written ``sqlite:///PATH``.
+
     Raises:
         LedgerConfigurationError: Not a SQLite or PostgreSQL URL, or an in-memory SQLite one
             (nothing in memory survives a crash, and WAL cannot be used there).
     """
+    if ":" not in url:
+        path = os.path.abspath(os.path.expanduser(url))
+        return URL.create("sqlite+aiosqlite", database=path)
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
-        raise LedgerConfigurationError(f"not a database URL: {redact_url(url)!r}") from exc
+        raise LedgerConfigurationError(
+            f"not a database URL: {redact_url(url)!r}: write sqlite:///PATH for a SQLite file "
+            "(a path without a colon also works as it is) or postgresql://USER@HOST/DB"
+        ) from exc
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         database = parsed.database or ""
@@ -167,13 +190,7 @@ def create_engine_for(url: URL, settings: LedgerSettings) -> AsyncEngine:
         settings: Durability and pool settings.
     """
     if url.get_backend_name() == "sqlite":
-        directory = Path(url.database or "").parent
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise LedgerConfigurationError(
-                f"cannot create the ledger directory {directory}: {exc.strerror or exc}"
-            ) from exc
+        # Opens nothing yet: `prepare_sqlite_file` makes (or finds) the file first.
         engine = create_async_engine(url)
         engine.sync_engine.dialect.statement_compiler = _HintingSqliteCompiler
         _install_sqlite_checks(engine.sync_engine, settings)
@@ -190,7 +207,7 @@ def create_engine_for(url: URL, settings: LedgerSettings) -> AsyncEngine:
     return engine
 
 
-def prepare_sqlite_file(url: URL, settings: LedgerSettings) -> None:
+def prepare_sqlite_file(url: URL, settings: LedgerSettings, *, must_exist: bool = False) -> None:
     """Create the SQLite file if needed and switch it to WAL, one process at a time.
 
     WAL mode is stored in the file, so this happens once per file. Switching needs an exclusive
@@ -198,16 +215,29 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings) -> None:
     it; an advisory lock on a sidecar file (``<file>.lock``) serialises the processes doing it.
     The sidecar also remembers that a ledger was kept there: a ledger file found missing or
     empty next to it was deleted or truncated, and is refused rather than silently started
-    anew. Blocking: call it from a thread.
+    anew. What it creates is private to its owner: a missing directory 0700, the file and
+    the sidecar 0600. Blocking: call it from a thread.
+
+    Args:
+        url: A SQLite URL from `normalize_url`.
+        settings: The busy timeout.
+        must_exist: Create nothing: a missing file (or directory) is `LedgerNotFound`.
 
     Raises:
+        LedgerNotFound: ``must_exist`` and no file is there.
         LedgerLost: The file is missing or empty where a ledger was kept, or is not a SQLite
             database.
+        LedgerConfigurationError: The directory cannot be created.
         LedgerUnavailable: SQLite could not open it (locked, I/O).
     """
     path = Path(url.database or "")
     lock_path = path.with_name(path.name + ".lock")
-    with open(lock_path, "a+b") as lock:
+    if not must_exist:
+        _make_private_directory(path.parent)
+    elif not path.exists() and not _kept_at(lock_path):  # else: lost, said under the lock
+        raise _not_found(path)
+    created = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, _PRIVATE_FILE)
+    with os.fdopen(created, "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             lock.seek(0)
@@ -219,6 +249,10 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings) -> None:
                     f"{path.name} from a backup, or delete {lock_path.name} to start a new, "
                     "empty ledger"
                 )
+            if not path.exists():
+                if must_exist:
+                    raise _not_found(path)
+                _create_private_file(path)
             try:
                 connection = sqlite3.connect(path, timeout=settings.sqlite_busy_timeout_ms / 1000)
                 try:
@@ -241,6 +275,48 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings) -> None:
         raise LedgerConfigurationError(
             f"SQLite refused WAL mode for {path} (it reports {mode!r}); the ledger needs it"
         )
+
+
+def _kept_at(lock_path: Path) -> bool:
+    """Whether the sidecar ``lock_path`` says a ledger was kept next to it (read, not locked)."""
+    try:
+        with open(lock_path, "rb") as lock:
+            return lock.read(len(_KEPT_MARKER)) == _KEPT_MARKER
+    except FileNotFoundError:
+        return False
+
+
+def _not_found(path: Path) -> LedgerNotFound:
+    where = os.path.abspath(path)
+    directory = os.path.dirname(where)
+    why = "no such file" if os.path.isdir(directory) else f"no directory {directory}"
+    return LedgerNotFound(
+        f"no ledger at {where} ({why}): create one with "
+        f"`pipecat-actions db upgrade sqlite:///{where}`",
+        path=where,
+    )
+
+
+def _make_private_directory(directory: Path) -> None:
+    """Create ``directory`` and its missing parents, each 0700; leave existing ones alone."""
+    missing: list[Path] = []
+    while not directory.exists() and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    for each in reversed(missing):
+        try:
+            each.mkdir(mode=_PRIVATE_DIRECTORY, exist_ok=True)
+        except OSError as exc:
+            raise LedgerConfigurationError(
+                f"cannot create the ledger directory {each}: {exc.strerror or exc}"
+            ) from exc
+
+
+def _create_private_file(path: Path) -> None:
+    """Create ``path`` empty and 0600, for SQLite to make a database of (and its -wal, -shm)."""
+    # Made meanwhile by a process that does not take the lock: it keeps the mode it has.
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _PRIVATE_FILE))
 
 
 class SqliteFile:

@@ -190,19 +190,26 @@ class SqlLedger(Ledger):
         settings: LedgerSettings | None = None,
         create_schema: bool = True,
         check_schema: bool = True,
+        must_exist: bool = False,
     ) -> SqlLedger:
         """Open the ledger at ``url`` and check its schema version.
 
         Args:
-            url: ``sqlite:///PATH`` or ``postgresql://...``; default `default_ledger_url`.
+            url: ``sqlite:///PATH`` (or the path itself) or ``postgresql://...``; default
+                `default_ledger_url`.
             clock: Source of every timestamp; default the system clock.
             settings: Durability and pool settings.
             create_schema: Create the tables in an empty database. A database at another
                 schema version is always refused, never changed here.
             check_schema: Refuse a database whose schema is not this code's. Only the
                 ``db`` commands turn this off, to look at or upgrade such a database.
+            must_exist: Open an existing ledger only, as a reader does: a SQLite file that is
+                not there (or whose directory is not) is `LedgerNotFound` and nothing is
+                created on disk, and an empty database is never given the schema
+                (``create_schema`` is not applied).
 
         Raises:
+            LedgerNotFound: ``must_exist`` and no SQLite file is there.
             LedgerConfigurationError: Bad URL or unsafe durability settings.
             SchemaVersionMismatch: The schema is older or newer than this code.
             LedgerUnavailable: The database cannot be reached.
@@ -210,12 +217,13 @@ class SqlLedger(Ledger):
         parsed = normalize_url(url or default_ledger_url())
         settings = settings or LedgerSettings()
         is_sqlite = parsed.get_backend_name() == "sqlite"
+        create_schema = create_schema and not must_exist
 
-        engine = create_engine_for(parsed, settings)  # makes a SQLite file's directory
+        engine = create_engine_for(parsed, settings)
         if is_sqlite:
             try:
                 await guard_database_errors(
-                    asyncio.to_thread(prepare_sqlite_file, parsed, settings),
+                    asyncio.to_thread(prepare_sqlite_file, parsed, settings, must_exist=must_exist),
                     url=redact_url(parsed),
                 )
             except BaseException:
