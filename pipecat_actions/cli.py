@@ -14,10 +14,18 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions scenario run FILE... [--verbose]      replay scenarios (exit 1 on a failure)
     pipecat-actions worker --app MODULE:ATTR [--once]     own the work of bots that are gone
 
-``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``) names the ledger; ``--json`` prints
-machine-readable output. ``ledger list`` and ``undelivered`` print pages of ``--limit`` rows,
-oldest first; a full page ends with the ``--after CURSOR`` that reads the next one (on stderr
-with ``--json``).
+``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``; a plain path is a SQLite file) names the
+ledger; ``--json`` prints machine-readable output. ``ledger list`` and ``undelivered`` print
+pages of ``--limit`` rows, oldest first; a full page ends with the ``--after CURSOR`` that
+reads the next one (on stderr with ``--json``).
+
+What the commands print cannot be mistaken or used against the terminal: the first line names
+the ledger read (``ledger: URL``, password hidden; on stderr with ``--json``, whose output is
+the JSON alone), every text line goes through `printable` (a control character or a bidi
+override from the ledger is shown escaped, never obeyed) and nothing from the ledger is read as
+rich markup. Only ``db upgrade`` creates a ledger: the other commands open an existing one and
+say so when there is none. A reader that goes away (``| head``) ends the command quietly, with
+the status of a command killed by SIGPIPE (141).
 """
 
 from __future__ import annotations
@@ -29,13 +37,20 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import NoReturn, TextIO
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
+from pipecat_actions._printable import printable, printable_lines
 from pipecat_actions.errors import PipecatActionsError
 from pipecat_actions.ledger.records import Operation, OperationFilter
 from pipecat_actions.status import ActionStatus
+
+if TYPE_CHECKING:
+    import loguru
+
+    from pipecat_actions.ledger import SqlLedger
 
 
 def _cursor(text: str) -> tuple[float, str]:
@@ -233,11 +248,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "worker":
             return asyncio.run(_worker(args, sys.stdout))
     except PipecatActionsError as exc:
-        print(f"pipecat-actions: {exc}", file=sys.stderr)
+        print(f"pipecat-actions: {printable(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover
+
+
+async def _open_existing(url: str | None, **options: Any) -> SqlLedger:
+    """Open the ledger a command reads: one that exists, never a new one (`must_exist`)."""
+    from pipecat_actions.errors import LedgerNotFound
+    from pipecat_actions.ledger import SqlLedger
+    from pipecat_actions.ledger.engine import ENV_LEDGER_URL
+
+    try:
+        return await SqlLedger.create(url, must_exist=True, **options)
+    except LedgerNotFound as exc:
+        if url or os.environ.get(ENV_LEDGER_URL):
+            raise
+        # Nothing at the default place: the demo, which people run first, keeps its own there.
+        demo = f"sqlite:///{PurePath(exc.path).with_name('demo.db')}"
+        raise LedgerNotFound(f"{exc}; `make demo` writes its own, {demo}", path=exc.path) from None
+
+
+def _say(text: str, out: TextIO) -> None:
+    """Print ``text``, each of its lines `printable`."""
+    print(printable_lines(text), file=out)
+
+
+def _print_read(
+    args: argparse.Namespace,
+    url: str,
+    data: object,
+    render: Callable[[], str],
+    out: TextIO,
+    *,
+    more: str | None = None,
+) -> None:
+    """Print what a command read from the ledger at ``url``: its JSON or its text.
+
+    Text starts with the ``ledger:`` line; with ``--json`` that line (and ``more``, a page's
+    cursor) goes to stderr, and ``render`` is never called.
+    """
+    from pipecat_actions.operator import ledger_line
+
+    if args.json:
+        for line in (ledger_line(url), more):
+            if line:
+                _say(line, sys.stderr)
+        print(json.dumps(data, indent=2), file=out)
+        return
+    _say("\n".join([ledger_line(url), render(), *([more] if more else [])]), out)
 
 
 def _policy_check(args: argparse.Namespace, out: TextIO) -> int:
@@ -261,7 +322,6 @@ async def _reconcile(args: argparse.Namespace, out: TextIO) -> int:
 
     from pipecat_actions import operator
     from pipecat_actions.errors import ConfigurationError
-    from pipecat_actions.ledger import SqlLedger
 
     if not args.app:
         raise ConfigurationError(
@@ -272,7 +332,7 @@ async def _reconcile(args: argparse.Namespace, out: TextIO) -> int:
         raise ConfigurationError("--probes must be at least 1")
     actor = args.actor or f"operator:{getpass.getuser()}"
     app = await operator.load_app(args.app)
-    ledger = await SqlLedger.create(args.ledger, create_schema=False)
+    ledger = await _open_existing(args.ledger)
     try:
         rows = await operator.reconcile(
             ledger,
@@ -283,7 +343,7 @@ async def _reconcile(args: argparse.Namespace, out: TextIO) -> int:
         )
     finally:
         await ledger.close()
-    print(json.dumps(rows, indent=2) if args.json else operator.render_reconciled(rows), file=out)
+    _print_read(args, ledger.url, rows, lambda: operator.render_reconciled(rows), out)
     return 0
 
 
@@ -338,17 +398,15 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
             before, after = await ledger.upgrade_schema()
         finally:
             await ledger.close()
-        if args.json:
-            data = {"url": ledger.url, "before": before, "after": after}
-            print(json.dumps(data, indent=2), file=out)
-        elif before == after:
-            print(f"{ledger.url}: schema already at revision {after}", file=out)
-        else:
-            print(f"{ledger.url}: schema upgraded from {before or 'empty'} to {after}", file=out)
+        data = {"url": ledger.url, "before": before, "after": after}
+        said = (
+            f"schema already at revision {after}"
+            if before == after
+            else f"schema upgraded from {before or 'empty'} to {after}"
+        )
+        _print_read(args, ledger.url, data, lambda: said, out)
         return 0
-    ledger = await SqlLedger.create(
-        args.url, settings=settings, create_schema=False, check_schema=False
-    )
+    ledger = await _open_existing(args.url, settings=settings, check_schema=False)
     try:
         state = await ledger.schema_state()
     finally:
@@ -361,58 +419,48 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
         verdict = f"older than this code ({state.head}): run `pipecat-actions db upgrade`"
     else:
         verdict = f"newer than this code ({state.head}): upgrade pipecat_actions"
-    if args.json:
-        status: dict[str, object] = {
-            "url": ledger.url,
-            "revision": state.current,
-            "head": state.head,
-            "up_to_date": state.up_to_date,
-            "verdict": verdict,
-        }
-        print(json.dumps(status, indent=2), file=out)
-    else:
-        print(f"{ledger.url}: revision {state.current or 'none'}, {verdict}", file=out)
+    status: dict[str, object] = {
+        "url": ledger.url,
+        "revision": state.current,
+        "head": state.head,
+        "up_to_date": state.up_to_date,
+        "verdict": verdict,
+    }
+    _print_read(
+        args, ledger.url, status, lambda: f"revision {state.current or 'none'}, {verdict}", out
+    )
     return 0 if state.up_to_date else 1
+
+
+async def _approvals_read(args: argparse.Namespace, out: TextIO) -> int:
+    """``approvals list`` and ``approvals show``."""
+    from pipecat_actions import operator
+
+    ledger = await _open_existing(args.ledger)
+    try:
+        if args.approvals_command == "list":
+            waiting = await ledger.list(OperationFilter(status=[ActionStatus.AWAITING_APPROVAL]))
+            data: Any = [operator.describe_approval(op) for op in waiting]
+            render: Callable[[Any], str] = operator.render_approvals
+        else:
+            data = operator.describe_approval(await ledger.get(args.operation_id))
+            render = operator.render_approval
+    finally:
+        await ledger.close()
+    _print_read(args, ledger.url, data, lambda: render(data), out)
+    return 0
 
 
 async def _approvals(args: argparse.Namespace, out: TextIO) -> int:
     from pipecat_actions.approvals import approve_operation, reject_operation
     from pipecat_actions.clock import SystemClock
-    from pipecat_actions.ledger import SqlLedger
+    from pipecat_actions.operator import describe_approval as describe
 
-    def describe(op: Operation) -> dict[str, object]:
-        return {
-            "operation_id": op.operation_id,
-            "tool": op.tool,
-            "status": op.status.value,
-            "principal": op.principal,
-            "session_id": op.session_id,
-            "args": op.args,
-            "args_hash": op.args_hash,
-            "created_at": op.created_at,
-            "expires_at": op.deadline_at,
-        }
-
-    ledger = await SqlLedger.create(args.ledger)
+    if args.approvals_command in ("list", "show"):
+        return await _approvals_read(args, out)
+    ledger = await _open_existing(args.ledger)
     try:
         command = args.approvals_command
-        if command == "list":
-            waiting = await ledger.list(OperationFilter(status=[ActionStatus.AWAITING_APPROVAL]))
-            if args.json:
-                print(json.dumps([describe(op) for op in waiting], indent=2), file=out)
-            elif not waiting:
-                print("no operation is waiting for approval", file=out)
-            for op in [] if args.json else waiting:
-                print(
-                    f"{op.operation_id}  {op.tool:<20} {op.principal:<20} "
-                    f"{json.dumps(op.args)[:60]}",
-                    file=out,
-                )
-            return 0
-        if command == "show":
-            op = await ledger.get(args.operation_id)
-            print(json.dumps(describe(op), indent=2), file=out)
-            return 0
         if command == "approve":
             op = await approve_operation(
                 ledger,
@@ -426,10 +474,9 @@ async def _approvals(args: argparse.Namespace, out: TextIO) -> int:
             op = await reject_operation(
                 ledger, args.operation_id, approver=args.approver, reason=args.reason
             )
-        if args.json:
-            print(json.dumps(describe(op), indent=2), file=out)
-        else:
-            print(f"{op.operation_id}: {op.status.value}", file=out)
+        _print_read(
+            args, ledger.url, describe(op), lambda: f"{op.operation_id}: {op.status.value}", out
+        )
         return 0
     finally:
         await ledger.close()
@@ -440,20 +487,19 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
 
     from pipecat_actions import operator
     from pipecat_actions.errors import ConfigurationError
-    from pipecat_actions.ledger import SqlLedger
 
     since = None if getattr(args, "since", None) is None else time.time() - args.since
-    ledger = await SqlLedger.create(args.ledger, create_schema=False)
+    more = None
+    ledger = await _open_existing(args.ledger)
     try:
         if args.command == "stats":
-            stats = await operator.statistics(
+            data: Any = await operator.statistics(
                 ledger, OperationFilter(tool=args.tool, created_from=since)
             )
-            data: object = stats
-            text = operator.render_statistics(stats)
+            render: Callable[[Any], str] = operator.render_statistics
         elif args.command == "ledger" and args.ledger_command == "show":
             data = await operator.timeline(ledger, args.operation_id)
-            text = json.dumps(data, indent=2)
+            render = operator.render_timeline
         else:
             if args.limit < 1:
                 raise ConfigurationError("--limit must be at least 1")
@@ -470,28 +516,40 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
             # One row past the page says whether another page follows.
             ops = await ledger.list(replace(wanted, after=args.after, limit=args.limit + 1))
             page = ops[: args.limit]
-            rows = [operator.describe(op) for op in page]
-            data, text = rows, operator.render_rows(rows)
+            data = [operator.describe(op) for op in page]
+            render = operator.render_rows
             if len(ops) > args.limit:
                 more = f"more: --after {_cursor_of(page[-1])}"
-                if args.json:
-                    print(more, file=sys.stderr)
-                else:
-                    text = f"{text}\n{more}"
     finally:
         await ledger.close()
-    print(json.dumps(data, indent=2) if args.json else text, file=out)
+    _print_read(args, ledger.url, data, lambda: render(data), out, more=more)
     return 0
+
+
+def _warn(message: loguru.Message) -> None:
+    """Write a log record as one printable line (its traceback, if any, is left out)."""
+    print(f"pipecat-actions: {printable(message.record['message'])}", file=sys.stderr)
 
 
 def run() -> None:
     """The console script: warnings and errors only on stderr, then `main`."""
+    import signal
+
     from loguru import logger
 
     # A command's output is what it prints, and a failure is one line: no debug logging.
     logger.remove()
-    logger.add(sys.stderr, level="WARNING", format="pipecat-actions: {message}")
-    raise SystemExit(main())
+    logger.add(_warn, level="WARNING", format="{message}")
+    try:
+        status = main()
+        sys.stdout.flush()  # here, where a closed pipe is caught, rather than at exit
+    except BrokenPipeError:
+        # The reader went away (`| head`). As the signal module's documentation does: point
+        # stdout at devnull, so that the interpreter's own flush at exit cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        status = 128 + signal.SIGPIPE
+    raise SystemExit(status)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,9 +1,11 @@
 """What an operator reads from the ledger and does to it.
 
-Operations, one operation's timeline, statistics, and the reconciliation of UNKNOWN operations
-with the application's hooks. Used by ``pipecat-actions ledger list|show``, ``undelivered``,
-``stats`` and ``reconcile``; every function returns plain data (for ``--json``) and has a text
-rendering.
+Operations, one operation's timeline, the operations awaiting approval, statistics, and the
+reconciliation of UNKNOWN operations with the application's hooks. Used by ``pipecat-actions
+ledger list|show``, ``approvals list|show``, ``undelivered``, ``stats`` and ``reconcile``;
+every function returns plain data (for ``--json``) and has a text rendering (``render_*``, in
+`pipecat_actions._operator_text`), which shows every value of the ledger through
+`pipecat_actions._printable.printable`.
 
 Reconciliation needs the application's own code (its ``reconcile`` hooks talk to its system of
 record), so the operator process loads it: ``--app module:attr`` names an `OperatorApp`, or a
@@ -15,12 +17,17 @@ from __future__ import annotations
 __all__ = [
     "OperatorApp",
     "describe",
+    "describe_approval",
+    "ledger_line",
     "list_operations",
     "load_app",
     "reconcile",
+    "render_approval",
+    "render_approvals",
     "render_reconciled",
     "render_rows",
     "render_statistics",
+    "render_timeline",
     "statistics",
     "timeline",
 ]
@@ -31,9 +38,18 @@ import os
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from pipecat_actions._operator_text import (
+    ledger_line,
+    render_approval,
+    render_approvals,
+    render_reconciled,
+    render_rows,
+    render_statistics,
+    render_timeline,
+    when,
+)
 from pipecat_actions.errors import ConfigurationError, PipecatActionsError
 from pipecat_actions.ledger import Ledger, Operation, OperationEvent, OperationFilter
 from pipecat_actions.status import ActionStatus
@@ -44,12 +60,6 @@ if TYPE_CHECKING:
     from pipecat_actions.policy import PolicySet
 
 S = ActionStatus
-
-
-def _when(at: float | None) -> str | None:
-    return (
-        None if at is None else datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds")
-    )
 
 
 def describe(op: Operation) -> dict[str, Any]:
@@ -71,11 +81,26 @@ def describe(op: Operation) -> dict[str, Any]:
         "error": op.error,
         "compensates": op.compensates,
         "escalated": op.escalated_at is not None,
-        "created_at": _when(op.created_at),
-        "committed_at": _when(op.committed_at),
-        "finished_at": _when(op.finished_at),
-        "delivered_at": _when(op.delivered_at),
-        "acknowledged_at": _when(op.acknowledged_at),
+        "created_at": when(op.created_at),
+        "committed_at": when(op.committed_at),
+        "finished_at": when(op.finished_at),
+        "delivered_at": when(op.delivered_at),
+        "acknowledged_at": when(op.acknowledged_at),
+    }
+
+
+def describe_approval(op: Operation) -> dict[str, Any]:
+    """Return what an approver decides on as plain data (times in epoch seconds)."""
+    return {
+        "operation_id": op.operation_id,
+        "tool": op.tool,
+        "status": op.status.value,
+        "principal": op.principal,
+        "session_id": op.session_id,
+        "args": op.args,
+        "args_hash": op.args_hash,
+        "created_at": op.created_at,
+        "expires_at": op.deadline_at,
     }
 
 
@@ -93,7 +118,7 @@ async def timeline(ledger: Ledger, operation_id: str) -> dict[str, Any]:
         "events": [
             {
                 "seq": e.seq,
-                "at": _when(e.at),
+                "at": when(e.at),
                 "kind": e.kind.value,
                 "from": None if e.from_status is None else e.from_status.value,
                 "to": e.to_status.value,
@@ -123,74 +148,6 @@ async def statistics(ledger: Ledger, filters: OperationFilter) -> dict[str, Any]
     operations and the spread carries ``"sampled"`` (how many; its count and max stay exact).
     """
     return await ledger.statistics(filters)
-
-
-def render_statistics(data: dict[str, Any]) -> str:
-    """Render `statistics` as text: one block per tool."""
-    if not data["tools"]:
-        return "no operation matches"
-    lines: list[str] = []
-    for tool, entry in data["tools"].items():
-        lines.append(f"{tool}: {entry['operations']} operations, {entry['proposals']} proposals")
-        for key, value in entry.items():
-            if key in ("operations", "proposals") or value in (None, {}, 0):
-                continue
-            if isinstance(value, dict) and "p50_secs" in value:
-                sample = (
-                    f", p50 and p95 from a sample of {value['sampled']}"
-                    if "sampled" in value
-                    else ""
-                )
-                shown = (
-                    f"p50 {value['p50_secs']:.3f} s  p95 {value['p95_secs']:.3f} s  "
-                    f"max {value['max_secs']:.3f} s  (n={value['count']}{sample})"
-                )
-            elif isinstance(value, dict):
-                shown = ", ".join(f"{k} {v}" for k, v in value.items())
-            elif key.endswith("_rate"):
-                shown = f"{value:.1%}"
-            else:
-                shown = str(value)
-            lines.append(f"  {key.replace('_', ' '):<26} {shown}")
-    return "\n".join(lines)
-
-
-def render_rows(rows: list[dict[str, Any]]) -> str:
-    """Render operations as a text table."""
-    if not rows:
-        return "no operation matches"
-    return _table(
-        ["operation", "tool", "status", "principal", "created"],
-        [
-            [row["operation_id"], row["tool"], row["status"], row["principal"], row["created_at"]]
-            for row in rows
-        ],
-    )
-
-
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    """Render a table with rich: no colours, never wrapped or cut (ids stay whole)."""
-    import io
-
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for header in headers:
-        table.add_column(header, no_wrap=True)
-    cells = [[str(cell) for cell in row] for row in rows]
-    for row in cells:
-        table.add_row(*row)
-    widths = [
-        max([len(header)] + [len(row[i]) for row in cells]) for i, header in enumerate(headers)
-    ]
-    buffer = io.StringIO()
-    console = Console(
-        file=buffer, width=sum(widths) + 3 * len(widths) + 2, color_system=None, highlight=False
-    )
-    console.print(table)
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()).strip("\n")
 
 
 # --- reconciliation ---------------------------------------------------------------------------
@@ -324,23 +281,3 @@ async def _every(
         if len(ops) < page:
             return
         wanted = replace(wanted, after=(ops[-1].created_at, ops[-1].operation_id))
-
-
-def render_reconciled(rows: list[dict[str, Any]]) -> str:
-    """Render the outcome of `reconcile` as a text table."""
-    if not rows:
-        return "no operation is UNKNOWN"
-    return _table(
-        ["operation", "tool", "before", "after", "changed", "note"],
-        [
-            [
-                row["operation_id"],
-                row["tool"],
-                row["before"],
-                row["after"],
-                "yes" if row["changed"] else "no" + (" (escalated)" if row["escalated"] else ""),
-                row["note"] or "",
-            ]
-            for row in rows
-        ],
-    )

@@ -233,3 +233,89 @@ def test_a_plain_path_is_a_sqlite_file_from_the_working_directory(
 def test_an_unparseable_url_says_how_to_name_a_sqlite_file(given: str) -> None:
     with pytest.raises(LedgerConfigurationError, match="sqlite:///PATH"):
         normalize_url(given)
+
+
+# --- read commands never create a ledger ---------------------------------------------------
+
+READERS = [
+    ["approvals", "list"],
+    ["approvals", "show", "op_x"],
+    ["ledger", "list"],
+    ["ledger", "show", "op_x"],
+    ["undelivered"],
+    ["stats"],
+    ["reconcile", "--all", "--app", "tests._operator_app:app"],
+]
+
+
+@pytest.mark.parametrize("argv", [*READERS, ["db", "status"]], ids=" ".join)
+def test_a_read_command_in_an_empty_folder_creates_nothing_and_says_where_it_looked(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PIPECAT_ACTIONS_LEDGER_URL", raising=False)
+    code, out, err = _cli(capsys, *argv)
+    assert code == 1
+    assert out == ""
+    assert err.count("\n") == 1, err
+    default = tmp_path / ".pipecat_actions" / "ledger.db"
+    assert f"no ledger at {default}" in err
+    assert f"pipecat-actions db upgrade sqlite:///{default}" in err
+    assert ".pipecat_actions/demo.db" in err  # where `make demo` keeps its own
+    assert _tree(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv", READERS, ids=" ".join)
+def test_a_read_command_names_a_missing_ledger_and_creates_neither_it_nor_its_directory(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere" / "ledger.db"
+    code, _, err = _cli(capsys, *argv, "--ledger", f"sqlite:///{missing}")
+    assert code == 1
+    assert err.strip() == (
+        f"pipecat-actions: no ledger at {missing} (no directory {missing.parent}): create one "
+        f"with `pipecat-actions db upgrade sqlite:///{missing}`"
+    )
+    assert _tree(tmp_path) == []
+
+
+def test_db_status_of_a_missing_file_creates_nothing_and_db_upgrade_creates_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = f"sqlite:///{tmp_path / 'new' / 'ledger.db'}"
+    code, _, err = _cli(capsys, "db", "status", missing)
+    assert code == 1
+    assert "no ledger at" in err
+    assert _tree(tmp_path) == []
+    assert _cli(capsys, "db", "upgrade", missing)[0] == 0
+    code, out, _ = _cli(capsys, "db", "status", missing)
+    assert code == 0
+    assert out.splitlines()[0] == f"ledger: {missing}"
+    assert out.splitlines()[1].endswith("up to date")
+
+
+def test_approvals_list_of_an_empty_database_file_does_not_give_it_a_schema(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "ledger.db"
+    empty.touch()
+    code, _, err = _cli(capsys, "approvals", "list", "--ledger", f"sqlite:///{empty}")
+    assert code == 1
+    assert "pipecat-actions db upgrade" in err
+    assert _cli(capsys, "db", "status", f"sqlite:///{empty}")[0] == 1  # still empty
+
+
+def test_a_plain_path_works_as_ledger_and_in_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert _cli(capsys, "db", "upgrade", "./x/ledger.db")[0] == 0
+    named = f"ledger: sqlite:///{tmp_path / 'x' / 'ledger.db'}"
+    code, out, _ = _cli(capsys, "ledger", "list", "--ledger", "x/ledger.db")
+    assert (code, out.splitlines()) == (0, [named, "no operation matches"])
+    monkeypatch.setenv("PIPECAT_ACTIONS_LEDGER_URL", str(tmp_path / "x" / "ledger.db"))
+    code, out, _ = _cli(capsys, "stats")
+    assert (code, out.splitlines()[0]) == (0, named)

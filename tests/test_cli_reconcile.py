@@ -107,7 +107,8 @@ def test_reconcile_prints_what_changed_as_a_table(
     assert main(["reconcile", "--all", "--app", APP, "--ledger", url]) == 0
     lines = capsys.readouterr().out.splitlines()
 
-    assert lines[0].split() == ["operation", "tool", "before", "after", "changed", "note"]
+    assert lines[0] == f"ledger: {url}"
+    assert lines[1].split() == ["operation", "tool", "before", "after", "changed", "note"]
     found = next(line for line in lines if ids["found"] in line)
     assert found.split()[1:5] == ["book_table", "UNKNOWN", "COMMITTED", "yes"]
     skipped = next(line for line in lines if ids["no_hook"] in line)

@@ -79,6 +79,10 @@ def test_db_upgrade_creates_then_reports_up_to_date(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     assert main(["db", "status", url]) == 1
+    assert "no ledger at" in capsys.readouterr().err  # and none made: status only looks
+    assert not (tmp_path / "cli.db").exists()
+    (tmp_path / "cli.db").touch()
+    assert main(["db", "status", url]) == 1
     assert "empty" in capsys.readouterr().out
     assert main(["db", "upgrade", url]) == 0
     assert f"from empty to {head_revision()}" in capsys.readouterr().out

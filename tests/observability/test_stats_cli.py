@@ -129,6 +129,8 @@ async def test_stats_print_a_text_block_per_tool_without_json(
     code, out = await asyncio.to_thread(_stats, capsys, "--ledger", ledger_url)
 
     assert code == 0
+    named, _, out = out.partition("\n")
+    assert named.startswith("ledger: ")  # which ledger was read comes first
     assert out.startswith("book_later: 1 operations")
     assert "book_table: 3 operations, 4 proposals" in out
     assert "  timeout rate" in out and "50.0%" in out
