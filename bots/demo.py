@@ -19,7 +19,9 @@ The story:
 4. A second process is killed (SIGKILL) with a booking in flight whose answer was lost; a
    fresh runtime recovers it, asks the system of record, and reports it committed.
 
-It prints a timestamped transcript (user, bot, tool events), the ledger, and metrics.
+It prints a timestamped transcript (user, bot, tool events), the ledger, and metrics, and ends
+with the operator's commands that read this demo's ledger, ``.pipecat_actions/demo.db`` (the
+command line's default is ``.pipecat_actions/ledger.db``, which the demo leaves alone).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import asyncio
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -511,6 +515,28 @@ def report(conversation: dict[str, Any], crash: dict[str, Any], out: Any = sys.s
     print(f"  Pipecat 'CANCELLED' tool results left in the context: {raw_cancelled}", file=out)
 
 
+def _cli() -> str:
+    """How to run ``pipecat-actions`` from here: its name if it is on PATH, else its path."""
+    beside = Path(sys.executable).with_name("pipecat-actions")
+    if not beside.exists() or shutil.which("pipecat-actions") == str(beside):
+        return "pipecat-actions"
+    return shlex.quote(str(beside))
+
+
+def operator_commands(ledger_url: str, ops: Sequence[Operation], out: Any = sys.stdout) -> None:
+    """Print the commands that read this demo's ledger, ready to paste."""
+    ledger = shlex.quote(ledger_url)
+    cli = _cli()
+    refund = next((o for o in ops if o.tool == "refund_deposit"), None)
+    print(f"\nREAD THIS DEMO'S LEDGER ({ledger_url})", file=out)
+    print(f"  {cli} ledger list --ledger {ledger}", file=out)
+    if refund is not None:
+        print(f"  {cli} ledger show {refund.operation_id} --ledger {ledger}", file=out)
+    print(f"  {cli} approvals list --ledger {ledger}", file=out)
+    print(f"  {cli} stats --ledger {ledger}", file=out)
+    print(f"  {cli} console --ledger {ledger} --users FILE", file=out)
+
+
 async def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="pipecat_actions offline demo")
     parser.add_argument("--crash-child", nargs=3, metavar=("LEDGER", "BOOKINGS", "POLICY"))
@@ -522,7 +548,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         return 0
     policy_path = Path(os.environ.get("POLICY") or DEFAULT_POLICY)
     workdir = Path(".pipecat_actions")
-    workdir.mkdir(exist_ok=True)
+    workdir.mkdir(mode=0o700, exist_ok=True)  # private, as the ledger makes its own directory
     database = (workdir / "demo.db").resolve()
     for stale in workdir.glob("demo.db*"):
         stale.unlink()
@@ -533,6 +559,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
     _progress("killing a process with a booking in flight, then restarting")
     crash = await crash_and_recover(ledger_url, policy_path, workdir)
     report(conversation, crash)
+    operator_commands(ledger_url, [*conversation["ops"], *crash["ops"]])
     if args.json:
         print(
             json.dumps(
