@@ -224,7 +224,7 @@ class Director:
                 self.note(f"manager rosa approves {op.operation_id} (args {op.args_hash[:12]})")
                 await self.runtime.approve(
                     op.operation_id,
-                    approver="manager:rosa",
+                    approver="rosa",
                     reason="deposit policy",
                     args_hash=op.args_hash,
                 )

@@ -272,7 +272,7 @@ async def story(provider: Provider, runtime: ActionRuntime, session: SessionStat
     (pending,) = await runtime.pending_approvals()
     await runtime.approve(
         pending.operation_id,
-        approver="manager:rosa",
+        approver="rosa",
         reason="deposit policy",
         args_hash=pending.args_hash,
     )

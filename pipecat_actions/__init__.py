@@ -21,7 +21,7 @@ from pipecat_actions.admission.authorization import (
     Authorizer,
     Decision,
 )
-from pipecat_actions.approvals import ApprovalRefused
+from pipecat_actions.approvals import ApprovalRefused, Approver
 from pipecat_actions.clock import Clock, ManualClock, SystemClock
 from pipecat_actions.errors import (
     ConfigurationError,
@@ -120,6 +120,8 @@ __all__ = [
     "ToolPolicy",
     "load_policy",
     "load_policy_text",
+    # approvals
+    "Approver",
     # time
     "Clock",
     "ManualClock",

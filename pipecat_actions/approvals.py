@@ -1,60 +1,236 @@
 """Approving and rejecting operations that wait for a person, from any process.
 
-The runtime that admitted an operation may be another process (the bot) than the one approving
-it (``pipecat-actions approvals approve``). Approval is therefore a ledger transition,
-AWAITING_APPROVAL → ADMITTED, bound to the arguments the approver saw (their hash) and refused
-once the approval window has closed; the owning runtime notices the approved operation on its
-next heartbeat and runs it.
+The runtime that admitted an operation may be another process (the bot) than the one deciding
+on it (the console, ``pipecat-actions approvals approve``). A decision is therefore a ledger
+transition, AWAITING_APPROVAL → ADMITTED or REJECTED, and the same rules hold wherever it is
+made, because they are checked here:
+
+* **Who may decide is policy.** When the runtime asks for an approval it records, in the
+  operation's creation event, who may decide: the tool's ``confirmation.approvers`` (names) and
+  ``confirmation.approver_roles`` at that moment (`ApprovalRule`). A decision by anyone else is
+  refused. An operation asked for by a version that recorded no rule cannot be decided on: it
+  expires.
+* **The requester never decides on their own request** (the operation's principal), whatever
+  the rule lists; names are compared without regard to case.
+* **A decision has a reason**, recorded with it.
+* **What is approved is the arguments the approver saw**: their hash must equal the one the
+  operation holds.
+* **An expired request cannot be approved**; the attempt moves it to EXPIRED.
+
+Who the approver *is* is established by the caller: the console signs operators in (a hashed
+credentials file, or a trusted header from a reverse proxy), the CLI checks the credentials
+file, and an application calling `ActionRuntime.approve` vouches for the `Approver` it passes.
+The owning runtime notices an approved operation on its next heartbeat and runs it.
 """
 
 from __future__ import annotations
 
-__all__ = ["ApprovalRefused", "approve_operation", "reject_operation"]
+__all__ = [
+    "APPROVAL_RULE",
+    "ApprovalRefused",
+    "ApprovalRule",
+    "Approver",
+    "approval_rule",
+    "approve_operation",
+    "check_decision",
+    "reject_operation",
+]
 
 import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from pipecat_actions.errors import PipecatActionsError, TransitionRefused
 from pipecat_actions.ledger import Ledger, Operation
+from pipecat_actions.ledger.records import EventKind
+from pipecat_actions.policy.fields import check_approver_name
 from pipecat_actions.status import ActionStatus
 
 S = ActionStatus
 
+APPROVAL_RULE = "approval"
+"""Creation-event detail key: the `ApprovalRule` of an operation that waits for approval."""
+
 
 class ApprovalRefused(PipecatActionsError):
-    """An approval or rejection could not be applied (wrong status, arguments, expired)."""
+    """A decision could not be applied: wrong status, arguments, approver or reason; expired."""
+
+
+@dataclass(frozen=True, slots=True)
+class Approver:
+    """Who decides on a request, as their sign-in established it.
+
+    Attributes:
+        name: The name they signed in with (see `check_approver_name`).
+        roles: The roles their sign-in gave them.
+    """
+
+    name: str
+    roles: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def of(cls, who: Approver | str) -> Approver:
+        """Return ``who`` as an `Approver` (a plain name has no roles).
+
+        Raises:
+            ApprovalRefused: The name is blank or not an approver name.
+        """
+        approver = who if isinstance(who, Approver) else cls(name=who)
+        if not isinstance(approver.name, str) or not approver.name.strip():
+            raise ApprovalRefused("a decision needs the approver's name; none was given")
+        try:
+            check_approver_name(approver.name)
+        except ValueError as exc:
+            raise ApprovalRefused(str(exc)) from None
+        return approver
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRule:
+    """Who may decide on one request, recorded when it was asked for.
+
+    Attributes:
+        approvers: Names that may decide.
+        roles: Roles whose members may decide.
+        risk: The tool's risk when it was asked for (shown to the approver).
+    """
+
+    approvers: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    risk: str | None = None
+
+    def to_detail(self) -> dict[str, Any]:
+        """Return the rule as the creation event's detail records it."""
+        return {"approvers": list(self.approvers), "roles": list(self.roles), "risk": self.risk}
+
+    @classmethod
+    def from_detail(cls, detail: Mapping[str, Any]) -> ApprovalRule | None:
+        """Read the rule back from a creation event's ``detail`` (None if it records none)."""
+        recorded = detail.get(APPROVAL_RULE)
+        if not isinstance(recorded, Mapping):
+            return None
+        names = recorded.get("approvers") or []
+        roles = recorded.get("roles") or []
+        risk = recorded.get("risk")
+        return cls(
+            approvers=tuple(str(n) for n in names),
+            roles=tuple(str(r) for r in roles),
+            risk=str(risk) if risk is not None else None,
+        )
+
+    def allows(self, approver: Approver) -> bool:
+        """Whether ``approver`` is one of the rule's names or has one of its roles."""
+        name = approver.name.casefold()
+        return any(name == n.casefold() for n in self.approvers) or bool(
+            set(self.roles) & set(approver.roles)
+        )
+
+    def describe(self) -> str:
+        """Who may decide, in words: ``rosa, sam or role manager``."""
+        who = [*self.approvers, *(f"role {r}" for r in self.roles)]
+        if len(who) <= 1:
+            return who[0] if who else "nobody"
+        return f"{', '.join(who[:-1])} or {who[-1]}"
+
+
+async def approval_rule(ledger: Ledger, operation_id: str) -> ApprovalRule | None:
+    """Return the `ApprovalRule` recorded when ``operation_id`` was asked for, or None."""
+    for event in await ledger.events(operation_id):
+        if event.kind is EventKind.CREATED and event.to_status is S.AWAITING_APPROVAL:
+            return ApprovalRule.from_detail(event.detail)
+    return None
+
+
+def check_decision(
+    op: Operation,
+    rule: ApprovalRule | None,
+    approver: Approver | str,
+    reason: str,
+    *,
+    decision: str = "approve",
+) -> Approver:
+    """Check that ``approver`` may ``decision`` (approve or reject) ``op``, with ``reason``.
+
+    Returns:
+        The approver, checked.
+
+    Raises:
+        ApprovalRefused: Not waiting for approval, a blank or malformed approver, the
+            requester deciding on their own request, an approver the rule does not name, no
+            rule recorded, or no reason.
+    """
+    if op.status is not S.AWAITING_APPROVAL:
+        raise ApprovalRefused(f"operation {op.operation_id} is {op.status}, not awaiting approval")
+    who = Approver.of(approver)
+    if who.name.casefold() == op.principal.casefold():
+        raise ApprovalRefused(
+            f"{who.name} asked for operation {op.operation_id}: a requester never decides on "
+            "their own request; another approver must"
+        )
+    if rule is None:
+        raise ApprovalRefused(
+            f"operation {op.operation_id} records nobody who may approve it (it was asked for "
+            "before approvers were recorded): let it expire, and ask again"
+        )
+    if not rule.allows(who):
+        raise ApprovalRefused(
+            f"{who.name} may not {decision} {op.tool}: its policy lets {rule.describe()} decide"
+        )
+    if not isinstance(reason, str) or not reason.strip():
+        raise ApprovalRefused(f"a decision needs a reason; none was given to {decision} it")
+    return who
+
+
+def _actor(who: Approver) -> str:
+    return f"approver:{who.name}"
+
+
+def _decided_by(who: Approver, rule: ApprovalRule, reason: str) -> dict[str, Any]:
+    detail: dict[str, Any] = {"reason": reason.strip(), "approver": who.name}
+    held = sorted(set(rule.roles) & set(who.roles))
+    if held and not any(who.name.casefold() == n.casefold() for n in rule.approvers):
+        detail["as_role"] = held
+    return detail
 
 
 async def approve_operation(
     ledger: Ledger,
     operation_id: str,
     *,
-    approver: str,
+    approver: Approver | str,
     reason: str,
     now: float,
-    args_hash: str | None = None,
+    args_hash: str,
     fence: int | None = None,
     deadline_at: float | None = None,
 ) -> Operation:
-    """Approve a waiting operation: AWAITING_APPROVAL → ADMITTED.
+    """Approve a waiting operation: AWAITING_APPROVAL → ADMITTED (see the module's rules).
 
     Args:
         ledger: The ledger.
         operation_id: The operation.
-        approver: Who approves (recorded).
-        reason: Why (recorded).
+        approver: Who approves, as their sign-in established it (recorded).
+        reason: Why (required, recorded).
         now: The current time, to refuse an expired approval.
         args_hash: The hash of the arguments the approver saw; refused if they differ.
         fence: The owner's fence, when the owner approves; else the stored one.
         deadline_at: The execution deadline from now on; None lets the owner set it.
 
     Raises:
-        ApprovalRefused: Not waiting for approval, other arguments, or expired (then it is
-            moved to EXPIRED).
+        ApprovalRefused: See `check_decision`; other arguments than the ones approved; or
+            expired (then it is moved to EXPIRED).
     """
     op = await ledger.get(operation_id)
-    if op.status is not S.AWAITING_APPROVAL:
-        raise ApprovalRefused(f"operation {operation_id} is {op.status}, not awaiting approval")
-    if args_hash is not None and args_hash != op.args_hash:
+    rule = await approval_rule(ledger, operation_id) if op.status is S.AWAITING_APPROVAL else None
+    who = check_decision(op, rule, approver, reason)
+    assert rule is not None  # check_decision refuses an operation without one
+    if not isinstance(args_hash, str) or not args_hash:
+        raise ApprovalRefused(
+            f"an approval names the arguments it approves: give the args hash shown with "
+            f"operation {operation_id}"
+        )
+    if args_hash != op.args_hash:
         raise ApprovalRefused(
             f"operation {operation_id} holds other arguments than the ones approved "
             f"(args hash {op.args_hash[:12]}…, approved {args_hash[:12]}…)"
@@ -66,7 +242,7 @@ async def approve_operation(
                 expected=S.AWAITING_APPROVAL,
                 to=S.EXPIRED,
                 fence=op.fence if fence is None else fence,
-                actor=f"approver:{approver}",
+                actor=_actor(who),
                 detail={"reason": "approval came after the approval window closed"},
                 changes={"error": "approval window closed"},
             )
@@ -77,8 +253,8 @@ async def approve_operation(
             expected=S.AWAITING_APPROVAL,
             to=S.ADMITTED,
             fence=op.fence if fence is None else fence,
-            actor=f"approver:{approver}",
-            detail={"reason": reason, "args_hash": op.args_hash},
+            actor=_actor(who),
+            detail={**_decided_by(who, rule, reason), "args_hash": op.args_hash},
             changes={"deadline_at": deadline_at},
         )
     except TransitionRefused as exc:
@@ -86,25 +262,31 @@ async def approve_operation(
 
 
 async def reject_operation(
-    ledger: Ledger, operation_id: str, *, approver: str, reason: str, fence: int | None = None
+    ledger: Ledger,
+    operation_id: str,
+    *,
+    approver: Approver | str,
+    reason: str,
+    fence: int | None = None,
 ) -> Operation:
     """Reject a waiting operation: AWAITING_APPROVAL → REJECTED; nothing runs.
 
     Raises:
-        ApprovalRefused: It is not waiting for approval.
+        ApprovalRefused: See `check_decision`.
     """
     op = await ledger.get(operation_id)
-    if op.status is not S.AWAITING_APPROVAL:
-        raise ApprovalRefused(f"operation {operation_id} is {op.status}, not awaiting approval")
+    rule = await approval_rule(ledger, operation_id) if op.status is S.AWAITING_APPROVAL else None
+    who = check_decision(op, rule, approver, reason, decision="reject")
+    assert rule is not None
     try:
         return await ledger.transition(
             operation_id,
             expected=S.AWAITING_APPROVAL,
             to=S.REJECTED,
             fence=op.fence if fence is None else fence,
-            actor=f"approver:{approver}",
-            detail={"reason": reason},
-            changes={"error": f"rejected by {approver}: {reason}"},
+            actor=_actor(who),
+            detail=_decided_by(who, rule, reason),
+            changes={"error": f"rejected by {who.name}: {reason.strip()}"},
         )
     except TransitionRefused as exc:
         raise ApprovalRefused(f"operation {operation_id} changed meanwhile: {exc}") from exc

@@ -25,7 +25,7 @@ tools:
     deadline_secs: 600
   refund:
     kind: mutation
-    confirmation: {mode: approval, expires_after_secs: 300}
+    confirmation: {mode: approval, approvers: [ops], expires_after_secs: 300}
     deadline_secs: 600
 """
 POLICY = load_policy_text(POLICY_TEXT)

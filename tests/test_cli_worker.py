@@ -72,8 +72,14 @@ async def leave_work_behind(url: str, clock: ManualClock) -> dict[str, str]:
     ids["waiting"] = (await bot.propose("refund", {"amount_cents": 900}, session))["operation_id"]
     await bot.close(grace_secs=0)
     async with await SqlLedger.create(url, clock=clock) as ledger:
+        waiting = await ledger.get(ids["approved"])
         await approve_operation(
-            ledger, ids["approved"], approver="ops", reason="ok", now=clock.now()
+            ledger,
+            ids["approved"],
+            approver="ops",
+            reason="ok",
+            now=clock.now(),
+            args_hash=waiting.args_hash,
         )
     return {name: str(op_id) for name, op_id in ids.items()}
 

@@ -40,7 +40,7 @@ tools:
   refund:
     kind: mutation
     risk: high
-    confirmation: {mode: approval}
+    confirmation: {mode: approval, approvers: [maria]}
     deadline_secs: 600
 """
 
@@ -216,7 +216,9 @@ async def test_an_approved_call_runs_with_its_calls_params_after_the_call_return
     (waiting,) = await runtime.pending_approvals()
     assert _tool_results(context)[0]["status"] == "awaiting_approval" and seen == []
 
-    await runtime.approve(waiting.operation_id, approver="maria", reason="regular guest")
+    await runtime.approve(
+        waiting.operation_id, approver="maria", reason="regular guest", args_hash=waiting.args_hash
+    )
     done = await runtime.wait(waiting.operation_id)
 
     assert done.status is S.COMMITTED
@@ -246,7 +248,12 @@ async def test_an_operation_run_without_its_call_gets_a_clear_error_for_what_it_
         later = ScriptedLLM([])
         second.instrument(later, _session())
         later.register_function("refund", refund)
-        await second.approve(waiting.operation_id, approver="maria", reason="regular guest")
+        await second.approve(
+            waiting.operation_id,
+            approver="maria",
+            reason="regular guest",
+            args_hash=waiting.args_hash,
+        )
         clock.advance(60)  # the first runtime's lease on it runs out
         await second.recover()  # approved with no owner alive: this runtime runs it
         done = await second.wait(waiting.operation_id)

@@ -40,6 +40,7 @@ from pipecat_actions.admission.decisions import (
 )
 from pipecat_actions.admission.idempotency import intent_key
 from pipecat_actions.admission.limits import Behind, Coalesced, Degraded, Limiter, Slot
+from pipecat_actions.approvals import APPROVAL_RULE, ApprovalRule
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import IdempotencyMismatch
 from pipecat_actions.ledger import Ledger, NewOperation, Operation
@@ -372,7 +373,13 @@ class Admitter:
                 slot.release()
 
         before_state = None
-        if binding.action.snapshot is not None and status in (S.RUNNING, S.ADMITTED):
+        # An approver sees the before-state the change starts from, so it is taken when the
+        # request is made; it is what a compensation restores too.
+        if binding.action.snapshot is not None and status in (
+            S.RUNNING,
+            S.ADMITTED,
+            S.AWAITING_APPROVAL,
+        ):
             try:
                 before_state = await binding.action.snapshot(
                     ActionContext.of(draft_operation(base, key, session))
@@ -403,6 +410,11 @@ class Admitter:
                 "generation": generation,
                 "principal": session.principal,
                 "reason": _ADMISSION_REASONS[status],
+                **(
+                    {APPROVAL_RULE: _approval_rule(policy).to_detail()}
+                    if status is S.AWAITING_APPROVAL
+                    else {}
+                ),
             },
         )
         try:
@@ -550,6 +562,15 @@ _ADMISSION_REASONS = {
     S.RUNNING: "admission checks passed; started at once",
 }
 """Why an admitted operation starts in each status (the audit reason of its insert)."""
+
+
+def _approval_rule(policy: ToolPolicy) -> ApprovalRule:
+    confirmation = policy.confirmation
+    return ApprovalRule(
+        approvers=tuple(confirmation.approvers),
+        roles=tuple(confirmation.approver_roles),
+        risk=policy.risk.value,
+    )
 
 
 def _consume_exception(future: asyncio.Future[Any]) -> None:

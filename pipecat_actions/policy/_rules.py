@@ -78,6 +78,7 @@ def tool_policy_violations(policy: ToolPolicy) -> list[Violation]:
         Every broken rule, in a stable order; empty when the policy is coherent.
     """
     found = _read_violations(policy) if not policy.is_mutation else _mutation_violations(policy)
+    found.extend(_approver_violations(policy))
     if policy.timeout_secs is not None and policy.deadline_secs < policy.timeout_secs:
         found.append(
             Violation(
@@ -96,6 +97,29 @@ def tool_policy_violations(policy: ToolPolicy) -> list[Violation]:
             )
         )
     return found + _argument_violations(policy)
+
+
+def _approver_violations(policy: ToolPolicy) -> list[Violation]:
+    found: list[Violation] = []
+    confirmation = policy.confirmation
+    decides = confirmation.approvers or confirmation.approver_roles
+    if confirmation.mode is ConfirmationMode.APPROVAL and not decides and policy.is_mutation:
+        found.append(
+            Violation(
+                ("confirmation", "approvers"),
+                "approval needs someone who may approve: list confirmation.approvers "
+                "(operators' names) or confirmation.approver_roles",
+            )
+        )
+    elif confirmation.mode is not ConfirmationMode.APPROVAL and decides:
+        key = "approvers" if confirmation.approvers else "approver_roles"
+        found.append(
+            Violation(
+                ("confirmation", key),
+                f"{key} name who approves a request, so they need confirmation.mode: approval",
+            )
+        )
+    return found
 
 
 def _read_violations(policy: ToolPolicy) -> list[Violation]:

@@ -12,6 +12,8 @@ __all__ = [
     "AgentName",
     "AgentNames",
     "Announcement",
+    "ApproverName",
+    "ApproverNames",
     "ArgumentName",
     "ArgumentNames",
     "PlainData",
@@ -19,6 +21,7 @@ __all__ = [
     "RedactPaths",
     "Template",
     "ToolName",
+    "check_approver_name",
     "redact_root",
     "render_template",
     "template_placeholders",
@@ -80,6 +83,25 @@ def _check_agent_name(value: str) -> str:
     if not value.strip() or value != value.strip():
         raise ValueError(
             f"{value!r} is not an agent name: use non-blank text without leading or trailing spaces"
+        )
+    return value
+
+
+_APPROVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,127}")
+
+
+def check_approver_name(value: str) -> str:
+    """Return ``value`` if it is an approver's name or role, else raise `ValueError`.
+
+    A name or role is at most 128 letters, digits and ``. _ @ : + -``, starting with a letter or
+    digit: an operator's login (``rosa``, ``rosa@example.com``, ``manager:rosa``) or a group
+    (``billing-leads``). Nothing in it can hide another name when printed.
+    """
+    if not isinstance(value, str) or not _APPROVER_NAME.fullmatch(value):
+        shown = value if isinstance(value, str) and len(value) <= 40 else f"{str(value)[:40]}…"
+        raise ValueError(
+            f"{shown!r} is not an approver name: use at most 128 letters, digits and "
+            ". _ @ : + -, starting with a letter or digit"
         )
     return value
 
@@ -249,6 +271,12 @@ AgentName = Annotated[str, AfterValidator(_check_agent_name)]
 
 AgentNames = Annotated[tuple[AgentName, ...], Strict(False), AfterValidator(_no_duplicates)]
 """A list of agent names, each listed once."""
+
+ApproverName = Annotated[str, AfterValidator(check_approver_name)]
+"""An operator's name or a role that may approve (see `check_approver_name`)."""
+
+ApproverNames = Annotated[tuple[ApproverName, ...], Strict(False), AfterValidator(_no_duplicates)]
+"""A list of approver names or roles, each listed once."""
 
 RedactPath = Annotated[str, AfterValidator(_check_redact_path)]
 """A dotted argument path (``card.number``, ``guests[*].phone``) whose value is hidden."""

@@ -36,6 +36,7 @@ from pipecat_actions.policy.enums import (
 from pipecat_actions.policy.fields import (
     AgentNames,
     Announcement,
+    ApproverNames,
     ArgumentNames,
     RedactPaths,
     Template,
@@ -120,6 +121,22 @@ class ConfirmationPolicy(BaseModel):
         description=(
             "What the bot asks to get a verbal yes, with {argument} placeholders, e.g. "
             "'Shall I refund {amount} to your card?'. Left out: the model words it."
+        ),
+    )
+    approvers: ApproverNames = Field(
+        default=(),
+        description=(
+            "mode approval: the operators who may approve or reject a request, by the name "
+            "they sign in with (the console's credentials file, a proxy's user header, the "
+            "CLI's --approver). The one who asked never decides on their own request. Give "
+            "approvers, approver_roles or both."
+        ),
+    )
+    approver_roles: ApproverNames = Field(
+        default=(),
+        description=(
+            "mode approval: roles whose members may approve or reject a request (the roles "
+            "of the console's credentials file, or a proxy's groups header)."
         ),
     )
 

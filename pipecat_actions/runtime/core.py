@@ -31,6 +31,7 @@ from typing import Any
 
 from pipecat_actions.actions import ActionDefinition, Binding
 from pipecat_actions.admission.authorization import Authorizer
+from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import Clock, SystemClock
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.executor import ReconcileSchedule
@@ -329,20 +330,27 @@ class ActionRuntime:
         return await self._decisions.confirm(operation_id, token, session, on_started=on_started)
 
     async def approve(
-        self, operation_id: str, *, approver: str, reason: str, args_hash: str | None = None
+        self, operation_id: str, *, approver: Approver | str, reason: str, args_hash: str
     ) -> Operation:
         """Approve an operation waiting for approval; it then runs.
 
+        The rules of `pipecat_actions.approvals` hold: ``approver`` must be one its policy
+        names (by name or role) and not its requester, ``reason`` is required, and
+        ``args_hash`` is the hash of the arguments the approver was shown. The caller vouches
+        for who ``approver`` is (it signed them in).
+
         Raises:
-            ApprovalRefused: Not waiting for approval, expired, or approved for other
-                arguments than the ones it holds.
+            ApprovalRefused: Not waiting for approval, expired, approved for other arguments
+                than the ones it holds, by someone who may not, or without a reason.
         """
         return await self._decisions.approve(
             operation_id, approver=approver, reason=reason, args_hash=args_hash
         )
 
-    async def reject(self, operation_id: str, *, approver: str, reason: str) -> Operation:
-        """Reject an operation waiting for approval (REJECTED; nothing runs)."""
+    async def reject(
+        self, operation_id: str, *, approver: Approver | str, reason: str
+    ) -> Operation:
+        """Reject an operation waiting for approval (REJECTED; nothing runs); as `approve`."""
         return await self._decisions.reject(operation_id, approver=approver, reason=reason)
 
     async def pending_approvals(self) -> list[Operation]:

@@ -9,7 +9,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pipecat_actions.actions import ActionContext, CancelOutcome
-from pipecat_actions.approvals import ApprovalRefused, approve_operation, reject_operation
+from pipecat_actions.approvals import (
+    ApprovalRefused,
+    Approver,
+    approve_operation,
+    reject_operation,
+)
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import PipecatActionsError, TransitionRefused
 from pipecat_actions.execution.tracked import Tracked
@@ -155,7 +160,7 @@ class Decisions:
         return released
 
     async def approve(
-        self, operation_id: str, *, approver: str, reason: str, args_hash: str | None = None
+        self, operation_id: str, *, approver: Approver | str, reason: str, args_hash: str
     ) -> Operation:
         """Approve an operation waiting for approval; see `ActionRuntime.approve`."""
         tracked = self._operations.get(operation_id)
@@ -187,7 +192,9 @@ class Decisions:
             self._operations.spawn(self._runner.execute(approved, tracked, take_slot=True))
         return approved
 
-    async def reject(self, operation_id: str, *, approver: str, reason: str) -> Operation:
+    async def reject(
+        self, operation_id: str, *, approver: Approver | str, reason: str
+    ) -> Operation:
         """Reject an operation waiting for approval (REJECTED; nothing runs)."""
         tracked = self._operations.get(operation_id)
         rejected = await reject_operation(

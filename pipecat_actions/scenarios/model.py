@@ -235,7 +235,12 @@ class ApproveStep(_Strict):
     """A person approves the labelled operation (bound to the arguments they saw)."""
 
     op: Label
-    approver: str = Field(default="manager:rosa", min_length=1)
+    approver: str = Field(
+        default="rosa", min_length=1, description="Who approves, signed in (a name)."
+    )
+    roles: list[str] = Field(
+        default_factory=lambda: ["manager"], description="The roles their sign-in gives them."
+    )
     reason: str = Field(default="approved in the scenario", min_length=1)
     seen_args: dict[str, Any] | None = Field(
         default=None,
@@ -250,7 +255,8 @@ class RejectStep(_Strict):
     """A person rejects the labelled operation."""
 
     op: Label
-    approver: str = Field(default="manager:rosa", min_length=1)
+    approver: str = Field(default="rosa", min_length=1)
+    roles: list[str] = Field(default_factory=lambda: ["manager"])
     reason: str = Field(default="rejected in the scenario", min_length=1)
 
 

@@ -26,6 +26,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 
 from pipecat_actions.actions import ActionDefinition
 from pipecat_actions.admission.authorization import AllowAll
+from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
 from pipecat_actions.ledger.records import hash_arguments
@@ -372,7 +373,10 @@ class _Scene:
             seen = hash_arguments(model.model_validate(step.seen_args).model_dump(mode="json"))
         try:
             await self.runtime.approve(
-                op.operation_id, approver=step.approver, reason=step.reason, args_hash=seen
+                op.operation_id,
+                approver=Approver(step.approver, frozenset(step.roles)),
+                reason=step.reason,
+                args_hash=seen,
             )
         except Exception as exc:  # a refused approval is part of the story
             self.note(f"approval of {op.operation_id} refused: {exc}")
@@ -381,7 +385,9 @@ class _Scene:
         assert self.runtime is not None
         op_id = await self.op_id(step.op)
         try:
-            await self.runtime.reject(op_id, approver=step.approver, reason=step.reason)
+            await self.runtime.reject(
+                op_id, approver=Approver(step.approver, frozenset(step.roles)), reason=step.reason
+            )
         except Exception as exc:
             self.note(f"rejection of {op_id} refused: {exc}")
 

@@ -117,7 +117,18 @@ def build_actions(sor: FakeSystemOfRecord) -> list[ActionDefinition]:
             raise EffectFailed(str(exc)) from exc
         return {"booking_id": cancelled.booking_id, "status": cancelled.status}
 
-    @action(reconcile=find_by_key)
+    async def snapshot_deposit(ctx: ActionContext) -> dict[str, Any]:
+        # What the approver sees before deciding: the deposit as the provider holds it now.
+        payment = sor.get_payment(f"dep_{ctx.args['booking_id']}")
+        if payment is None:
+            return {"deposit": None}
+        return {
+            "deposit": payment.payment_id,
+            "paid_cents": payment.amount_cents,
+            "refunded_cents": payment.refunded_cents,
+        }
+
+    @action(reconcile=find_by_key, snapshot=snapshot_deposit)
     async def refund_deposit(
         ctx: ActionContext, booking_id: str, amount: int, card: dict[str, str] | None = None
     ) -> dict[str, Any]:

@@ -46,7 +46,8 @@ def policy_for(dedupes: bool) -> PolicySet:
         "note": ["kind: mutation", deadline],
         "refund": [
             "kind: mutation",
-            f"confirmation: {{mode: approval, expires_after_secs: {APPROVAL_EXPIRES_SECS}}}",
+            "confirmation: {mode: approval, approvers: [operator], "
+            f"expires_after_secs: {APPROVAL_EXPIRES_SECS}}}",
             deadline,
             *keyed,
         ],

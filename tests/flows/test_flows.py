@@ -154,7 +154,7 @@ async def test_a_branch_on_a_field_of_the_handlers_own_result_works_when_it_comm
 
 
 async def test_awaiting_approval_waits_and_the_approval_moves_the_flow_on(tmp_path: Path) -> None:
-    approval = booking_policy("confirmation: {mode: approval}")
+    approval = booking_policy("confirmation: {mode: approval, approvers: [maria]}")
     branch = {
         "field": "status",
         "cases": {"committed": "confirm", "awaiting_approval": "wait"},
@@ -164,7 +164,12 @@ async def test_awaiting_approval_waits_and_the_approval_moves_the_flow_on(tmp_pa
 
         async def approve() -> None:
             waiting = await a.settled(S.AWAITING_APPROVAL)
-            await a.runtime.approve(waiting.operation_id, approver="maria", reason="regular")
+            await a.runtime.approve(
+                waiting.operation_id,
+                approver="maria",
+                reason="regular",
+                args_hash=waiting.args_hash,
+            )
             await a.at_the_restaurant()
             a.commit()
 

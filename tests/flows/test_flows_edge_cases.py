@@ -180,7 +180,7 @@ tools:
   refund:
     kind: mutation
     risk: high
-    confirmation: {mode: approval}
+    confirmation: {mode: approval, approvers: [maria]}
     deadline_secs: 600
 """
 
@@ -215,7 +215,9 @@ async def test_an_instrumented_call_is_forgotten_once_its_effect_ran(tmp_path: P
             [LLMRunFrame(), lambda: until(answered, what="the tool result")],
         )
         (waiting,) = await runtime.pending_approvals()
-        await runtime.approve(waiting.operation_id, approver="maria", reason="ok")
+        await runtime.approve(
+            waiting.operation_id, approver="maria", reason="ok", args_hash=waiting.args_hash
+        )
         done = await runtime.wait(waiting.operation_id)
         calls = _calls_of(llm)
     finally:

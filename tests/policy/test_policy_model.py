@@ -153,7 +153,7 @@ defaults:
   confirmation: {mode: verbal}
 tools:
   cancel_booking: {kind: mutation}
-  refund_deposit: {kind: mutation, confirmation: {mode: approval}}
+  refund_deposit: {kind: mutation, confirmation: {mode: approval, approvers: [ops]}}
 """
     )
 

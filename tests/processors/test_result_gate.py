@@ -945,7 +945,7 @@ async def test_a_background_action_waiting_for_approval_is_announced_too(
         tmp_path,
         "version: 1\ntools:\n  refund:\n    kind: mutation\n    mode: background\n"
         "    announce: I am passing that to a colleague, one moment.\n"
-        "    confirmation: {mode: approval}\n",
+        "    confirmation: {mode: approval, approvers: [ops]}\n",
         [refund],
         sor,
         clock,

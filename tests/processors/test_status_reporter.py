@@ -397,7 +397,9 @@ async def test_a_booking_waiting_for_approval_is_told_waiting_then_the_decision(
     tmp_path: Path, decision: str
 ) -> None:
     async with bot_on(
-        tmp_path, extra_policy="    confirmation: {mode: approval}\n", latency_secs=0.0
+        tmp_path,
+        extra_policy="    confirmation: {mode: approval, approvers: [ann]}\n",
+        latency_secs=0.0,
     ) as bot:
         bot.llm.push_step(ToolCalls([("book_table", BOOK)], ids=["call_1"]))
         bot.llm.push_step(Say("A manager will look at it."))
@@ -405,7 +407,9 @@ async def test_a_booking_waiting_for_approval_is_told_waiting_then_the_decision(
         async def decide() -> None:
             (op,) = await bot.runtime.ledger.list()
             if decision == "approve":
-                await bot.runtime.approve(op.operation_id, approver="ann", reason="ok")
+                await bot.runtime.approve(
+                    op.operation_id, approver="ann", reason="ok", args_hash=op.args_hash
+                )
             else:
                 await bot.runtime.reject(op.operation_id, approver="ann", reason="fully booked")
 

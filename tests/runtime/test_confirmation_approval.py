@@ -23,6 +23,7 @@ APPROVAL = """
     risk: high
     confirmation:
       mode: approval
+      approvers: [bob, carol, maria]
       expires_after_secs: 300
   search_tables:
     kind: read
@@ -107,7 +108,9 @@ async def test_a_rejected_call_never_runs(ledger_url: str, clock: ManualClock) -
         assert "fully booked event" in (rejected.error or "")
         assert (await rt.wait(operation_id)).status is S.REJECTED
         with pytest.raises(ApprovalRefused):
-            await rt.approve(operation_id, approver="carol", reason="overrule")
+            await rt.approve(
+                operation_id, approver="carol", reason="overrule", args_hash=rejected.args_hash
+            )
         assert restaurant.received == []
         assert restaurant.bookings_made == 0
 
@@ -125,7 +128,9 @@ async def test_an_approval_request_nobody_answers_expires_and_books_nothing(
 
         assert expired.status is S.EXPIRED
         with pytest.raises(ApprovalRefused):
-            await rt.approve(operation_id, approver="bob", reason="sorry, late")
+            await rt.approve(
+                operation_id, approver="bob", reason="sorry, late", args_hash=expired.args_hash
+            )
         assert (await rt.ledger.get(operation_id)).status is S.EXPIRED
         assert restaurant.received == []
         assert restaurant.bookings_made == 0
@@ -179,7 +184,10 @@ async def test_a_call_approved_in_another_runtime_gets_its_own_policys_deadline(
     async with running(slow, restaurant, ledger_url=ledger_url, clock=clock) as rt:
         operation_id = await _ask(rt, SessionState("call-1", principal="alice"))
     async with running(slow, restaurant, ledger_url=ledger_url, clock=clock) as operator:
-        approved = await operator.approve(operation_id, approver="maria", reason="known guest")
+        waiting = await operator.ledger.get(operation_id)
+        approved = await operator.approve(
+            operation_id, approver="maria", reason="known guest", args_hash=waiting.args_hash
+        )
 
     # Not the 30 s default of a tool without a policy: this runtime has book_table's.
     assert approved.deadline_at == clock.now() + 900

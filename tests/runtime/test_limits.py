@@ -268,6 +268,7 @@ async def test_a_call_waiting_for_approval_does_not_hold_a_concurrency_slot(
     risk: high
     confirmation:
       mode: approval
+      approvers: [ops]
     limits:
       max_concurrent: 1
 """

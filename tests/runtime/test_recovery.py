@@ -142,7 +142,7 @@ async def test_a_deadline_set_before_a_restart_still_fires_after_it(
         tools:
           book_table:
             kind: mutation
-            confirmation: {mode: approval, expires_after_secs: 120}
+            confirmation: {mode: approval, approvers: [ops], expires_after_secs: 120}
     """
     action = Bookings(sor).action()
     async with running(

@@ -15,7 +15,7 @@ from ._admission_support import OwnBookingsOnly, Restaurant, S, booking_args, po
 TOOLS = """
   book_table:
     kind: mutation
-    confirmation: {mode: approval, expires_after_secs: 900}
+    confirmation: {mode: approval, approvers: [ops], expires_after_secs: 900}
     deadline_secs: 600
 """
 """An approval: the booking is released by a person, so recovery may run it."""
@@ -78,6 +78,7 @@ class Stranded:
                 approver="ops",
                 reason="fine",
                 now=self.clock.now(),
+                args_hash=(await ledger.get(self.operation_id)).args_hash,
                 deadline_at=self.clock.now() + 600,
             )
         assert approved.status is S.ADMITTED

@@ -37,7 +37,7 @@ POLICY = """
         on_interruption: cancel_if_not_started
       book_approved:
         kind: mutation
-        confirmation: {{mode: approval, expires_after_secs: 60}}
+        confirmation: {{mode: approval, approvers: [manager], expires_after_secs: 60}}
 """
 
 

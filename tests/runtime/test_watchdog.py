@@ -36,7 +36,7 @@ WATCHED = """
         deadline_secs: 30
       book_with_approval:
         kind: mutation
-        confirmation: {mode: approval, expires_after_secs: 60}
+        confirmation: {mode: approval, approvers: [bob], expires_after_secs: 60}
 """
 
 
@@ -92,7 +92,7 @@ async def test_an_approval_not_given_in_time_expires(ledger_url: str, clock: Man
         clock.advance(60)
         op = await reaches(runtime, op_id, Status.EXPIRED)
         with pytest.raises(ApprovalRefused):
-            await runtime.approve(op_id, approver="bob", reason="too late")
+            await runtime.approve(op_id, approver="bob", reason="too late", args_hash=op.args_hash)
         trail = await runtime.ledger.events(op_id)
 
     assert op.status is Status.EXPIRED

@@ -1,0 +1,205 @@
+"""Who may decide on a request is policy, and the requester never decides on their own.
+
+The rule is recorded when the request is made, so the same check holds in the runtime that
+asked, in another runtime, and in a process that only has the ledger (the CLI, the console).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipecat_actions.approvals import (
+    ApprovalRefused,
+    ApprovalRule,
+    Approver,
+    approval_rule,
+    approve_operation,
+    reject_operation,
+)
+from pipecat_actions.clock import ManualClock
+from pipecat_actions.ledger import SqlLedger
+from pipecat_actions.ledger.records import EventKind
+from pipecat_actions.policy import PolicyError, load_policy_text
+from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.session import SessionState
+from pipecat_actions.status import ActionStatus
+
+from ._admission_support import Restaurant, booking_args, running
+
+S = ActionStatus
+
+POLICY = """
+  book_table:
+    kind: mutation
+    risk: high
+    confirmation:
+      mode: approval
+      approvers: [Rosa, alice]
+      approver_roles: [manager]
+      expires_after_secs: 300
+"""
+
+ALICE = SessionState("call-1", principal="alice")
+
+
+async def _ask(rt: ActionRuntime, session: SessionState = ALICE) -> str:
+    asked = await rt.propose("book_table", booking_args(party_size=4), session)
+    assert asked["status"] == "awaiting_approval", asked
+    return str(asked["operation_id"])
+
+
+async def _args_hash(rt: ActionRuntime, operation_id: str) -> str:
+    return (await rt.ledger.get(operation_id)).args_hash
+
+
+async def test_the_request_records_who_may_decide_and_the_risk(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    async with running(POLICY, Restaurant(clock), ledger_url=ledger_url, clock=clock) as rt:
+        op_id = await _ask(rt)
+        rule = await approval_rule(rt.ledger, op_id)
+    assert rule == ApprovalRule(approvers=("Rosa", "alice"), roles=("manager",), risk="high")
+
+
+@pytest.mark.parametrize(
+    "who",
+    [Approver("rosa"), Approver("ROSA"), Approver("sam", frozenset({"manager", "x"}))],
+    ids=["named", "named-any-case", "by-role"],
+)
+async def test_a_named_approver_or_a_member_of_a_role_approves_and_is_recorded(
+    ledger_url: str, clock: ManualClock, who: Approver
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(POLICY, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        op_id = await _ask(rt)
+        approved = await rt.approve(
+            op_id, approver=who, reason="  regular guest ", args_hash=await _args_hash(rt, op_id)
+        )
+        done = await rt.wait(op_id)
+        trail = await rt.ledger.events(op_id)
+    assert approved.status is S.ADMITTED
+    assert done.status is S.COMMITTED
+    decision = next(e for e in trail if e.to_status is S.ADMITTED)
+    assert decision.actor == f"approver:{who.name}"
+    assert decision.detail["reason"] == "regular guest"
+    assert decision.detail["approver"] == who.name
+    assert decision.detail.get("as_role") == (["manager"] if who.roles else None)
+
+
+@pytest.mark.parametrize(
+    ("who", "reason", "refusal"),
+    [
+        (Approver("alice"), "fine", "a requester never decides on their own request"),
+        (Approver("ALICE", frozenset({"manager"})), "fine", "their own request"),
+        (Approver("mallory"), "fine", "mallory may not approve book_table"),
+        (Approver("sam", frozenset({"cook"})), "fine", "Rosa, alice or role manager"),
+        (Approver(""), "fine", "needs the approver's name"),
+        (Approver("   "), "fine", "needs the approver's name"),
+        (Approver("rosa\x1b[2J"), "fine", "not an approver name"),
+        (Approver("rosa"), "", "needs a reason"),
+        (Approver("rosa"), "  \n", "needs a reason"),
+    ],
+    ids=[
+        "requester",
+        "requester-any-case-with-a-role",
+        "not-named",
+        "wrong-role",
+        "blank",
+        "spaces",
+        "control-characters",
+        "no-reason",
+        "blank-reason",
+    ],
+)
+async def test_a_decision_by_someone_the_rule_does_not_allow_is_refused_and_changes_nothing(
+    ledger_url: str, clock: ManualClock, who: Approver, reason: str, refusal: str
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(POLICY, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        op_id = await _ask(rt)
+        args_hash = await _args_hash(rt, op_id)
+        with pytest.raises(ApprovalRefused, match=refusal):
+            await rt.approve(op_id, approver=who, reason=reason, args_hash=args_hash)
+        with pytest.raises(ApprovalRefused, match=refusal.replace("may not approve", "may not reject")):
+            await rt.reject(op_id, approver=who, reason=reason)
+        after = await rt.ledger.get(op_id)
+        trail = await rt.ledger.events(op_id)
+    assert after.status is S.AWAITING_APPROVAL
+    assert [e.kind for e in trail] == [EventKind.CREATED] * len(trail)
+    assert restaurant.bookings_made == 0
+
+
+async def test_an_approval_must_name_the_arguments_it_approves(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    async with running(POLICY, Restaurant(clock), ledger_url=ledger_url, clock=clock) as rt:
+        op_id = await _ask(rt)
+        with pytest.raises(ApprovalRefused, match="names the arguments it approves"):
+            await rt.approve(op_id, approver="rosa", reason="ok", args_hash="")
+        assert (await rt.ledger.get(op_id)).status is S.AWAITING_APPROVAL
+
+
+async def test_the_rules_hold_in_a_process_that_has_only_the_ledger(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(POLICY, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        op_id = await _ask(rt)
+        async with await SqlLedger.create(ledger_url, clock=clock) as ledger:
+            op = await ledger.get(op_id)
+            with pytest.raises(ApprovalRefused, match="their own request"):
+                await approve_operation(
+                    ledger,
+                    op_id,
+                    approver="alice",
+                    reason="mine",
+                    now=clock.now(),
+                    args_hash=op.args_hash,
+                )
+            with pytest.raises(ApprovalRefused, match="may not reject"):
+                await reject_operation(ledger, op_id, approver="bob", reason="no")
+            rejected = await reject_operation(
+                ledger, op_id, approver=Approver("sam", frozenset({"manager"})), reason="full"
+            )
+    assert rejected.status is S.REJECTED
+    assert rejected.error == "rejected by sam: full"
+    assert restaurant.bookings_made == 0
+
+
+async def test_an_expired_request_cannot_be_approved_even_by_an_approver(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    async with running(POLICY, Restaurant(clock), ledger_url=ledger_url, clock=clock) as rt:
+        op_id = await _ask(rt)
+        args_hash = await _args_hash(rt, op_id)
+        clock.advance(301)
+        with pytest.raises(ApprovalRefused, match="expired|EXPIRED"):
+            await rt.approve(op_id, approver="rosa", reason="late", args_hash=args_hash)
+        assert (await rt.ledger.get(op_id)).status is S.EXPIRED
+
+
+def test_a_policy_asking_for_approval_must_say_who_approves() -> None:
+    with pytest.raises(PolicyError, match=r"confirmation\.approvers.*approval needs someone"):
+        load_policy_text(
+            "version: 1\ntools:\n  refund:\n    kind: mutation\n"
+            "    confirmation: {mode: approval}\n"
+        )
+
+
+def test_approvers_without_approval_are_a_mistake() -> None:
+    with pytest.raises(PolicyError, match="need confirmation.mode: approval"):
+        load_policy_text(
+            "version: 1\ntools:\n  refund:\n    kind: mutation\n"
+            "    confirmation: {mode: verbal, approver_roles: [manager]}\n"
+        )
+
+
+@pytest.mark.parametrize("name", ["", " rosa", "ro sa", "[/x]", "rosa\u202e", "x" * 129])
+def test_an_approver_name_that_could_hide_another_is_refused_in_a_policy(name: str) -> None:
+    with pytest.raises(PolicyError, match="not an approver name"):
+        load_policy_text(
+            "version: 1\ntools:\n  refund:\n    kind: mutation\n"
+            f"    confirmation: {{mode: approval, approvers: [{json.dumps(name)}]}}\n"
+        )
