@@ -39,5 +39,6 @@ def filter_conditions(f: OperationFilter) -> list[ColumnElement[bool]]:
         # A row-value comparison: both backends read it as a range of the
         # (…, created_at, operation_id) indexes, where an OR of two comparisons is not.
         created_at, operation_id = f.after
-        conditions.append(tuple_(c.created_at, c.operation_id) > tuple_(created_at, operation_id))
+        row, cursor = tuple_(c.created_at, c.operation_id), tuple_(created_at, operation_id)
+        conditions.append(row < cursor if f.newest_first else row > cursor)
     return conditions

@@ -238,3 +238,5 @@ class OperationFilter:
     ordered by ``operation_id``, so no row is read twice or skipped.
     """
     limit: int = 1000
+    newest_first: bool = False
+    """Order newest first (``after`` then reads the page of older ones); else oldest first."""

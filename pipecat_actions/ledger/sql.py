@@ -818,12 +818,13 @@ class SqlLedger(Ledger):
         f = filters or OperationFilter()
         where = filter_conditions(f)
         query = select(operations).where(*where)
-        query = query.order_by(operations.c.created_at, operations.c.operation_id).limit(f.limit)
+        by = (operations.c.created_at, operations.c.operation_id)
+        query = query.order_by(*(c.desc() for c in by) if f.newest_first else by).limit(f.limit)
 
         def work(conn: Connection) -> builtins.list[Operation]:
             page = query
             walked = f.tool or f.session_id or f.principal  # an index in page order
-            if f.status and walked and _status_first(conn, f):
+            if f.status and walked and not f.newest_first and _status_first(conn, f):
                 page = _status_first_page(query, f, where, sqlite=self._sqlite)
             return [to_operation(r) for r in conn.execute(page)]
 

@@ -57,6 +57,21 @@ async def test_list_returns_oldest_first(ledger: SqlLedger, clock: ManualClock) 
     assert await ledger.list(None) == listed
 
 
+async def test_list_newest_first_pages_towards_older_operations(
+    ledger: SqlLedger, clock: ManualClock
+) -> None:
+    await _three_sessions(ledger, clock)
+
+    first = await ledger.list(OperationFilter(newest_first=True, limit=2))
+    cursor = (first[-1].created_at, first[-1].operation_id)
+    rest = await ledger.list(OperationFilter(newest_first=True, limit=2, after=cursor))
+    of_a_tool = await ledger.list(OperationFilter(tool="pay", newest_first=True))
+
+    assert [op.operation_id for op in first] == ["op_a", "op_b"]
+    assert [op.operation_id for op in rest] == ["op_c"]
+    assert [op.operation_id for op in of_a_tool] == ["op_a", "op_b"]
+
+
 @pytest.mark.parametrize(
     ("filters", "expected"),
     [
