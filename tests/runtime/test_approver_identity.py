@@ -122,7 +122,9 @@ async def test_a_decision_by_someone_the_rule_does_not_allow_is_refused_and_chan
         args_hash = await _args_hash(rt, op_id)
         with pytest.raises(ApprovalRefused, match=refusal):
             await rt.approve(op_id, approver=who, reason=reason, args_hash=args_hash)
-        with pytest.raises(ApprovalRefused, match=refusal.replace("may not approve", "may not reject")):
+        with pytest.raises(
+            ApprovalRefused, match=refusal.replace("may not approve", "may not reject")
+        ):
             await rt.reject(op_id, approver=who, reason=reason)
         after = await rt.ledger.get(op_id)
         trail = await rt.ledger.events(op_id)
@@ -175,7 +177,7 @@ async def test_an_expired_request_cannot_be_approved_even_by_an_approver(
         op_id = await _ask(rt)
         args_hash = await _args_hash(rt, op_id)
         clock.advance(301)
-        with pytest.raises(ApprovalRefused, match="expired|EXPIRED"):
+        with pytest.raises(ApprovalRefused, match=r"expired|EXPIRED"):
             await rt.approve(op_id, approver="rosa", reason="late", args_hash=args_hash)
         assert (await rt.ledger.get(op_id)).status is S.EXPIRED
 
@@ -189,7 +191,7 @@ def test_a_policy_asking_for_approval_must_say_who_approves() -> None:
 
 
 def test_approvers_without_approval_are_a_mistake() -> None:
-    with pytest.raises(PolicyError, match="need confirmation.mode: approval"):
+    with pytest.raises(PolicyError, match=r"need confirmation\.mode: approval"):
         load_policy_text(
             "version: 1\ntools:\n  refund:\n    kind: mutation\n"
             "    confirmation: {mode: verbal, approver_roles: [manager]}\n"
