@@ -30,10 +30,27 @@ imports: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The console's browser tests drive Debian's chromium (Playwright never downloads a browser
+# here). Installed when it is missing and this machine can (root with apt-get, as in CI);
+# otherwise one line says what is missing, and those tests fail saying it again
+# (PIPECAT_ACTIONS_SKIP_BROWSER=1 skips them).
+.PHONY: browser
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ -n "$$PIPECAT_ACTIONS_SKIP_BROWSER" ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the console's browser tests"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q chromium >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || \
+	      echo "could not install chromium: the console's browser tests will fail"; \
+	  else \
+	    echo "missing: Debian's chromium for the console's browser tests (sudo apt-get install chromium)"; \
+	  fi; }
+
 # Two workers (pytest-xdist) on the two cores; each has a PostgreSQL database of its own.
 # PYTEST_WORKERS=0 runs the suite in one process.
 PYTEST_WORKERS ?= 2
-pytest: $(STAMP)
+pytest: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test: lint typecheck pytest

@@ -1,0 +1,511 @@
+"""The console's web application: pages on the ledger, and the decisions made from them.
+
+Every page needs a signed-in operator (`Identity`); every decision goes through
+`pipecat_actions.approvals`, so the console enforces exactly the rules the CLI and the runtime
+enforce. Pages are rendered on the server (Jinja2, autoescaped, every value from the ledger
+shown through `printable`); a small script keeps them live: it listens to ``/events``
+(server-sent events), sent when what the pages show changed in the ledger (the agent asked for
+an approval, an operation settled), and swaps in the new fragments, keeping what an operator
+is typing.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConsoleSettings", "create_app"]
+
+import asyncio
+import contextlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from loguru import logger
+from starlette.middleware.sessions import SessionMiddleware
+
+from pipecat_actions._printable import printable
+from pipecat_actions.approvals import (
+    ApprovalRefused,
+    ApprovalRule,
+    Approver,
+    approval_rule,
+    approve_operation,
+    reject_operation,
+)
+from pipecat_actions.console.users import Credentials, UsersFileError
+from pipecat_actions.errors import PipecatActionsError
+from pipecat_actions.ledger import Ledger, Operation, OperationFilter
+from pipecat_actions.policy.fields import check_approver_name
+from pipecat_actions.status import ActionStatus
+
+S = ActionStatus
+_HERE = Path(__file__).parent
+_PAGE = 100
+"""The most rows a list on a page shows."""
+
+
+@dataclass(frozen=True)
+class ConsoleSettings:
+    """How the console signs operators in and what it shows.
+
+    Exactly one sign-in: ``users`` (a credentials file, see `pipecat_actions.console.users`),
+    or ``user_header`` (a reverse proxy in front of the console authenticates operators and
+    names them in this header, their roles comma-separated in ``roles_header``; the console
+    must then be reachable only through the proxy).
+
+    Attributes:
+        users: The credentials file.
+        user_header: The trusted header naming the signed-in operator.
+        roles_header: The trusted header listing their roles.
+        app: The application's `OperatorApp` (``module:attr``), for the reconcile action.
+        poll_secs: How often the ledger is read for changes to push to open pages.
+        session_secs: How long a sign-in lasts.
+        secret: Signs the session cookies; random per start (restarting signs everyone out).
+        secure_cookies: Send the session cookie over HTTPS only (behind a TLS proxy).
+        now: The time, for approval windows and countdowns.
+    """
+
+    users: Credentials | None = None
+    user_header: str | None = None
+    roles_header: str | None = None
+    app: str | None = None
+    poll_secs: float = 1.0
+    session_secs: float = 8 * 3600.0
+    secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    secure_cookies: bool = False
+    now: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        if (self.users is None) == (self.user_header is None):
+            raise UsersFileError(
+                "the console signs operators in one way: give a credentials file (--users) "
+                "or a trusted proxy header (--user-header), not both or neither"
+            )
+        if self.poll_secs <= 0:
+            raise UsersFileError("poll_secs must be positive")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The operator making a request."""
+
+    approver: Approver
+    csrf: str
+
+
+class _SignInNeeded(Exception):
+    pass
+
+
+class _Changes:
+    """What the pages show, read every ``poll_secs``; a new version when it changed."""
+
+    def __init__(self, read: Callable[[], Awaitable[Any]], poll_secs: float) -> None:
+        self._read = read
+        self._poll_secs = poll_secs
+        self.version = 0
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.stopped = False
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def stop(self) -> None:
+        self.stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _watch(self) -> None:
+        seen: Any = None
+        failing = False
+        while True:
+            try:
+                now = await self._read()
+                failing = False
+            except PipecatActionsError as exc:
+                if not failing:
+                    logger.warning("console: reading the ledger failed: {}", exc)
+                failing = True
+                now = seen
+            if now != seen:
+                seen = now
+                async with self._changed:
+                    self.version += 1
+                    self._changed.notify_all()
+            await asyncio.sleep(self._poll_secs)
+
+    async def after(self, version: int, within_secs: float) -> int:
+        """Wait until the version is past ``version`` (or ``within_secs``); return it."""
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self.version > version or self.stopped),
+                    within_secs,
+                )
+            return self.version
+
+
+def _when(at: float | None) -> str:
+    if at is None:
+        return ""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def printable_json(value: Any) -> str:
+    """Indented JSON of ``value``, readable (non-ASCII kept) but with nothing a browser obeys.
+
+    ``ensure_ascii=False`` keeps ``José`` readable; JSON itself escapes C0 controls, and
+    `printable` escapes what is left (C1 controls, bidi overrides, zero-width characters).
+    """
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -> FastAPI:
+    """Return the console's application on ``ledger`` (opened and closed by the caller).
+
+    Args:
+        settings: Sign-in and behaviour.
+        ledger: The ledger the agent writes.
+        ledger_name: How the pages name it (its URL, password hidden).
+    """
+    templates = Jinja2Templates(directory=str(_HERE / "templates"))
+    env = templates.env
+    env.filters["visible"] = lambda value: printable("" if value is None else str(value))
+    env.filters["pretty"] = printable_json
+    env.filters["when"] = _when
+    env.globals["ledger_name"] = printable(ledger_name)
+
+    async def fingerprint() -> Any:
+        lists = await _lists(ledger)
+        return {name: [(op.operation_id, op.status, op.event_seq) for op in ops]
+                for name, ops in lists.items()}  # fmt: skip
+
+    changes = _Changes(fingerprint, settings.poll_secs)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        changes.start()
+        try:
+            yield
+        finally:
+            await changes.stop()
+
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(
+        SessionMiddleware,
+        secret_key=settings.secret,
+        session_cookie="pipecat_actions_console",
+        max_age=int(settings.session_secs),
+        same_site="strict",
+        https_only=settings.secure_cookies,
+    )
+    app.mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static")
+    app.state.stopping = lambda: False  # the server that runs it says when it stops
+
+    def identity(request: Request) -> Identity:
+        session = request.session
+        stored = session.get("csrf")
+        csrf = stored if isinstance(stored, str) else secrets.token_urlsafe(24)
+        session["csrf"] = csrf
+        if settings.user_header is not None:
+            name = request.headers.get(settings.user_header, "").strip()
+            try:
+                check_approver_name(name)
+            except ValueError:
+                raise _SignInNeeded() from None
+            roles_text = request.headers.get(settings.roles_header or "", "")
+            roles = set()
+            for role in roles_text.split(","):
+                with contextlib.suppress(ValueError):
+                    roles.add(check_approver_name(role.strip()))
+            return Identity(Approver(name, frozenset(roles)), csrf)
+        assert settings.users is not None
+        signed_in = session.get("user")
+        operator = settings.users.find(signed_in) if isinstance(signed_in, str) else None
+        if operator is None:
+            session.pop("user", None)
+            raise _SignInNeeded()
+        return Identity(operator.approver(), csrf)
+
+    def check_csrf(request: Request, who: Identity, token: str) -> None:
+        if not hmac.compare_digest(token.encode(), who.csrf.encode()):
+            raise ApprovalRefused("the form is stale or came from elsewhere; reload the page")
+        origin = request.headers.get("origin")
+        if origin and origin.rstrip("/") != str(request.base_url).rstrip("/"):
+            raise ApprovalRefused("the form came from another site")
+
+    @app.exception_handler(_SignInNeeded)
+    async def sign_in(request: Request, _: _SignInNeeded) -> Response:
+        if settings.user_header is not None:
+            return HTMLResponse(
+                f"Sign-in is by the proxy in front of this console: no operator named in "
+                f"{printable(settings.user_header)}.",
+                status_code=401,
+            )
+        if request.url.path.startswith(("/fragments", "/events")):
+            return Response(status_code=401)
+        return RedirectResponse("/login", status_code=303)
+
+    @app.exception_handler(UsersFileError)
+    async def users_file_broken(_: Request, exc: UsersFileError) -> Response:
+        logger.error("console: {}", exc)
+        return HTMLResponse(
+            "The console cannot read its credentials file; see its log.", status_code=503
+        )
+
+    def flash(request: Request, kind: str, text: str) -> None:
+        request.session["flash"] = {"kind": kind, "text": text}
+
+    def page(
+        request: Request, name: str, who: Identity | None, *, whole: bool = True, **values: Any
+    ) -> HTMLResponse:
+        shown = request.session.pop("flash", None) if whole else None
+        return templates.TemplateResponse(
+            request,
+            name,
+            {
+                "who": who,
+                "flash": shown,
+                "now": settings.now(),
+                "header_sign_in": settings.user_header is not None,
+                "can_reconcile": settings.app is not None,
+                **values,
+            },
+        )
+
+    # --- sign-in ---------------------------------------------------------------------------
+
+    @app.get("/login", response_class=HTMLResponse)
+    async def login_form(request: Request) -> Response:
+        if settings.user_header is not None:
+            return RedirectResponse("/", status_code=303)
+        request.session.setdefault("csrf", secrets.token_urlsafe(24))
+        return page(request, "login.html", None, csrf=request.session["csrf"])
+
+    @app.post("/login")
+    async def login(
+        request: Request,
+        name: str = Form(""),
+        password: str = Form(""),
+        csrf: str = Form(""),
+    ) -> Response:
+        assert settings.users is not None
+        expected = request.session.get("csrf", "")
+        if not isinstance(expected, str) or not hmac.compare_digest(
+            csrf.encode(), expected.encode()
+        ):
+            flash(request, "error", "The sign-in form was stale; try again.")
+            return RedirectResponse("/login", status_code=303)
+        operator = await asyncio.to_thread(settings.users.authenticate, name.strip(), password)
+        if operator is None:
+            logger.warning("console: failed sign-in as {!r}", printable(name[:64]))
+            flash(request, "error", "Unknown name or wrong password.")
+            return RedirectResponse("/login", status_code=303)
+        request.session.clear()
+        request.session["user"] = operator.name
+        request.session["csrf"] = secrets.token_urlsafe(24)
+        logger.info("console: {} signed in", operator.name)
+        return RedirectResponse("/", status_code=303)
+
+    @app.post("/logout")
+    async def logout(request: Request, csrf: str = Form("")) -> Response:
+        who = identity(request)
+        try:
+            check_csrf(request, who, csrf)
+        except ApprovalRefused:
+            return RedirectResponse("/", status_code=303)
+        request.session.clear()
+        return RedirectResponse("/login", status_code=303)
+
+    # --- pages -----------------------------------------------------------------------------
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index(request: Request) -> Response:
+        who = identity(request)
+        return page(request, "index.html", who, **await _sections(ledger, settings.now()))
+
+    @app.get("/fragments/{name}", response_class=HTMLResponse)
+    async def fragment(request: Request, name: str) -> Response:
+        who = identity(request)
+        if name not in _FRAGMENTS:
+            return Response(status_code=404)
+        sections = await _sections(ledger, settings.now())
+        return page(request, f"_{name}.html", who, whole=False, **sections)
+
+    @app.get("/operations/{operation_id}", response_class=HTMLResponse)
+    async def operation(request: Request, operation_id: str) -> Response:
+        who = identity(request)
+        try:
+            op = await ledger.get(operation_id)
+        except PipecatActionsError:
+            return page(request, "missing.html", who, operation_id=operation_id)
+        events = await ledger.events(operation_id)
+        rule = await approval_rule(ledger, operation_id)
+        return page(
+            request, "operation.html", who, op=op, events=events, rule=rule, view=_view(op, rule)
+        )
+
+    @app.get("/events")
+    async def events(request: Request) -> Response:
+        identity(request)
+
+        async def stream() -> AsyncIterator[str]:
+            version = changes.version
+            quiet = 0
+            yield "retry: 2000\n\n"
+            # Checked every second: the page left, or the server is stopping (a stream that
+            # waited for its next change would hold the shutdown up).
+            while not changes.stopped and not app.state.stopping():
+                if await request.is_disconnected():
+                    return
+                now = await changes.after(version, within_secs=1.0)
+                if now != version:
+                    version, quiet = now, 0
+                    yield f"event: changed\ndata: {version}\n\n"
+                elif (quiet := quiet + 1) >= 15:
+                    quiet = 0
+                    yield ": still here\n\n"
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    # --- decisions -------------------------------------------------------------------------
+
+    async def decide(
+        request: Request, operation_id: str, decision: str, reason: str, args_hash: str, csrf: str
+    ) -> Response:
+        who = identity(request)
+        try:
+            check_csrf(request, who, csrf)
+            if decision == "approve":
+                op = await approve_operation(
+                    ledger,
+                    operation_id,
+                    approver=who.approver,
+                    reason=reason,
+                    now=settings.now(),
+                    args_hash=args_hash,
+                )
+            else:
+                op = await reject_operation(
+                    ledger, operation_id, approver=who.approver, reason=reason
+                )
+        except ApprovalRefused as exc:
+            logger.warning(
+                "console: {} could not {} {}: {}", who.approver.name, decision, operation_id, exc
+            )
+            flash(request, "error", f"Not {decision}d: {exc}")
+        except PipecatActionsError as exc:
+            flash(request, "error", f"Not {decision}d: {exc}")
+        else:
+            verb = "approved" if decision == "approve" else "rejected"
+            logger.info("console: {} {} {}", who.approver.name, verb, operation_id)
+            flash(request, "ok", f"{printable(op.tool)} {op.operation_id} {verb}.")
+        return RedirectResponse("/", status_code=303)
+
+    @app.post("/approvals/{operation_id}/approve")
+    async def approve(
+        request: Request,
+        operation_id: str,
+        reason: str = Form(""),
+        args_hash: str = Form(""),
+        csrf: str = Form(""),
+    ) -> Response:
+        return await decide(request, operation_id, "approve", reason, args_hash, csrf)
+
+    @app.post("/approvals/{operation_id}/reject")
+    async def reject(
+        request: Request,
+        operation_id: str,
+        reason: str = Form(""),
+        csrf: str = Form(""),
+    ) -> Response:
+        return await decide(request, operation_id, "reject", reason, "", csrf)
+
+    @app.post("/operations/{operation_id}/reconcile")
+    async def reconcile(request: Request, operation_id: str, csrf: str = Form("")) -> Response:
+        from pipecat_actions import operator
+
+        who = identity(request)
+        try:
+            check_csrf(request, who, csrf)
+            if settings.app is None:
+                raise ApprovalRefused("no operator app is configured (--app MODULE:ATTR)")
+            loaded = await operator.load_app(settings.app)
+            (row,) = await operator.reconcile(
+                ledger, loaded, operation_ids=[operation_id], actor=f"console:{who.approver.name}"
+            )
+        except PipecatActionsError as exc:
+            flash(request, "error", f"Not reconciled: {exc}")
+        else:
+            flash(request, "ok", f"{operation_id}: {row['before']} → {row['after']}.")
+        return RedirectResponse(f"/operations/{operation_id}", status_code=303)
+
+    return app
+
+
+_FRAGMENTS = ("approvals", "undelivered", "unknown", "recent")
+
+
+async def _lists(ledger: Ledger) -> dict[str, list[Operation]]:
+    waiting, undelivered, unknown, recent = await asyncio.gather(
+        ledger.list(OperationFilter(status=[S.AWAITING_APPROVAL], limit=_PAGE)),
+        ledger.list(OperationFilter(status=[S.COMMITTED], undelivered=True, limit=_PAGE)),
+        ledger.list(OperationFilter(status=[S.UNKNOWN], limit=_PAGE)),
+        ledger.list(OperationFilter(limit=30, newest_first=True)),
+    )
+    return {"approvals": waiting, "undelivered": undelivered, "unknown": unknown,
+            "recent": recent}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _View:
+    """An operation as a page shows it."""
+
+    op: Operation
+    rule: ApprovalRule | None
+    args: str
+    before_state: str | None
+    result: str | None
+
+
+def _view(op: Operation, rule: ApprovalRule | None) -> _View:
+    return _View(
+        op=op,
+        rule=rule,
+        args=printable_json(op.args),
+        before_state=None if op.before_state_json is None else printable_json(op.before_state),
+        result=None if op.result_json is None else printable_json(op.result),
+    )
+
+
+async def _sections(ledger: Ledger, now: float) -> Mapping[str, Any]:
+    lists = await _lists(ledger)
+    rules = await asyncio.gather(
+        *(approval_rule(ledger, op.operation_id) for op in lists["approvals"])
+    )
+    return {
+        "approvals": [_view(op, rule) for op, rule in zip(lists["approvals"], rules, strict=True)],
+        "undelivered": lists["undelivered"],
+        "unknown": lists["unknown"],
+        "recent": lists["recent"],
+        "now": now,
+    }

@@ -1,0 +1,195 @@
+"""``pipecat-actions console``, ``pipecat-actions users`` and the CLI approver's sign-in.
+
+The CLI decides on approvals under the rules the console enforces: the approver is
+authenticated against the same credentials file (``--users FILE`` or
+``$PIPECAT_ACTIONS_USERS``), with the password typed at the terminal's prompt or given on
+standard input (``--password-stdin``, for a script), never on the command line.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ENV_USERS",
+    "add_approver_arguments",
+    "add_console_parser",
+    "add_users_parser",
+    "authenticated_approver",
+    "run_console",
+    "run_users",
+]
+
+import argparse
+import getpass
+import os
+import sys
+from typing import Any, TextIO
+
+from pipecat_actions._printable import printable
+from pipecat_actions.approvals import Approver
+from pipecat_actions.console.users import Credentials, UsersFileError
+
+ENV_USERS = "PIPECAT_ACTIONS_USERS"
+"""The environment variable naming the credentials file."""
+
+
+def _users_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--users",
+        default=os.environ.get(ENV_USERS),
+        metavar="FILE",
+        help=f"the operators' credentials file (default: ${ENV_USERS})",
+    )
+
+
+def add_approver_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the sign-in of ``approvals approve|reject``: ``--users`` and ``--password-stdin``."""
+    _users_argument(parser)
+    parser.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the approver's password from the first line of standard input",
+    )
+
+
+def _password(args: argparse.Namespace, prompt: str, *, twice: bool = False) -> str:
+    if args.password_stdin:
+        line = sys.stdin.readline()
+        return line.rstrip("\r\n")
+    if not sys.stdin.isatty():
+        raise UsersFileError(
+            "no terminal to ask the password at: give it on standard input with --password-stdin"
+        )
+    first = getpass.getpass(prompt)
+    if twice and getpass.getpass("again: ") != first:
+        raise UsersFileError("the two passwords differ; nothing was changed")
+    return first
+
+
+def authenticated_approver(args: argparse.Namespace) -> Approver:
+    """Sign ``args.approver`` in against the credentials file; return them as an `Approver`.
+
+    Raises:
+        UsersFileError: No credentials file, or the name or password is wrong.
+    """
+    if not args.users:
+        raise UsersFileError(
+            "deciding on an approval needs the operators' credentials file to check who you "
+            f"are: pass --users FILE or set ${ENV_USERS} (create it with "
+            "`pipecat-actions users add NAME --users FILE`)"
+        )
+    credentials = Credentials(args.users)
+    credentials.operators()  # a missing or malformed file says so before the prompt
+    password = _password(args, f"password for {printable(args.approver)}: ")
+    operator = credentials.authenticate(args.approver.strip(), password)
+    if operator is None:
+        raise UsersFileError(f"unknown approver or wrong password (credentials {args.users})")
+    return operator.approver()
+
+
+def add_users_parser(commands: Any) -> None:
+    """Add ``pipecat-actions users add|remove|list``."""
+    users = commands.add_parser("users", help="the operators' credentials file (console, CLI)")
+    sub = users.add_subparsers(dest="users_command", required=True)
+    add = sub.add_parser("add", help="add an operator, or change their password and roles")
+    add.add_argument("name")
+    add.add_argument(
+        "--role", action="append", default=[], help="a role they hold (repeat for several)"
+    )
+    add.add_argument(
+        "--password-stdin", action="store_true", help="read the password from standard input"
+    )
+    remove = sub.add_parser("remove", help="remove an operator")
+    remove.add_argument("name")
+    listing = sub.add_parser("list", help="list the operators and their roles")
+    for parser in (add, remove, listing):
+        _users_argument(parser)
+
+
+def run_users(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``pipecat-actions users``."""
+    if not args.users:
+        raise UsersFileError(f"name the credentials file: --users FILE or ${ENV_USERS}")
+    credentials = Credentials(args.users)
+    if args.users_command == "add":
+        password = _password(args, f"new password for {printable(args.name)}: ", twice=True)
+        operator = credentials.add(args.name, password, frozenset(args.role))
+        roles = ", ".join(sorted(operator.roles)) or "no role"
+        print(f"{args.users}: {printable(operator.name)} ({printable(roles)})", file=out)
+        return 0
+    if args.users_command == "remove":
+        if not credentials.remove(args.name):
+            raise UsersFileError(f"{printable(args.name)} is not in {args.users}")
+        print(f"{args.users}: {printable(args.name)} removed", file=out)
+        return 0
+    operators = credentials.operators()
+    print(f"credentials: {printable(str(args.users))}", file=out)
+    if not operators:
+        print("no operator", file=out)
+    for operator in operators.values():
+        roles = ", ".join(sorted(operator.roles))
+        print(f"{printable(operator.name):<32} {printable(roles)}", file=out)
+    return 0
+
+
+def add_console_parser(commands: Any) -> None:
+    """Add ``pipecat-actions console``."""
+    console = commands.add_parser(
+        "console", help="the approvals console in the browser, on the ledger"
+    )
+    console.add_argument("--ledger", default=None, metavar="URL", help="the ledger database")
+    _users_argument(console)
+    console.add_argument(
+        "--user-header",
+        default=None,
+        metavar="HEADER",
+        help="sign-in by a reverse proxy: the trusted header naming the operator "
+        "(e.g. X-Forwarded-User); instead of --users",
+    )
+    console.add_argument(
+        "--roles-header",
+        default=None,
+        metavar="HEADER",
+        help="with --user-header: the header listing their roles, comma-separated "
+        "(e.g. X-Forwarded-Groups)",
+    )
+    console.add_argument(
+        "--app",
+        default=os.environ.get("PIPECAT_ACTIONS_APP"),
+        metavar="MODULE:ATTR",
+        help="the application's OperatorApp, for the reconcile action "
+        "(default: $PIPECAT_ACTIONS_APP)",
+    )
+    console.add_argument("--host", default="127.0.0.1", help="where to listen (127.0.0.1)")
+    console.add_argument("--port", type=int, default=8321, help="the port (8321)")
+    console.add_argument(
+        "--secure-cookies",
+        action="store_true",
+        help="send the session cookie over HTTPS only (behind a TLS proxy)",
+    )
+
+
+async def run_console(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``pipecat-actions console`` until interrupted."""
+    from pipecat_actions.console import ConsoleSettings, serve
+
+    if args.user_header and args.users and args.users == os.environ.get(ENV_USERS):
+        args.users = None  # the environment's default gives way to an explicit proxy sign-in
+    settings = ConsoleSettings(
+        users=Credentials(args.users) if args.users else None,
+        user_header=args.user_header,
+        roles_header=args.roles_header,
+        app=args.app,
+        secure_cookies=args.secure_cookies,
+    )
+    if settings.users is not None:
+        settings.users.operators()  # a missing or malformed file says so now, not at sign-in
+
+    def say_where(url: str, ledger_name: str) -> None:
+        print(f"ledger: {printable(ledger_name)}", file=out)
+        print(f"console on {url}/ (Ctrl-C stops it)", file=out)
+        out.flush()
+
+    await serve(
+        settings, ledger_url=args.ledger, host=args.host, port=args.port, on_started=say_where
+    )
+    return 0
