@@ -59,9 +59,12 @@ A missing key is reported in one line and the bot exits with status 2 before any
 The operator works on the same ledger while the bot runs (``pipecat-actions`` is in
 ``.venv/bin``). A refund waits for a manager::
 
+    pipecat-actions users add rosa --role manager --users ops/users   # once
+    pipecat-actions console --ledger URL --users ops/users            # in a browser, or:
     pipecat-actions approvals list --ledger URL
     pipecat-actions approvals show OPERATION_ID --ledger URL
-    pipecat-actions approvals approve OPERATION_ID --approver ann --reason ok --ledger URL
+    pipecat-actions approvals approve OPERATION_ID --approver rosa --reason ok
+        --args-hash HASH --users ops/users --ledger URL    # (one command line)
 
 ``URL`` is printed at start-up; with the defaults it is the ``sqlite:///`` path of
 ``.pipecat_actions/ledger.db`` under the directory the bot was started from. While the call

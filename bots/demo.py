@@ -534,7 +534,9 @@ def operator_commands(ledger_url: str, ops: Sequence[Operation], out: Any = sys.
         print(f"  {cli} ledger show {refund.operation_id} --ledger {ledger}", file=out)
     print(f"  {cli} approvals list --ledger {ledger}", file=out)
     print(f"  {cli} stats --ledger {ledger}", file=out)
-    print(f"  {cli} console --ledger {ledger} --users FILE", file=out)
+    print("  the approvals console in a browser (add an operator once, then serve it):", file=out)
+    print(f"  {cli} users add rosa --role manager --users .pipecat_actions/users", file=out)
+    print(f"  {cli} console --ledger {ledger} --users .pipecat_actions/users", file=out)
 
 
 async def main(argv: Sequence[str] | None = None) -> int:

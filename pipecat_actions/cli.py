@@ -43,6 +43,11 @@ from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from pipecat_actions._printable import printable, printable_lines
+from pipecat_actions.console.command import (
+    add_approver_arguments,
+    add_console_parser,
+    add_users_parser,
+)
 from pipecat_actions.errors import PipecatActionsError
 from pipecat_actions.ledger.records import Operation, OperationFilter
 from pipecat_actions.status import ActionStatus
@@ -120,14 +125,22 @@ def _build_parser() -> argparse.ArgumentParser:
     for name in ("approve", "reject"):
         sub = approval_commands.add_parser(name, help=f"{name} an operation")
         sub.add_argument("operation_id")
-        sub.add_argument("--approver", required=True, help="who decides (recorded)")
-        sub.add_argument("--reason", required=True, help="why (recorded)")
+        sub.add_argument(
+            "--approver",
+            required=True,
+            help="who decides, as in the credentials file (asked for their password; recorded)",
+        )
+        sub.add_argument("--reason", required=True, help="why (required, recorded)")
+        add_approver_arguments(sub)
         decide.append(sub)
     decide[0].add_argument(
         "--args-hash",
-        default=None,
-        help="the args hash shown by `approvals show`: refuse if the arguments differ",
+        required=True,
+        help="the args hash `approvals show` printed: what is approved (refused if the "
+        "operation holds other arguments)",
     )
+    add_console_parser(commands)
+    add_users_parser(commands)
     ledger = commands.add_parser("ledger", help="read the action ledger")
     ledger_commands = ledger.add_subparsers(dest="ledger_command", required=True)
     ledger_list = ledger_commands.add_parser("list", help="list operations")
@@ -245,6 +258,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if args.command == "reconcile":
             return asyncio.run(_reconcile(args, sys.stdout))
+        if args.command == "console":
+            from pipecat_actions.console.command import run_console
+
+            return asyncio.run(run_console(args, sys.stdout))
+        if args.command == "users":
+            from pipecat_actions.console.command import run_users
+
+            return run_users(args, sys.stdout)
         if args.command == "worker":
             return asyncio.run(_worker(args, sys.stdout))
     except PipecatActionsError as exc:
@@ -454,6 +475,7 @@ async def _approvals_read(args: argparse.Namespace, out: TextIO) -> int:
 async def _approvals(args: argparse.Namespace, out: TextIO) -> int:
     from pipecat_actions.approvals import approve_operation, reject_operation
     from pipecat_actions.clock import SystemClock
+    from pipecat_actions.console.command import authenticated_approver
     from pipecat_actions.operator import describe_approval as describe
 
     if args.approvals_command in ("list", "show"):
@@ -461,18 +483,19 @@ async def _approvals(args: argparse.Namespace, out: TextIO) -> int:
     ledger = await _open_existing(args.ledger)
     try:
         command = args.approvals_command
+        approver = authenticated_approver(args)
         if command == "approve":
             op = await approve_operation(
                 ledger,
                 args.operation_id,
-                approver=args.approver,
+                approver=approver,
                 reason=args.reason,
                 now=SystemClock().now(),
                 args_hash=args.args_hash,
             )
         else:
             op = await reject_operation(
-                ledger, args.operation_id, approver=args.approver, reason=args.reason
+                ledger, args.operation_id, approver=approver, reason=args.reason
             )
         _print_read(
             args, ledger.url, describe(op), lambda: f"{op.operation_id}: {op.status.value}", out

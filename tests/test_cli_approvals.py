@@ -8,9 +8,13 @@ runs" are both checked after a heartbeat has certainly come and gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +23,8 @@ from pipecat_actions.actions import ActionContext, action
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.cli import main
 from pipecat_actions.clock import ManualClock
+from pipecat_actions.console.users import Credentials
+from pipecat_actions.ledger import SqlLedger
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
@@ -31,7 +37,7 @@ tools:
   refund_deposit:
     kind: mutation
     risk: high
-    confirmation: {mode: approval, expires_after_secs: 60}
+    confirmation: {mode: approval, approvers: [bob], expires_after_secs: 60}
 """
 LEASE_SECS = 30.0
 
@@ -42,6 +48,9 @@ async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str
     return code, captured.out, captured.err
 
 
+PASSWORDS = {"bob": "bob-secret", "alice": "alice-secret"}
+
+
 async def _decide(
     capsys: pytest.CaptureFixture[str],
     verb: str,
@@ -49,21 +58,42 @@ async def _decide(
     url: str,
     reason: str,
     *extra: str,
+    approver: str = "bob",
+    password: str | None = None,
 ) -> tuple[int, str, str]:
-    """``pipecat-actions approvals approve|reject OP`` as the approver bob."""
-    return await _cli(
-        capsys,
-        "approvals",
-        verb,
-        operation_id,
-        "--ledger",
-        url,
-        "--approver",
-        "bob",
-        "--reason",
-        reason,
-        *extra,
-    )
+    """``pipecat-actions approvals approve|reject OP`` as ``approver`` (bob), signed in.
+
+    An approval names the args hash the operation holds unless ``extra`` gives one.
+    """
+    if verb == "approve" and "--args-hash" not in extra:
+        async with await SqlLedger.create(url, must_exist=True) as ledger:
+            extra = (*extra, "--args-hash", (await ledger.get(operation_id)).args_hash)
+    typed = PASSWORDS.get(approver, "") if password is None else password
+    with _stdin(typed + "\n"):
+        return await _cli(
+            capsys,
+            "approvals",
+            verb,
+            operation_id,
+            "--ledger",
+            url,
+            "--approver",
+            approver,
+            "--reason",
+            reason,
+            "--password-stdin",
+            *extra,
+        )
+
+
+@contextlib.contextmanager
+def _stdin(text: str) -> Iterator[None]:
+    saved = sys.stdin
+    sys.stdin = io.StringIO(text)
+    try:
+        yield
+    finally:
+        sys.stdin = saved
 
 
 async def _until(check: Callable[[], bool], what: str) -> None:
@@ -97,8 +127,12 @@ async def _heartbeat(clock: _HeartbeatClock) -> None:
 
 
 @pytest.fixture
-async def waiting(ledger_url: str) -> Any:
+async def waiting(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     refunds: list[int] = []
+    users = Credentials(tmp_path / "users")
+    for name, password in PASSWORDS.items():
+        users.add(name, password)
+    monkeypatch.setenv("PIPECAT_ACTIONS_USERS", str(users.path))
 
     @action
     async def refund_deposit(ctx: ActionContext, booking_id: str, amount_cents: int) -> dict:
@@ -229,3 +263,85 @@ async def test_a_rejection_from_the_cli_is_told_to_the_live_conversation(
     assert final.status is ActionStatus.REJECTED
     assert heard == [ActionStatus.REJECTED]
     assert refunds == []
+
+
+async def test_an_approval_without_the_args_hash_is_a_usage_error(
+    waiting: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runtime, url, operation_id, _refunds, _clock = waiting
+    with _stdin("bob-secret\n"), pytest.raises(SystemExit) as usage:
+        main([
+            "approvals", "approve", operation_id, "--ledger", url,
+            "--approver", "bob", "--reason", "ok", "--password-stdin",
+        ])  # fmt: skip
+    code, err = usage.value.code, capsys.readouterr().err
+    assert code == 2
+    assert "--args-hash" in err
+    assert (await runtime.ledger.get(operation_id)).status is ActionStatus.AWAITING_APPROVAL
+
+
+@pytest.mark.parametrize(
+    ("approver", "password", "refusal"),
+    [
+        ("bob", "guess", "unknown approver or wrong password"),
+        ("mallory", "x", "unknown approver or wrong password"),
+        ("", "", "unknown approver or wrong password"),
+        ("alice", None, "a requester never decides on their own request"),
+    ],
+    ids=["wrong-password", "unknown", "blank", "requester"],
+)
+@pytest.mark.parametrize("verb", ["approve", "reject"])
+async def test_a_decision_from_the_cli_is_made_by_a_signed_in_approver_only(
+    waiting: Any,
+    capsys: pytest.CaptureFixture[str],
+    verb: str,
+    approver: str,
+    password: str | None,
+    refusal: str,
+) -> None:
+    runtime, url, operation_id, refunds, clock = waiting
+    code, _out, err = await _decide(
+        capsys, verb, operation_id, url, "ok", approver=approver, password=password
+    )
+    assert code == 1
+    assert refusal in err and "Traceback" not in err
+    assert err.count("\n") == 1
+    await _heartbeat(clock)
+    assert (await runtime.ledger.get(operation_id)).status is ActionStatus.AWAITING_APPROVAL
+    assert refunds == []
+
+
+async def test_a_decision_without_a_credentials_file_says_how_to_make_one(
+    waiting: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime, url, operation_id, _refunds, _clock = waiting
+    monkeypatch.delenv("PIPECAT_ACTIONS_USERS")
+    code, _, err = await _decide(capsys, "reject", operation_id, url, "no")
+    assert code == 1
+    assert "--users FILE" in err and "pipecat-actions users add" in err
+    assert (await runtime.ledger.get(operation_id)).status is ActionStatus.AWAITING_APPROVAL
+
+
+async def test_the_users_command_adds_lists_and_removes_operators(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    users = str(tmp_path / "ops" / "users")
+    with _stdin("s3cret\n"):
+        code, out, _ = await _cli(
+            capsys, "users", "add", "rosa", "--role", "manager", "--users", users,
+            "--password-stdin",
+        )  # fmt: skip
+    assert code == 0 and "rosa (manager)" in out
+    assert Credentials(users).authenticate("rosa", "s3cret") is not None
+    code, out, _ = await _cli(capsys, "users", "list", "--users", users)
+    assert code == 0 and "rosa" in out and "manager" in out and "s3cret" not in out
+    code, _, err = await _cli(capsys, "users", "remove", "nobody", "--users", users)
+    assert code == 1 and "nobody is not in" in err
+    code, out, _ = await _cli(capsys, "users", "remove", "rosa", "--users", users)
+    assert code == 0
+    assert Credentials(users).operators() == {}
+    with _stdin("pw\n"):
+        code, _, err = await _cli(
+            capsys, "users", "add", "[/x]", "--users", users, "--password-stdin"
+        )
+    assert code == 1 and "not an approver name" in err

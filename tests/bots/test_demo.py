@@ -94,7 +94,17 @@ def _check_operator_commands(cwd: Path, printed: str, ops: list[dict[str, Any]])
     assert commands["ledger show"][1:] == ["ledger", "show", refund, "--ledger", url]
     assert commands["approvals list"][1:] == ["approvals", "list", "--ledger", url]
     assert commands["stats --ledger"][1:] == ["stats", "--ledger", url]
-    assert commands["console --ledger"][1:] == ["console", "--ledger", url, "--users", "FILE"]
+    users = ".pipecat_actions/users"
+    assert commands["users add"][1:] == [
+        "users",
+        "add",
+        "rosa",
+        "--role",
+        "manager",
+        "--users",
+        users,
+    ]
+    assert commands["console --ledger"][1:] == ["console", "--ledger", url, "--users", users]
     env = {k: v for k, v in os.environ.items() if k != "PIPECAT_ACTIONS_LEDGER_URL"}
     for name in ("ledger list", "approvals list", "stats --ledger", "ledger show"):
         done = subprocess.run(
