@@ -45,6 +45,7 @@ from loguru import logger
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bots.demo import operator_commands  # noqa: E402
 from bots.restaurant import RESTAURANT, new_system_of_record  # noqa: E402
 from bots.restaurant_flow import FLOW_POLICY, flow_state, restaurant_flow  # noqa: E402
 from pipecat_actions import ActionRuntime, AllowAll, SessionState  # noqa: E402
@@ -425,7 +426,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logger.remove()
     workdir = Path(".pipecat_actions")
-    workdir.mkdir(exist_ok=True)
+    workdir.mkdir(mode=0o700, exist_ok=True)
     database = (workdir / "flow_demo.db").resolve()
     for stale in workdir.glob("flow_demo.db*"):
         stale.unlink()
@@ -434,6 +435,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
     _progress("running the conversation (about 15 seconds of real time)")
     outcome = await converse(ledger_url)
     report(outcome)
+    operator_commands(ledger_url, outcome["ops"])
     if args.json:
         print(
             json.dumps(

@@ -42,9 +42,10 @@ from loguru import logger
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bots.demo import operator_commands  # noqa: E402
 from bots.restaurant import RESTAURANT, build_actions, new_system_of_record  # noqa: E402
 from pipecat_actions import ActionRuntime, AllowAll, SessionState  # noqa: E402
-from pipecat_actions.ledger import Operation, OperationFilter  # noqa: E402
+from pipecat_actions.ledger import Operation, OperationFilter, SqlLedger  # noqa: E402
 from pipecat_actions.policy import load_policy  # noqa: E402
 from pipecat_actions.status import ActionStatus  # noqa: E402
 
@@ -377,12 +378,16 @@ async def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logger.remove()
     workdir = Path(".pipecat_actions")
-    workdir.mkdir(exist_ok=True)
+    workdir.mkdir(mode=0o700, exist_ok=True)
     database = (workdir / f"demo-{args.service}.db").resolve()
     for stale in workdir.glob(f"demo-{args.service}.db*"):
         stale.unlink()
     _progress(f"policy {POLICY}, ledger {database}")
-    return await run(args.service, f"sqlite:///{database}")
+    ledger_url = f"sqlite:///{database}"
+    code = await run(args.service, ledger_url)
+    async with await SqlLedger.create(ledger_url, must_exist=True) as ledger:
+        operator_commands(ledger_url, await ledger.list())
+    return code
 
 
 if __name__ == "__main__":

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.bots._commands import check_operator_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,40 +81,7 @@ def test_the_demo_tells_the_whole_story_with_a_manager_approving_the_refund(
     assert "bookings left at the restaurant: [('bk_0002', '21:30')]" in printed
     assert "Pipecat 'CANCELLED' tool results left in the context: 0" in printed
     assert (tmp_path / ".pipecat_actions" / "demo.db").exists()
-    _check_operator_commands(tmp_path, printed, outcome["operations"])
-
-
-def _check_operator_commands(cwd: Path, printed: str, ops: list[dict[str, Any]]) -> None:
-    """The demo ends with the commands that read its ledger, and they do read it."""
-    url = f"sqlite:///{cwd / '.pipecat_actions' / 'demo.db'}"
-    told = printed[printed.index("READ THIS DEMO'S LEDGER") :].splitlines()[1:]
-    lines = [shlex.split(line) for line in told if line.startswith("  ")]
-    commands = {" ".join(words[1:3]): words for words in lines}
-    refund = next(o["operation_id"] for o in ops if o["tool"] == "refund_deposit")
-    assert commands["ledger list"][1:] == ["ledger", "list", "--ledger", url]
-    assert commands["ledger show"][1:] == ["ledger", "show", refund, "--ledger", url]
-    assert commands["approvals list"][1:] == ["approvals", "list", "--ledger", url]
-    assert commands["stats --ledger"][1:] == ["stats", "--ledger", url]
-    users = ".pipecat_actions/users"
-    assert commands["users add"][1:] == [
-        "users",
-        "add",
-        "rosa",
-        "--role",
-        "manager",
-        "--users",
-        users,
-    ]
-    assert commands["console --ledger"][1:] == ["console", "--ledger", url, "--users", users]
-    env = {k: v for k, v in os.environ.items() if k != "PIPECAT_ACTIONS_LEDGER_URL"}
-    for name in ("ledger list", "approvals list", "stats --ledger", "ledger show"):
-        done = subprocess.run(
-            commands[name], cwd=cwd, env=env, capture_output=True, text=True, check=False
-        )
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.splitlines()[0] == f"ledger: {url}"
-        if name == "ledger list":
-            assert all(o["operation_id"] in done.stdout for o in ops)
+    check_operator_commands(tmp_path, printed, "demo.db", outcome["operations"])
 
 
 def test_the_demo_follows_another_policy_file(tmp_path: Path) -> None:
@@ -148,3 +116,4 @@ def test_the_realtime_demo_tells_the_story_through_the_real_service_offline(
     assert "provider side effects: {'book': 2, 'cancel': 1, 'refund': 1}" in printed
     assert "refund_deposit" in printed and "COMPENSATED" in printed
     assert (tmp_path / ".pipecat_actions" / f"demo-{service}.db").exists()
+    check_operator_commands(tmp_path, printed, f"demo-{service}.db", None)

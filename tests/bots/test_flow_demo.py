@@ -43,6 +43,7 @@ from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.pipeline import check_placement
 from pipecat_actions.policy import load_policy
 from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
+from tests.bots._commands import check_operator_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = {"greet", "collect", "book", "confirm", "checking", "try_again"}
@@ -86,6 +87,7 @@ def test_the_flow_demo_reaches_confirm_once_the_booking_commits_with_one_booking
     assert "a duplicate call joined it" in printed
     assert "Are you still there?" in printed
     assert (tmp_path / ".pipecat_actions" / "flow_demo.db").exists()
+    check_operator_commands(tmp_path, printed, "flow_demo.db", outcome["operations"])
 
 
 # --- the config and its policy -------------------------------------------------------------

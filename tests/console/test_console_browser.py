@@ -54,7 +54,10 @@ async def browser() -> AsyncIterator[Any]:
             "(or set PIPECAT_ACTIONS_SKIP_BROWSER=1)",
             pytrace=False,
         )
-    from playwright.async_api import async_playwright
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        pytest.fail("Playwright is not installed: make install (it is a dev dependency)")
 
     async with async_playwright() as playwright:
         launched = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
