@@ -313,3 +313,18 @@ def test_a_closed_pipe_ends_the_command_quietly_as_sigpipe_would(tmp_path: Path)
         assert reader.wait() == 141, err
         assert "Traceback" not in err
         assert "Error" not in err
+
+
+def test_policy_check_quotes_a_hostile_key_without_letting_the_terminal_obey_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "policy.yaml"
+    # Written with YAML's own escapes (a raw ESC is not allowed in a YAML file).
+    bad.write_text(
+        'version: 1\ntools:\n  "bo\\e]0;owned\\aok":\n    kind: mutation\n'
+        '  book:\n    kind: mutation\n    "\\e[31mevil\\u202e": 1\n'
+    )
+    code, out, err = _cli(capsys, "policy", "check", str(bad))
+    assert code == 1
+    assert _obeyable(out + err) == []
+    assert r"bo\x1b]0;owned\x07ok" in err and r"\x1b[31mevil\u202e" in err

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
+from pipecat_actions._printable import printable
 from pipecat_actions.errors import PolicyError, PolicyProblem
 from pipecat_actions.policy._problems import Loc, key_path, problems_from_validation, shown
 from pipecat_actions.policy._yaml import (
@@ -158,10 +159,12 @@ def check_policy_files(paths: Sequence[str], *, out: TextIO, err: TextIO) -> int
         except PolicyError as exc:
             status = 1
             for problem in exc.problems:
-                print(problem, file=err)
+                # A key or value of the file is quoted in the problem: never obeyed by the
+                # terminal (an ESC in a tool name would recolour it, set its title...).
+                print(printable(str(problem)), file=err)
         else:
             count = len(policies)
-            print(f"OK {path} ({count} tool{'' if count == 1 else 's'})", file=out)
+            print(printable(f"OK {path} ({count} tool{'' if count == 1 else 's'})"), file=out)
     return status
 
 
