@@ -11,6 +11,7 @@ from typing import TextIO
 
 from loguru import logger
 
+from pipecat_actions._printable import printable
 from pipecat_actions.scenarios.loader import LoadedScenario, ScenarioError, load_scenario
 from pipecat_actions.scenarios.report import ScenarioReport, render_reports, run_scenario
 
@@ -38,7 +39,7 @@ async def run_scenario_files(
         except ScenarioError as exc:
             broken = True
             for problem in exc.problems:
-                print(f"pipecat-actions: {problem}", file=err)
+                print(printable(f"pipecat-actions: {problem}"), file=err)
     if broken:
         return 2
     # Pipecat and the runtime log at DEBUG; a report reader wants warnings and up only.
@@ -47,7 +48,7 @@ async def run_scenario_files(
     reports: list[ScenarioReport] = []
     for scenario in loaded:
         if not as_json:
-            print(f"... {scenario.spec.name}", file=err, flush=True)
+            print(printable(f"... {scenario.spec.name}"), file=err, flush=True)
         reports.append(await run_scenario(scenario, ledger_url=ledger_url))
     if as_json:
         json.dump([r.to_json() for r in reports], out, indent=2)

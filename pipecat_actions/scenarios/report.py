@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from pipecat_actions._printable import printable
 from pipecat_actions.scenarios.checks import Check, check_run
 from pipecat_actions.scenarios.loader import LoadedScenario, load_scenario
 from pipecat_actions.scenarios.runner import Run, run_loaded
@@ -97,23 +98,25 @@ def render_reports(reports: list[ScenarioReport], out: TextIO, *, verbose: bool 
     """Print each report: a verdict line, failed checks, and the story of failed runs."""
     for report in reports:
         verdict = "PASS" if report.passed else "FAIL"
-        print(f"{verdict} {report.name}  ({report.source}, {report.secs:.1f} s)", file=out)
+        print(
+            printable(f"{verdict} {report.name}  ({report.source}, {report.secs:.1f} s)"), file=out
+        )
         for check in report.checks:
             if verbose or not check.passed:
                 mark = "ok  " if check.passed else "FAIL"
                 found = f"  [found: {check.found}]" if check.found and not check.passed else ""
-                print(f"    {mark} {check.what}{found}", file=out)
+                print(printable(f"    {mark} {check.what}{found}"), file=out)
         if verbose or not report.passed:
             _story(report, out)
     passed = sum(1 for r in reports if r.passed)
-    print(f"{passed} of {len(reports)} scenario(s) passed", file=out)
+    print(printable(f"{passed} of {len(reports)} scenario(s) passed"), file=out)
 
 
 def _story(report: ScenarioReport, out: TextIO) -> None:
     run = report.run
     print("    heard:", file=out)
     for u in run.heard:
-        print(f"      {u.text}{' [cut]' if u.interrupted else ''}", file=out)
+        print(printable(f"      {u.text}{' [cut]' if u.interrupted else ''}"), file=out)
     print("    operations:", file=out)
     labels = {v: k for k, v in run.labels.items()}
     for op in run.operations:
@@ -123,9 +126,9 @@ def _story(report: ScenarioReport, out: TextIO) -> None:
             if e.to_status != e.from_status
         )
         label = f" [{labels[op.operation_id]}]" if op.operation_id in labels else ""
-        print(f"      {op.operation_id}{label} {op.tool}: {path}", file=out)
-    print(f"    side effects: {dict(run.side_effects) or 'none'}", file=out)
+        print(printable(f"      {op.operation_id}{label} {op.tool}: {path}"), file=out)
+    print(printable(f"    side effects: {dict(run.side_effects) or 'none'}"), file=out)
     print("    timeline:", file=out)
     start = run.timeline[0].at if run.timeline else 0.0
     for entry in run.timeline:
-        print(f"      {entry.at - start:7.3f}s {entry.what}", file=out)
+        print(printable(f"      {entry.at - start:7.3f}s {entry.what}"), file=out)
