@@ -105,8 +105,10 @@ class ApprovalRule:
         return {"approvers": list(self.approvers), "roles": list(self.roles), "risk": self.risk}
 
     @classmethod
-    def from_detail(cls, detail: Mapping[str, Any]) -> ApprovalRule | None:
+    def from_detail(cls, detail: Mapping[str, Any] | None) -> ApprovalRule | None:
         """Read the rule back from a creation event's ``detail`` (None if it records none)."""
+        if not isinstance(detail, Mapping):
+            return None  # a creation event that records nothing: no rule
         recorded = detail.get(APPROVAL_RULE)
         if not isinstance(recorded, Mapping):
             return None

@@ -97,6 +97,15 @@ def verify_password(password: str, stored: str) -> bool:
 _DUMMY_HASH = hash_password("not a password", salt=b"\0" * 16)
 
 
+def _check_role(role: str) -> str:
+    # The file separates fields with ':', so a role holding one would read back as another
+    # name and role than the ones written.
+    check_approver_name(role)
+    if ":" in role:
+        raise ValueError(f"{role!r} is not a role name: a role may not hold ':'")
+    return role
+
+
 def _parse(text: str, path: Path) -> dict[str, Operator]:
     found: dict[str, Operator] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -112,7 +121,7 @@ def _parse(text: str, path: Path) -> dict[str, Operator]:
         try:
             check_approver_name(name)
             roles = frozenset(
-                check_approver_name(role.strip()) for role in roles_text.split(",") if role.strip()
+                _check_role(role.strip()) for role in roles_text.split(",") if role.strip()
             )
         except ValueError as exc:
             raise UsersFileError(f"{where}: {exc}") from None
@@ -179,7 +188,7 @@ class Credentials:
         try:
             check_approver_name(name)
             for role in roles:
-                check_approver_name(role)
+                _check_role(role)
         except ValueError as exc:
             raise UsersFileError(str(exc)) from None
         existing = self.operators() if self.path.exists() else {}

@@ -83,3 +83,11 @@ def test_a_missing_file_says_how_to_make_one(tmp_path: Path) -> None:
 )
 def test_a_hash_that_is_not_a_valid_scrypt_hash_never_matches(stored: str) -> None:
     assert verify_password("x", stored) is False
+
+
+def test_a_role_holding_a_colon_is_refused_so_it_cannot_read_back_as_another_name(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(UsersFileError, match="a role may not hold ':'"):
+        Credentials(tmp_path / "users").add("eve", "pw", frozenset({"x:manager"}))
+    assert not (tmp_path / "users").exists()

@@ -205,3 +205,27 @@ def test_an_approver_name_that_could_hide_another_is_refused_in_a_policy(name: s
             "version: 1\ntools:\n  refund:\n    kind: mutation\n"
             f"    confirmation: {{mode: approval, approvers: [{json.dumps(name)}]}}\n"
         )
+
+
+async def test_a_waiting_operation_whose_creation_recorded_nothing_has_no_rule(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    from pipecat_actions.ledger import NewOperation
+
+    async with await SqlLedger.create(ledger_url, clock=clock) as ledger:
+        op = (
+            await ledger.admit(
+                NewOperation(
+                    tool="refund",
+                    kind="mutation",
+                    args={"amount": 1},
+                    idempotency_key="k",
+                    session_id="s",
+                    principal="alice",
+                    status=S.AWAITING_APPROVAL,
+                )
+            )
+        ).operation
+        assert await approval_rule(ledger, op.operation_id) is None
+        with pytest.raises(ApprovalRefused, match="records nobody who may approve it"):
+            await reject_operation(ledger, op.operation_id, approver="rosa", reason="no")
