@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from pipecat_actions._printable import printable
+from pipecat_actions._printable import printable, printable_json
 
 _NOTHING = "-"
 
@@ -194,8 +194,7 @@ def _json_block(name: str, value: Any) -> list[str]:
     """``name:`` then ``value`` as indented JSON, each line printable."""
     if value is None:
         return [f"{name}: {_NOTHING}"]
-    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
-    return [f"{name}:", *(f"  {printable(line)}" for line in text.split("\n"))]
+    return [f"{name}:", *(f"  {line}" for line in printable_json(value).split("\n"))]
 
 
 def _compact(value: Any) -> str:

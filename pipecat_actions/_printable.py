@@ -15,9 +15,11 @@ as one that holds an ESC is. The exact value is what ``--json`` prints.
 
 from __future__ import annotations
 
-__all__ = ["printable", "printable_lines"]
+__all__ = ["printable", "printable_json", "printable_lines"]
 
+import json
 import unicodedata
+from typing import Any
 
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 """Control characters (C0, DEL, C1), format characters (the bidi embeddings, overrides,
@@ -54,3 +56,13 @@ def printable(text: str) -> str:
 def printable_lines(text: str) -> str:
     """Return ``text`` with each of its lines made `printable`: its line breaks are kept."""
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def printable_json(value: Any, *, sort_keys: bool = False) -> str:
+    """Return ``value`` as indented JSON, readable (non-ASCII kept), each line `printable`.
+
+    ``ensure_ascii=False`` keeps ``José`` readable; JSON escapes the C0 controls itself and
+    `printable` what is left (C1 controls, bidi overrides, zero-width characters).
+    """
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=sort_keys, default=str)
+    return printable_lines(text)

@@ -16,7 +16,6 @@ __all__ = ["ConsoleSettings", "create_app"]
 import asyncio
 import contextlib
 import hmac
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -32,7 +31,7 @@ from fastapi.templating import Jinja2Templates
 from loguru import logger
 from starlette.middleware.sessions import SessionMiddleware
 
-from pipecat_actions._printable import printable
+from pipecat_actions._printable import printable, printable_json
 from pipecat_actions.approvals import (
     ApprovalRefused,
     ApprovalRule,
@@ -165,14 +164,8 @@ def _when(at: float | None) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def printable_json(value: Any) -> str:
-    """Indented JSON of ``value``, readable (non-ASCII kept) but with nothing a browser obeys.
-
-    ``ensure_ascii=False`` keeps ``José`` readable; JSON itself escapes C0 controls, and
-    `printable` escapes what is left (C1 controls, bidi overrides, zero-width characters).
-    """
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
-    return "\n".join(printable(line) for line in text.split("\n"))
+def _sorted_json(value: Any) -> str:
+    return printable_json(value, sort_keys=True)
 
 
 def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -> FastAPI:
@@ -186,7 +179,7 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
     templates = Jinja2Templates(directory=str(_HERE / "templates"))
     env = templates.env
     env.filters["visible"] = lambda value: printable("" if value is None else str(value))
-    env.filters["pretty"] = printable_json
+    env.filters["pretty"] = _sorted_json
     env.filters["when"] = _when
     env.globals["ledger_name"] = printable(ledger_name)
 
@@ -393,6 +386,7 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
         request: Request, operation_id: str, decision: str, reason: str, args_hash: str, csrf: str
     ) -> Response:
         who = identity(request)
+        verb = "approved" if decision == "approve" else "rejected"
         try:
             check_csrf(request, who, csrf)
             if decision == "approve":
@@ -412,11 +406,10 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
             logger.warning(
                 "console: {} could not {} {}: {}", who.approver.name, decision, operation_id, exc
             )
-            flash(request, "error", f"Not {decision}d: {exc}")
+            flash(request, "error", f"Not {verb}: {exc}")
         except PipecatActionsError as exc:
-            flash(request, "error", f"Not {decision}d: {exc}")
+            flash(request, "error", f"Not {verb}: {exc}")
         else:
-            verb = "approved" if decision == "approve" else "rejected"
             logger.info("console: {} {} {}", who.approver.name, verb, operation_id)
             flash(request, "ok", f"{printable(op.tool)} {op.operation_id} {verb}.")
         return RedirectResponse("/", status_code=303)
@@ -491,9 +484,9 @@ def _view(op: Operation, rule: ApprovalRule | None) -> _View:
     return _View(
         op=op,
         rule=rule,
-        args=printable_json(op.args),
-        before_state=None if op.before_state_json is None else printable_json(op.before_state),
-        result=None if op.result_json is None else printable_json(op.result),
+        args=_sorted_json(op.args),
+        before_state=None if op.before_state_json is None else _sorted_json(op.before_state),
+        result=None if op.result_json is None else _sorted_json(op.result),
     )
 
 

@@ -24,6 +24,7 @@ import os
 import sys
 from typing import Any, TextIO
 
+from pipecat_actions._operator_text import ledger_line
 from pipecat_actions._printable import printable
 from pipecat_actions.approvals import Approver
 from pipecat_actions.console.users import Credentials, UsersFileError
@@ -185,7 +186,7 @@ async def run_console(args: argparse.Namespace, out: TextIO) -> int:
         settings.users.operators()  # a missing or malformed file says so now, not at sign-in
 
     def say_where(url: str, ledger_name: str) -> None:
-        print(f"ledger: {printable(ledger_name)}", file=out)
+        print(ledger_line(ledger_name), file=out)  # as every other command names it
         print(f"console on {url}/ (Ctrl-C stops it)", file=out)
         out.flush()
 

@@ -45,7 +45,7 @@ def test_the_console_serves_names_its_ledger_and_stops_cleanly_on_ctrl_c(tmp_pat
         assert console.stdout is not None
         named = console.stdout.readline()
         where = console.stdout.readline()
-        assert named.strip() == f"ledger: sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+        assert named.strip() == f"ledger: sqlite:///{tmp_path / 'ledger.db'}"  # as the CLI says
         assert where.startswith("console on http://127.0.0.1:")
         base = where.split()[2].rstrip("/")
         assert httpx.get(f"{base}/login", timeout=HANG_GUARD_SECS).status_code == 200
