@@ -15,7 +15,9 @@ made, because they are checked here:
 * **A decision has a reason**, recorded with it.
 * **What is approved is the arguments the approver saw**: their hash must equal the one the
   operation holds.
-* **An expired request cannot be approved**; the attempt moves it to EXPIRED.
+* **An expired request cannot be decided on**: an approval or a rejection that comes after
+  the window closed is refused and moves it to EXPIRED (what really ended it).
+* Names and roles are compared without regard to case.
 
 Who the approver *is* is established by the caller: the console signs operators in (a hashed
 credentials file, or a trusted header from a reverse proxy), the CLI checks the credentials
@@ -124,9 +126,12 @@ class ApprovalRule:
     def allows(self, approver: Approver) -> bool:
         """Whether ``approver`` is one of the rule's names or has one of its roles."""
         name = approver.name.casefold()
-        return any(name == n.casefold() for n in self.approvers) or bool(
-            set(self.roles) & set(approver.roles)
-        )
+        return any(name == n.casefold() for n in self.approvers) or bool(self.roles_held(approver))
+
+    def roles_held(self, approver: Approver) -> list[str]:
+        """The rule's roles ``approver`` holds (compared without regard to case), sorted."""
+        held = {role.casefold() for role in approver.roles}
+        return sorted(role for role in self.roles if role.casefold() in held)
 
     def describe(self) -> str:
         """Who may decide, in words: ``rosa, sam or role manager``."""
@@ -190,10 +195,38 @@ def _actor(who: Approver) -> str:
 
 def _decided_by(who: Approver, rule: ApprovalRule, reason: str) -> dict[str, Any]:
     detail: dict[str, Any] = {"reason": reason.strip(), "approver": who.name}
-    held = sorted(set(rule.roles) & set(who.roles))
+    held = rule.roles_held(who)
     if held and not any(who.name.casefold() == n.casefold() for n in rule.approvers):
         detail["as_role"] = held
     return detail
+
+
+async def _refuse_if_expired(
+    ledger: Ledger,
+    op: Operation,
+    who: Approver,
+    *,
+    now: float,
+    fence: int | None,
+    decision: str,
+) -> None:
+    """Refuse a decision after ``op``'s window closed, and record that it EXPIRED."""
+    if op.deadline_at is None or now < op.deadline_at:
+        return
+    with contextlib.suppress(TransitionRefused):
+        await ledger.transition(
+            op.operation_id,
+            expected=S.AWAITING_APPROVAL,
+            to=S.EXPIRED,
+            fence=op.fence if fence is None else fence,
+            actor=_actor(who),
+            detail={"reason": f"{decision} came after the approval window closed"},
+            changes={"error": "approval window closed"},
+        )
+    raise ApprovalRefused(
+        f"operation {op.operation_id} expired before this {decision}: its window closed, "
+        "so it is EXPIRED and nothing ran"
+    )
 
 
 async def approve_operation(
@@ -237,18 +270,7 @@ async def approve_operation(
             f"operation {operation_id} holds other arguments than the ones approved "
             f"(args hash {op.args_hash[:12]}…, approved {args_hash[:12]}…)"
         )
-    if op.deadline_at is not None and now >= op.deadline_at:
-        with contextlib.suppress(TransitionRefused):
-            await ledger.transition(
-                operation_id,
-                expected=S.AWAITING_APPROVAL,
-                to=S.EXPIRED,
-                fence=op.fence if fence is None else fence,
-                actor=_actor(who),
-                detail={"reason": "approval came after the approval window closed"},
-                changes={"error": "approval window closed"},
-            )
-        raise ApprovalRefused(f"operation {operation_id} expired before it was approved")
+    await _refuse_if_expired(ledger, op, who, now=now, fence=fence, decision="approval")
     try:
         return await ledger.transition(
             operation_id,
@@ -269,17 +291,27 @@ async def reject_operation(
     *,
     approver: Approver | str,
     reason: str,
+    now: float,
     fence: int | None = None,
 ) -> Operation:
     """Reject a waiting operation: AWAITING_APPROVAL → REJECTED; nothing runs.
 
+    Args:
+        ledger: The ledger.
+        operation_id: The operation.
+        approver: Who rejects, as their sign-in established it (recorded).
+        reason: Why (required, recorded).
+        now: The current time: a request whose window closed is EXPIRED, not rejected.
+        fence: The owner's fence, when the owner rejects; else the stored one.
+
     Raises:
-        ApprovalRefused: See `check_decision`.
+        ApprovalRefused: See `check_decision`; or expired (then it is moved to EXPIRED).
     """
     op = await ledger.get(operation_id)
     rule = await approval_rule(ledger, operation_id) if op.status is S.AWAITING_APPROVAL else None
     who = check_decision(op, rule, approver, reason, decision="reject")
     assert rule is not None
+    await _refuse_if_expired(ledger, op, who, now=now, fence=fence, decision="rejection")
     try:
         return await ledger.transition(
             operation_id,

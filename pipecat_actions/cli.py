@@ -495,7 +495,11 @@ async def _approvals(args: argparse.Namespace, out: TextIO) -> int:
             )
         else:
             op = await reject_operation(
-                ledger, args.operation_id, approver=approver, reason=args.reason
+                ledger,
+                args.operation_id,
+                approver=approver,
+                reason=args.reason,
+                now=SystemClock().now(),
             )
         _print_read(
             args, ledger.url, describe(op), lambda: f"{op.operation_id}: {op.status.value}", out

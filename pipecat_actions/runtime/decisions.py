@@ -197,13 +197,21 @@ class Decisions:
     ) -> Operation:
         """Reject an operation waiting for approval (REJECTED; nothing runs)."""
         tracked = self._operations.get(operation_id)
-        rejected = await reject_operation(
-            self._ledger,
-            operation_id,
-            approver=approver,
-            reason=reason,
-            fence=tracked.fence if tracked else None,
-        )
+        try:
+            rejected = await reject_operation(
+                self._ledger,
+                operation_id,
+                approver=approver,
+                reason=reason,
+                now=self._clock.now(),
+                fence=tracked.fence if tracked else None,
+            )
+        except ApprovalRefused:
+            if tracked is not None:
+                current = await self._ledger.get(operation_id)
+                if current.status in TERMINAL_STATUSES:
+                    self._operations.finish(tracked, current)
+            raise
         if tracked is not None:
             self._operations.finish(tracked, rejected)
         return rejected

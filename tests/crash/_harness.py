@@ -250,7 +250,9 @@ async def _decide(ledger: SqlLedger, operation_id: str, decision: str, *, now: f
             args_hash=op.args_hash,
         )
     else:
-        await reject_operation(ledger, operation_id, approver="operator", reason="not justified")
+        await reject_operation(
+            ledger, operation_id, approver="operator", reason="not justified", now=now
+        )
 
 
 def _check_claims(case: Case, claimed: list[list[Operation]]) -> None:

@@ -161,9 +161,13 @@ async def test_the_rules_hold_in_a_process_that_has_only_the_ledger(
                     args_hash=op.args_hash,
                 )
             with pytest.raises(ApprovalRefused, match="may not reject"):
-                await reject_operation(ledger, op_id, approver="bob", reason="no")
+                await reject_operation(ledger, op_id, approver="bob", reason="no", now=clock.now())
             rejected = await reject_operation(
-                ledger, op_id, approver=Approver("sam", frozenset({"manager"})), reason="full"
+                ledger,
+                op_id,
+                approver=Approver("sam", frozenset({"manager"})),
+                reason="full",
+                now=clock.now(),
             )
     assert rejected.status is S.REJECTED
     assert rejected.error == "rejected by sam: full"
@@ -180,6 +184,37 @@ async def test_an_expired_request_cannot_be_approved_even_by_an_approver(
         with pytest.raises(ApprovalRefused, match=r"expired|EXPIRED"):
             await rt.approve(op_id, approver="rosa", reason="late", args_hash=args_hash)
         assert (await rt.ledger.get(op_id)).status is S.EXPIRED
+
+
+async def test_a_rejection_after_the_window_closed_records_that_it_expired(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    async with running(POLICY, Restaurant(clock), ledger_url=ledger_url, clock=clock) as rt:
+        op_id = await _ask(rt)
+        clock.advance(301)
+        with pytest.raises(ApprovalRefused, match="expired before this rejection"):
+            await rt.reject(op_id, approver="rosa", reason="too late anyway")
+        op = await rt.ledger.get(op_id)
+        assert op.status is S.EXPIRED
+        assert [e.to_status for e in await rt.ledger.events(op_id)][-1] is S.EXPIRED
+
+
+async def test_roles_are_matched_without_regard_to_case_as_names_are(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    restaurant = Restaurant(clock)
+    async with running(POLICY, restaurant, ledger_url=ledger_url, clock=clock) as rt:
+        op_id = await _ask(rt)
+        args_hash = await _args_hash(rt, op_id)
+        approved = await rt.approve(
+            op_id,
+            approver=Approver("sam", frozenset({"Manager"})),
+            reason="ok",
+            args_hash=args_hash,
+        )
+        assert approved.status is S.ADMITTED
+        (decided,) = [e for e in await rt.ledger.events(op_id) if e.to_status is S.ADMITTED]
+        assert decided.detail["as_role"] == ["manager"]
 
 
 def test_a_policy_asking_for_approval_must_say_who_approves() -> None:
@@ -228,4 +263,6 @@ async def test_a_waiting_operation_whose_creation_recorded_nothing_has_no_rule(
         ).operation
         assert await approval_rule(ledger, op.operation_id) is None
         with pytest.raises(ApprovalRefused, match="records nobody who may approve it"):
-            await reject_operation(ledger, op.operation_id, approver="rosa", reason="no")
+            await reject_operation(
+                ledger, op.operation_id, approver="rosa", reason="no", now=clock.now()
+            )
