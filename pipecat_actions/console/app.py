@@ -16,8 +16,11 @@ __all__ = ["ConsoleSettings", "create_app"]
 import asyncio
 import contextlib
 import hmac
+import html
 import secrets
+import shlex
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,7 +43,7 @@ from pipecat_actions.approvals import (
     approve_operation,
     reject_operation,
 )
-from pipecat_actions.console.users import Credentials, UsersFileError
+from pipecat_actions.console.users import Credentials, Operator, UsersFileError
 from pipecat_actions.errors import PipecatActionsError
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
 from pipecat_actions.policy.fields import check_approver_name
@@ -49,7 +52,9 @@ from pipecat_actions.status import ActionStatus
 S = ActionStatus
 _HERE = Path(__file__).parent
 _PAGE = 100
-"""The most rows a list on a page shows."""
+"""The most rows a list on a page shows (the CLI lists them all)."""
+_SIGN_INS = 10_000
+"""The most sign-ins the console holds at once; past it the oldest is signed out."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +72,14 @@ class ConsoleSettings:
         roles_header: The trusted header listing their roles.
         app: The application's `OperatorApp` (``module:attr``), for the reconcile action.
         poll_secs: How often the ledger is read for changes to push to open pages.
-        session_secs: How long a sign-in lasts.
-        secret: Signs the session cookies; random per start (restarting signs everyone out).
+        session_secs: How long a sign-in lasts, from signing in (it does not slide).
+        secret: Signs the session cookies; random per start. Sign-ins are held by the
+            console process, so a restart signs everyone out whatever the secret.
         secure_cookies: Send the session cookie over HTTPS only (behind a TLS proxy).
-        now: The time, for approval windows and countdowns.
+        public_origin: The console's address as browsers reach it (``https://host[:port]``),
+            when a proxy in front of it changes the Host it sees. A decision's ``Origin``
+            must be this; without it, the address the request was made to.
+        now: The time, for approval windows, countdowns and sign-in lifetimes.
     """
 
     users: Credentials | None = None
@@ -81,6 +90,7 @@ class ConsoleSettings:
     session_secs: float = 8 * 3600.0
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     secure_cookies: bool = False
+    public_origin: str | None = None
     now: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
@@ -91,6 +101,28 @@ class ConsoleSettings:
             )
         if self.poll_secs <= 0:
             raise UsersFileError("poll_secs must be positive")
+        if self.session_secs <= 0:
+            raise UsersFileError("session_secs must be positive")
+        if self.public_origin is not None:
+            object.__setattr__(self, "public_origin", _origin_of(self.public_origin))
+
+
+def _origin_of(text: str) -> str:
+    """``scheme://host[:port]``, checked: the form browsers send in ``Origin``."""
+    parts = urllib.parse.urlsplit(text.strip())
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or "@" in parts.netloc
+    ):
+        raise UsersFileError(
+            f"the public origin must be scheme://host[:port] (e.g. https://console.example.com), "
+            f"not {printable(text[:200])!r}"
+        )
+    return f"{parts.scheme}://{parts.netloc}".lower()
 
 
 @dataclass(frozen=True)
@@ -102,7 +134,58 @@ class Identity:
 
 
 class _SignInNeeded(Exception):
-    pass
+    def __init__(self, why: str | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+@dataclass(frozen=True, slots=True)
+class _SignIn:
+    name: str
+    password_hash: str
+    expires_at: float
+
+
+class _SignIns:
+    """Who is signed in, held by the console: a session cookie names a sign-in, never a user.
+
+    A sign-in ends when its operator signs out, ``session_secs`` after it began (not sliding),
+    when their line leaves the credentials file or when their password changes, so a copied
+    cookie is worth nothing once any of these happened.
+    """
+
+    def __init__(self, now: Callable[[], float], lifetime_secs: float) -> None:
+        self._now = now
+        self._lifetime_secs = lifetime_secs
+        self._held: dict[str, _SignIn] = {}
+
+    def open(self, operator: Operator) -> str:
+        now = self._now()
+        for sid in [sid for sid, held in self._held.items() if held.expires_at <= now]:
+            del self._held[sid]
+        while len(self._held) >= _SIGN_INS:
+            del self._held[next(iter(self._held))]
+        sid = secrets.token_urlsafe(32)
+        self._held[sid] = _SignIn(operator.name, operator.password_hash, now + self._lifetime_secs)
+        return sid
+
+    def find(self, sid: object, credentials: Credentials) -> Operator | None:
+        held = self._held.get(sid) if isinstance(sid, str) else None
+        if held is None:
+            return None
+        operator = credentials.find(held.name)
+        if (
+            self._now() >= held.expires_at
+            or operator is None
+            or not hmac.compare_digest(operator.password_hash, held.password_hash)
+        ):
+            del self._held[sid]  # type: ignore[arg-type]
+            return None
+        return operator
+
+    def close(self, sid: object) -> None:
+        if isinstance(sid, str):
+            self._held.pop(sid, None)
 
 
 class _Changes:
@@ -134,10 +217,17 @@ class _Changes:
         while True:
             try:
                 now = await self._read()
+                if failing:
+                    logger.info("console: the ledger can be read again")
                 failing = False
             except PipecatActionsError as exc:
                 if not failing:
                     logger.warning("console: reading the ledger failed: {}", exc)
+                failing = True
+                now = seen
+            except Exception:  # live updates go on after any failure
+                if not failing:
+                    logger.opt(exception=True).error("console: watching the ledger failed")
                 failing = True
                 now = seen
             if now != seen:
@@ -182,6 +272,7 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
     env.filters["pretty"] = _sorted_json
     env.filters["when"] = _when
     env.globals["ledger_name"] = printable(ledger_name)
+    env.globals["ledger_arg"] = shlex.quote(printable(ledger_name))
 
     async def fingerprint() -> Any:
         lists = await _lists(ledger)
@@ -189,6 +280,7 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
                 for name, ops in lists.items()}  # fmt: skip
 
     changes = _Changes(fingerprint, settings.poll_secs)
+    sign_ins = _SignIns(settings.now, settings.session_secs)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -216,43 +308,65 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
         csrf = stored if isinstance(stored, str) else secrets.token_urlsafe(24)
         session["csrf"] = csrf
         if settings.user_header is not None:
-            name = request.headers.get(settings.user_header, "").strip()
+            name = _one_header(request, settings.user_header).strip()
             try:
                 check_approver_name(name)
             except ValueError:
                 raise _SignInNeeded() from None
-            roles_text = request.headers.get(settings.roles_header or "", "")
+            roles_text = _one_header(request, settings.roles_header)
             roles = set()
             for role in roles_text.split(","):
                 with contextlib.suppress(ValueError):
                     roles.add(check_approver_name(role.strip()))
             return Identity(Approver(name, frozenset(roles)), csrf)
         assert settings.users is not None
-        signed_in = session.get("user")
-        operator = settings.users.find(signed_in) if isinstance(signed_in, str) else None
+        operator = sign_ins.find(session.get("sign_in"), settings.users)
         if operator is None:
-            session.pop("user", None)
+            session.pop("sign_in", None)
             raise _SignInNeeded()
         return Identity(operator.approver(), csrf)
 
     def check_csrf(request: Request, who: Identity, token: str) -> None:
         if not hmac.compare_digest(token.encode(), who.csrf.encode()):
             raise ApprovalRefused("the form is stale or came from elsewhere; reload the page")
-        origin = request.headers.get("origin")
-        if origin and origin.rstrip("/") != str(request.base_url).rstrip("/"):
+        origins = request.headers.getlist("origin")
+        if not origins:
+            return  # not sent by every browser for same-origin forms; the token decides
+        expected = settings.public_origin or f"{request.url.scheme}://{request.url.netloc}"
+        if len(origins) > 1 or origins[0].strip().rstrip("/").lower() != expected.lower():
+            logger.warning(
+                "console: a form came with Origin {!r}, not {}{}",
+                printable(",".join(origins)[:200]),
+                expected,
+                "" if settings.public_origin else " (behind a proxy? set --public-origin)",
+            )
             raise ApprovalRefused("the form came from another site")
 
     @app.exception_handler(_SignInNeeded)
-    async def sign_in(request: Request, _: _SignInNeeded) -> Response:
+    async def sign_in(request: Request, exc: _SignInNeeded) -> Response:
         if settings.user_header is not None:
+            why = exc.why or f"no operator named in {settings.user_header}"
             return HTMLResponse(
-                f"Sign-in is by the proxy in front of this console: no operator named in "
-                f"{printable(settings.user_header)}.",
+                html.escape(f"Sign-in is by the proxy in front of this console: {why}."),
                 status_code=401,
             )
         if request.url.path.startswith(("/fragments", "/events")):
             return Response(status_code=401)
         return RedirectResponse("/login", status_code=303)
+
+    @app.exception_handler(PipecatActionsError)
+    async def ledger_failed(request: Request, exc: PipecatActionsError) -> Response:
+        logger.warning("console: {} failed: {}", request.url.path, exc)
+        return _trouble(
+            request,
+            f"The ledger could not be read ({printable(str(exc))[:300]}). Reload to try again; "
+            "the console's log has the details.",
+        )
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception) -> Response:
+        logger.opt(exception=exc).error("console: {} failed", request.url.path)
+        return _trouble(request, "The console failed on this page; its log has the details.")
 
     @app.exception_handler(UsersFileError)
     async def users_file_broken(_: Request, exc: UsersFileError) -> Response:
@@ -309,8 +423,9 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
             logger.warning("console: failed sign-in as {!r}", printable(name[:64]))
             flash(request, "error", "Unknown name or wrong password.")
             return RedirectResponse("/login", status_code=303)
+        sign_ins.close(request.session.get("sign_in"))
         request.session.clear()
-        request.session["user"] = operator.name
+        request.session["sign_in"] = sign_ins.open(operator)
         request.session["csrf"] = secrets.token_urlsafe(24)
         logger.info("console: {} signed in", operator.name)
         return RedirectResponse("/", status_code=303)
@@ -322,7 +437,9 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
             check_csrf(request, who, csrf)
         except ApprovalRefused:
             return RedirectResponse("/", status_code=303)
+        sign_ins.close(request.session.get("sign_in"))
         request.session.clear()
+        logger.info("console: {} signed out", who.approver.name)
         return RedirectResponse("/login", status_code=303)
 
     # --- pages -----------------------------------------------------------------------------
@@ -400,7 +517,7 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
                 )
             else:
                 op = await reject_operation(
-                    ledger, operation_id, approver=who.approver, reason=reason
+                    ledger, operation_id, approver=who.approver, reason=reason, now=settings.now()
                 )
         except ApprovalRefused as exc:
             logger.warning(
@@ -458,11 +575,33 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
 _FRAGMENTS = ("approvals", "undelivered", "unknown", "recent")
 
 
+def _one_header(request: Request, name: str | None) -> str:
+    """The one value of a trusted header; sent several times, it names nobody for sure."""
+    if name is None:
+        return ""
+    values = request.headers.getlist(name)
+    if len(values) > 1:
+        raise _SignInNeeded(f"{name} was sent {len(values)} times; it must name one operator")
+    return values[0] if values else ""
+
+
+def _trouble(request: Request, text: str) -> Response:
+    """What a page says when it cannot be shown: a line, never a traceback."""
+    if request.url.path.startswith(("/fragments", "/events")):
+        return Response(status_code=503)
+    return HTMLResponse(
+        f"<!doctype html><title>Console: not available</title><p>{html.escape(text)}</p>"
+        '<p><a href="/">Try again</a></p>',
+        status_code=503,
+    )
+
+
 async def _lists(ledger: Ledger) -> dict[str, list[Operation]]:
+    """Each list the pages show; the first three read one row past a page to say 'more'."""
     waiting, undelivered, unknown, recent = await asyncio.gather(
-        ledger.list(OperationFilter(status=[S.AWAITING_APPROVAL], limit=_PAGE)),
-        ledger.list(OperationFilter(status=[S.COMMITTED], undelivered=True, limit=_PAGE)),
-        ledger.list(OperationFilter(status=[S.UNKNOWN], limit=_PAGE)),
+        ledger.list(OperationFilter(status=[S.AWAITING_APPROVAL], limit=_PAGE + 1)),
+        ledger.list(OperationFilter(status=[S.COMMITTED], undelivered=True, limit=_PAGE + 1)),
+        ledger.list(OperationFilter(status=[S.UNKNOWN], limit=_PAGE + 1)),
         ledger.list(OperationFilter(limit=30, newest_first=True)),
     )
     return {"approvals": waiting, "undelivered": undelivered, "unknown": unknown,
@@ -492,13 +631,17 @@ def _view(op: Operation, rule: ApprovalRule | None) -> _View:
 
 async def _sections(ledger: Ledger, now: float) -> Mapping[str, Any]:
     lists = await _lists(ledger)
+    more = {name: len(ops) > _PAGE for name, ops in lists.items()}
+    shown = {name: ops[:_PAGE] for name, ops in lists.items()}
     rules = await asyncio.gather(
-        *(approval_rule(ledger, op.operation_id) for op in lists["approvals"])
+        *(approval_rule(ledger, op.operation_id) for op in shown["approvals"])
     )
     return {
-        "approvals": [_view(op, rule) for op, rule in zip(lists["approvals"], rules, strict=True)],
-        "undelivered": lists["undelivered"],
-        "unknown": lists["unknown"],
-        "recent": lists["recent"],
+        "approvals": [_view(op, rule) for op, rule in zip(shown["approvals"], rules, strict=True)],
+        "undelivered": shown["undelivered"],
+        "unknown": shown["unknown"],
+        "recent": shown["recent"],
+        "more": more,
+        "page": _PAGE,
         "now": now,
     }

@@ -83,7 +83,9 @@ def authenticated_approver(args: argparse.Namespace) -> Approver:
     password = _password(args, f"password for {printable(args.approver)}: ")
     operator = credentials.authenticate(args.approver.strip(), password)
     if operator is None:
-        raise UsersFileError(f"unknown approver or wrong password (credentials {args.users})")
+        raise UsersFileError(
+            f"unknown approver or wrong password (credentials {printable(str(args.users))})"
+        )
     return operator.approver()
 
 
@@ -111,19 +113,20 @@ def run_users(args: argparse.Namespace, out: TextIO) -> int:
     if not args.users:
         raise UsersFileError(f"name the credentials file: --users FILE or ${ENV_USERS}")
     credentials = Credentials(args.users)
+    where = printable(str(args.users))
     if args.users_command == "add":
         password = _password(args, f"new password for {printable(args.name)}: ", twice=True)
         operator = credentials.add(args.name, password, frozenset(args.role))
         roles = ", ".join(sorted(operator.roles)) or "no role"
-        print(f"{args.users}: {printable(operator.name)} ({printable(roles)})", file=out)
+        print(f"{where}: {printable(operator.name)} ({printable(roles)})", file=out)
         return 0
     if args.users_command == "remove":
         if not credentials.remove(args.name):
-            raise UsersFileError(f"{printable(args.name)} is not in {args.users}")
-        print(f"{args.users}: {printable(args.name)} removed", file=out)
+            raise UsersFileError(f"{printable(args.name)} is not in {where}")
+        print(f"{where}: {printable(args.name)} removed", file=out)
         return 0
     operators = credentials.operators()
-    print(f"credentials: {printable(str(args.users))}", file=out)
+    print(f"credentials: {where}", file=out)
     if not operators:
         print("no operator", file=out)
     for operator in operators.values():
@@ -163,6 +166,13 @@ def add_console_parser(commands: Any) -> None:
     console.add_argument("--host", default="127.0.0.1", help="where to listen (127.0.0.1)")
     console.add_argument("--port", type=int, default=8321, help="the port (8321)")
     console.add_argument(
+        "--public-origin",
+        default=None,
+        metavar="URL",
+        help="the console's address as browsers reach it (https://host[:port]), when a "
+        "proxy in front of it changes the Host header; decisions must come from it",
+    )
+    console.add_argument(
         "--secure-cookies",
         action="store_true",
         help="send the session cookie over HTTPS only (behind a TLS proxy)",
@@ -181,6 +191,7 @@ async def run_console(args: argparse.Namespace, out: TextIO) -> int:
         roles_header=args.roles_header,
         app=args.app,
         secure_cookies=args.secure_cookies,
+        public_origin=args.public_origin,
     )
     if settings.users is not None:
         settings.users.operators()  # a missing or malformed file says so now, not at sign-in

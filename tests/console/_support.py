@@ -67,6 +67,8 @@ class ConsoleBench:
     client: httpx.AsyncClient
     credentials: Credentials
     sor: Any
+    app: Any
+    """The console's ASGI application (for a client of a test's own)."""
 
     async def ask_refund(
         self, session: SessionState = CALLER, booking_id: str = "bk_0001", amount: int = 2000
@@ -167,6 +169,6 @@ async def console_bench(
         async with httpx.AsyncClient(
             transport=transport, base_url="http://console.test", follow_redirects=False
         ) as client:
-            yield ConsoleBench(runtime, clock, client, credentials, sor)
+            yield ConsoleBench(runtime, clock, client, credentials, sor, app)
     finally:
         await runtime.close(grace_secs=0)

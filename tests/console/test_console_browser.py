@@ -280,6 +280,6 @@ async def test_an_expired_request_cannot_be_approved_in_the_browser(
         flash = await page.locator("[data-testid=flash]").inner_text()
         after = await agent.runtime.ledger.get(str(told["operation_id"]))
     assert policy["refund_deposit"].confirmation.expires_after_secs == 1800
-    assert "expired before it was approved" in flash
+    assert "expired before this approval" in flash
     assert after.status is S.EXPIRED
     assert agent.sor.refunds("dep_bk_0001") == []

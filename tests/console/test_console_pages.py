@@ -140,7 +140,7 @@ async def test_an_expired_request_cannot_be_approved(tmp_path: Path) -> None:
         bench.clock.advance(601)  # the page was open; the window closed meanwhile
         told = await bench.decide(op, csrf=csrf)
         after = await bench.runtime.ledger.get(op.operation_id)
-    assert "expired before it was approved" in told
+    assert "expired before this approval" in told
     assert after.status is S.EXPIRED
     assert bench.sor.refunds("dep_bk_0001") == []
 
