@@ -55,6 +55,9 @@ _PAGE = 100
 """The most rows a list on a page shows (the CLI lists them all)."""
 _SIGN_INS = 10_000
 """The most sign-ins the console holds at once; past it the oldest is signed out."""
+_FAILURES_ALLOWED = 5
+_FAILURE_WINDOW_SECS = 900.0
+"""Failed sign-ins allowed for one name from one address within the window, then a pause."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,41 @@ class _SignIns:
             self._held.pop(sid, None)
 
 
+class _Failures:
+    """Failed sign-ins per name and client address: past a few, that pair waits a while."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self._seen: dict[tuple[str, str], list[float]] = {}
+
+    def _recent(self, key: tuple[str, str]) -> list[float]:
+        since = self._now() - _FAILURE_WINDOW_SECS
+        recent = [at for at in self._seen.get(key, ()) if at > since]
+        if recent:
+            self._seen[key] = recent
+        else:
+            self._seen.pop(key, None)
+        return recent
+
+    def wait_secs(self, key: tuple[str, str]) -> float:
+        """How long ``key`` must wait before trying again (0: it may try now)."""
+        recent = self._recent(key)
+        if len(recent) < _FAILURES_ALLOWED:
+            return 0.0
+        return recent[-_FAILURES_ALLOWED] + _FAILURE_WINDOW_SECS - self._now()
+
+    def failed(self, key: tuple[str, str]) -> None:
+        if len(self._seen) >= _SIGN_INS and key not in self._seen:
+            for old in list(self._seen):
+                self._recent(old)  # forget what has aged out
+            if len(self._seen) >= _SIGN_INS:
+                del self._seen[next(iter(self._seen))]
+        self._seen.setdefault(key, []).append(self._now())
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._seen.pop(key, None)
+
+
 class _Changes:
     """What the pages show, read every ``poll_secs``; a new version when it changed."""
 
@@ -281,6 +319,7 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
 
     changes = _Changes(fingerprint, settings.poll_secs)
     sign_ins = _SignIns(settings.now, settings.session_secs)
+    failures = _Failures(settings.now)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -418,11 +457,24 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
         ):
             flash(request, "error", "The sign-in form was stale; try again.")
             return RedirectResponse("/login", status_code=303)
+        tried = (name.strip().casefold()[:128], request.client.host if request.client else "")
+        wait_secs = failures.wait_secs(tried)
+        if wait_secs > 0:
+            logger.warning("console: sign-in as {!r} paused after failures", printable(name[:64]))
+            flash(
+                request,
+                "error",
+                f"Too many failed sign-ins for this name; try again in "
+                f"{max(1, round(wait_secs / 60))} min.",
+            )
+            return RedirectResponse("/login", status_code=303)
         operator = await asyncio.to_thread(settings.users.authenticate, name.strip(), password)
         if operator is None:
+            failures.failed(tried)
             logger.warning("console: failed sign-in as {!r}", printable(name[:64]))
             flash(request, "error", "Unknown name or wrong password.")
             return RedirectResponse("/login", status_code=303)
+        failures.forget(tried)
         sign_ins.close(request.session.get("sign_in"))
         request.session.clear()
         request.session["sign_in"] = sign_ins.open(operator)

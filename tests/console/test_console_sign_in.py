@@ -90,6 +90,23 @@ async def test_signing_in_again_ends_the_sign_in_the_browser_held(tmp_path: Path
         assert (await bench.client.get("/", cookies=before)).status_code == 303
 
 
+async def test_repeated_failed_sign_ins_pause_that_name_even_for_the_right_password(
+    tmp_path: Path,
+) -> None:
+    async with console_bench(tmp_path) as bench:
+        for _ in range(5):
+            await bench.sign_in("rosa", "guess")
+        await bench.sign_in("rosa")
+        paused = flash((await bench.client.get("/login")).text)
+        assert paused.startswith("Too many failed sign-ins for this name")
+        assert (await bench.client.get("/")).status_code == 303
+        await bench.sign_in("sam")  # another name is not paused
+        assert (await bench.client.get("/")).status_code == 200
+        bench.clock.advance(901)
+        answer = await bench.sign_in("rosa")
+        assert answer.headers["location"] == "/"
+
+
 @pytest.mark.parametrize("header", ["X-Forwarded-User", "X-Forwarded-Groups"])
 async def test_a_trusted_header_sent_twice_names_nobody(tmp_path: Path, header: str) -> None:
     async with console_bench(
