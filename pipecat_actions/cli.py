@@ -12,6 +12,7 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions stats [--since SECS] [--tool T]       per-tool metrics, every row
     pipecat-actions reconcile [OP | --all] --app MODULE:ATTR   ask the hooks about UNKNOWN ones
     pipecat-actions scenario run FILE... [--verbose]      replay scenarios (exit 1 on a failure)
+    pipecat-actions scenario new FILE                    start a scenario file from a template
     pipecat-actions worker --app MODULE:ATTR [--once]     own the work of bots that are gone
 
 ``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``; a plain path is a SQLite file) names the
@@ -182,6 +183,10 @@ def _build_parser() -> argparse.ArgumentParser:
         help="an empty database for the scenarios' ledgers (default: a temporary SQLite file)",
     )
     scenario_run.add_argument("--json", action="store_true", help="machine-readable output")
+    scenario_new = scenario_commands.add_parser(
+        "new", help="write a scenario file that runs as it is, to start a new one from"
+    )
+    scenario_new.add_argument("path", metavar="FILE", help="the file to write (never replaced)")
     reconcile = commands.add_parser(
         "reconcile", help="ask the application's reconcile hooks about UNKNOWN operations"
     )
@@ -243,6 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_approvals(args, sys.stdout))
         if args.command in ("ledger", "undelivered", "stats"):
             return asyncio.run(_read_ledger(args, sys.stdout))
+        if args.command == "scenario" and args.scenario_command == "new":
+            from pipecat_actions.scenarios.command import new_scenario_file
+
+            return new_scenario_file(args.path, out=sys.stdout)
         if args.command == "scenario":
             from pipecat_actions.scenarios.command import run_scenario_files
 

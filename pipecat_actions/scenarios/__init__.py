@@ -13,12 +13,15 @@ from pipecat_actions.scenarios.loader import (
     load_scenario_text,
 )
 from pipecat_actions.scenarios.report import ScenarioReport, render_reports, run_scenario
+from pipecat_actions.scenarios.runner import ScenarioApp, ScenarioWorld
 
 __all__ = [
     "Check",
     "LoadedScenario",
+    "ScenarioApp",
     "ScenarioError",
     "ScenarioReport",
+    "ScenarioWorld",
     "load_scenario",
     "load_scenario_text",
     "render_reports",

@@ -9,9 +9,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pipecat_actions.ledger import Operation
+from pipecat_actions.ledger import Operation, OperationEvent
+from pipecat_actions.ledger.records import EventKind
 from pipecat_actions.scenarios.loader import LoadedScenario
 from pipecat_actions.scenarios.model import (
+    EventExpectation,
     Expectations,
     OperationExpectation,
     OrderItem,
@@ -161,6 +163,25 @@ def _one_operation(
             e.error_contains.lower() in (op.error or "").lower(),
             op.error,
         )
+    if e.told is not None:
+        told = _told(run, op)
+        expect(f"told {e.told} time(s)", told == e.told, told)
+    if e.events:
+        trail = run.events.get(op.operation_id, [])
+        position = 0
+        for wanted in e.events:
+            found = next(
+                (i for i in range(position, len(trail)) if _event_matches(wanted, trail[i])),
+                None,
+            )
+            expect(
+                f"audit event {wanted.model_dump(mode='json', exclude_defaults=True)}"
+                + (" (in order)" if position else ""),
+                found is not None,
+                "; ".join(_event_text(event) for event in trail[position:]) or "no events",
+            )
+            if found is not None:
+                position = found + 1
     if e.compensated_by_committed is not None:
         linked = [o for o in run.operations if o.compensates == op.operation_id]
         done = any(o.status is S.COMMITTED for o in linked)
@@ -174,8 +195,53 @@ def _one_operation(
     return checks
 
 
+def _told(run: Run, op: Operation) -> int:
+    """How many times ``op``'s outcome was told (the delivery annotations of its trail)."""
+    return sum(
+        1
+        for event in run.events.get(op.operation_id, [])
+        if event.kind is EventKind.ANNOTATION and "delivered" in (event.detail or {})
+    )
+
+
+def _event_matches(wanted: EventExpectation, event: OperationEvent) -> bool:
+    detail = event.detail or {}
+    return (
+        (wanted.kind is None or event.kind.value == wanted.kind)
+        and (wanted.to_status is None or event.to_status is wanted.to_status)
+        and (wanted.actor is None or wanted.actor.lower() in (event.actor or "").lower())
+        and all(detail.get(k) == v for k, v in wanted.detail.items())
+    )
+
+
+def _event_text(event: OperationEvent) -> str:
+    moved = f" -> {event.to_status}" if event.to_status is not None else ""
+    return f"{event.kind.value}{moved} by {event.actor} {json.dumps(event.detail, default=str)}"
+
+
 def _totals(expect: Expectations, run: Run) -> list[Check]:
     checks: list[Check] = []
+    for target, count in expect.requests.items():
+        found = run.requests.get(target, 0)
+        checks.append(Check(f"{count} request(s) reached {target}", found == count, str(found)))
+    if expect.undelivered is not None:
+        wanted = sorted(expect.undelivered)
+        untold = sorted(
+            label
+            for label, op_id in run.labels.items()
+            for op in run.operations
+            if op.operation_id == op_id
+            and op.kind == "mutation"
+            and op.status is S.COMMITTED
+            and op.delivered_at is None
+        )
+        checks.append(
+            Check(
+                f"committed and never told: {', '.join(wanted) or 'none'}",
+                untold == wanted,
+                ", ".join(untold) or "none",
+            )
+        )
     session_ops = [op for op in run.operations if op.compensates is None]
     if expect.operation_count is not None:
         checks.append(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["run_scenario_files"]
+__all__ = ["TEMPLATE", "new_scenario_file", "run_scenario_files"]
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -56,3 +57,71 @@ async def run_scenario_files(
     else:
         render_reports(reports, out, verbose=verbose)
     return 0 if all(r.passed for r in reports) else 1
+
+
+TEMPLATE = """\
+# A scenario: a story your agent must get right, replayed on a real Pipecat pipeline.
+#   pipecat-actions scenario run {name}
+# The format is in the README ("Scenario files"). To test your own agent, point app at your
+# actions' factory (found relative to this file) and policy at your policy file:
+#   app: my_agent/scenario_app.py:build     # build(world) -> actions or a ScenarioApp
+#   policy: ../configs/my_policy.yaml
+version: 2
+name: a lost answer is reconciled and told once
+description: >
+  The provider commits the booking but its answer is lost. The runtime records UNKNOWN,
+  asks the provider (the reconcile hook), finds the booking and tells the caller once.
+app: restaurant
+policy:
+  version: 1
+  tools:
+    book_table:
+      kind: mutation
+      idempotency: {{key_fields: [restaurant_id, date, time, party_size], provider_dedupes: true}}
+steps:
+  - user: A table for two tomorrow at nine, please.
+  # The next request to book_table commits, then its answer never arrives.
+  - fault: {{target: book_table, fault: lose_response_after_commit}}
+  - llm:
+      calls:
+        - tool: book_table
+          as: booking
+          args: {{restaurant_id: trattoria, date: "2030-05-01", time: "21:00", party_size: 2}}
+  - until: {{op: booking, status: [COMMITTED], delivered: true}}
+  - llm: You are booked for two at nine.
+  - idle: {{quiet_secs: 0.5, calls: true}}
+expect:
+  operations:
+    - op: booking
+      status: COMMITTED
+      path: [ADMITTED, RUNNING, UNKNOWN, COMMITTED]
+      told: 1
+  requests: {{book_table: 1, book_table.reconcile: 1}}
+  side_effects: {{book: 1}}
+  heard:
+    includes: [booked for two at nine]
+    excludes: [cancelled, not yet known]
+"""
+"""What ``pipecat-actions scenario new`` writes: a scenario that runs as it is."""
+
+
+def new_scenario_file(path: str, *, out: TextIO) -> int:
+    """Write `TEMPLATE` to ``path`` (never over an existing file); 0, or 2 with one line."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        print(printable(f"pipecat-actions: {path} exists; nothing was written"), file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(
+            printable(f"pipecat-actions: cannot write {path}: {exc.strerror or exc}"),
+            file=sys.stderr,
+        )
+        return 2
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(TEMPLATE.format(name=os.path.basename(path)))
+    print(
+        printable(f"{path}: a new scenario; run it with: pipecat-actions scenario run {path}"),
+        file=out,
+    )
+    return 0

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 __all__ = ["LoadedScenario", "ScenarioError", "load_scenario", "load_scenario_text"]
 
+import contextlib
+import importlib
+import importlib.util
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,12 +20,30 @@ from pipecat_actions.errors import PipecatActionsError, PolicyError, PolicyProbl
 from pipecat_actions.policy import PolicySet, load_policy, load_policy_data
 from pipecat_actions.policy._problems import key_path, shown
 from pipecat_actions.policy._yaml import MAX_POLICY_BYTES, YamlRefused, parse_policy_yaml
+from pipecat_actions.scenarios.faults import HOOKS
 from pipecat_actions.scenarios.model import (
     STEP_KINDS,
+    BargeInStep,
+    FaultStep,
+    HandoffStep,
+    HangUpStep,
+    IdleStep,
     LlmStep,
+    ReconnectStep,
     Scenario,
     Step,
+    TogetherStep,
+    UserStep,
 )
+
+_KINDS = frozenset({"book", "move", "cancel", "refund"})
+"""The restaurant provider's kinds of side effect."""
+_TOGETHER = frozenset(
+    {"user", "barge_in", "approve", "reject", "advance", "fault", "until", "compensate", "wait"}
+)
+"""The steps a ``together`` step may hold."""
+_NEED_A_CALL = (UserStep, BargeInStep, IdleStep, HandoffStep)
+"""Steps that need a conversation: refused between a hang-up and the reconnect."""
 
 Loc = tuple[str | int, ...]
 _M = TypeVar("_M", bound=BaseModel)
@@ -50,11 +72,23 @@ class LoadedScenario:
     steps: list[Step]
     policy: PolicySet
     source: str
+    factory: Callable[[Any], Any] | None = None
+    """The app's factory (None: the built-in restaurant)."""
 
     @property
     def labels(self) -> list[str]:
         """The call labels, in the order the calls are made."""
         return [c.as_ for s in self.steps if isinstance(s, LlmStep) for c in s.calls if c.as_]
+
+
+def flat_steps(steps: list[Step]) -> Iterator[tuple[str, Step]]:
+    """Every step, those inside ``together`` too, with its key path."""
+    for index, step in enumerate(steps):
+        if isinstance(step, TogetherStep):
+            for inner, member in enumerate(step.steps):
+                yield f"steps[{index}].together[{inner}]", member
+        else:
+            yield f"steps[{index}]", step
 
 
 def load_scenario(path: str | os.PathLike[str]) -> LoadedScenario:
@@ -110,7 +144,9 @@ def load_scenario_text(
     if spec is None or problems:
         raise ScenarioError(problems)
     _check_labels(spec, steps, source, problems)
+    _check_sequence(spec, steps, source, problems)
     policy = _policy(spec, source, base or Path.cwd(), problems)
+    factory = _app(spec, source, base or Path.cwd(), problems)
     if problems or policy is None:
         raise ScenarioError(problems)
     for index, step in enumerate(steps):
@@ -125,9 +161,26 @@ def load_scenario_text(
                         f"(tools: {', '.join(sorted(policy.names()))})",
                     )
                 )
+    for where, step in flat_steps(steps):
+        if isinstance(step, FaultStep) and step.target is not None:
+            tool, _, hook = step.target.partition(".")
+            if tool not in policy:
+                problems.append(
+                    PolicyProblem(
+                        source, f"{where}.fault.target", f"{tool!r} is not a tool of the policy"
+                    )
+                )
+            elif hook and hook not in HOOKS:
+                problems.append(
+                    PolicyProblem(
+                        source,
+                        f"{where}.fault.target",
+                        f"{hook!r} is not a hook (hooks: {', '.join(HOOKS)})",
+                    )
+                )
     if problems:
         raise ScenarioError(problems)
-    return LoadedScenario(spec, steps, policy, source)
+    return LoadedScenario(spec, steps, policy, source, factory)
 
 
 def _validate(
@@ -156,6 +209,8 @@ def _reason(error: Any) -> str:
 
 def _step(raw: object, loc: Loc, source: str, problems: list[PolicyProblem]) -> Step | None:
     where = key_path(loc)
+    if isinstance(raw, str) and raw in STEP_KINDS:
+        raw = {raw: None}  # `- crash` is `- crash: {}`: a step that needs nothing more
     if not isinstance(raw, Mapping) or len(raw) != 1:
         problems.append(
             PolicyProblem(
@@ -176,6 +231,8 @@ def _step(raw: object, loc: Loc, source: str, problems: list[PolicyProblem]) -> 
         )
         return None
     model, scalar_field = STEP_KINDS[kind]
+    if kind == "together":
+        return _together(value, loc, source, problems)
     if value is None or value is True:
         value = {}
     elif not isinstance(value, Mapping):
@@ -187,6 +244,131 @@ def _step(raw: object, loc: Loc, source: str, problems: list[PolicyProblem]) -> 
         value = {scalar_field: value}
     step = _validate(model, value, (*loc, kind), source, problems)
     return step  # type: ignore[return-value]
+
+
+def _together(
+    value: object, loc: Loc, source: str, problems: list[PolicyProblem]
+) -> TogetherStep | None:
+    where = key_path((*loc, "together"))
+    if not isinstance(value, list) or len(value) < 2:
+        problems.append(
+            PolicyProblem(source, where, f"takes a list of two steps or more, got {shown(value)}")
+        )
+        return None
+    members: list[Step] = []
+    users = 0
+    for index, raw in enumerate(value):
+        kind = next(iter(raw), None) if isinstance(raw, Mapping) and len(raw) == 1 else None
+        if kind is not None and kind not in _TOGETHER:
+            problems.append(
+                PolicyProblem(
+                    source,
+                    key_path((*loc, "together", index)),
+                    f"{kind} cannot happen together with other steps "
+                    f"(these can: {', '.join(sorted(_TOGETHER))})",
+                )
+            )
+            continue
+        step = _step(raw, (*loc, "together", index), source, problems)
+        if step is None:
+            continue
+        users += isinstance(step, UserStep | BargeInStep)
+        members.append(step)
+    if users > 1:
+        problems.append(PolicyProblem(source, where, "the user does one thing at a time"))
+    if len(members) != len(value):
+        return None
+    return TogetherStep.model_construct(steps=members)
+
+
+def _check_sequence(
+    spec: Scenario, steps: list[Step], source: str, problems: list[PolicyProblem]
+) -> None:
+    """Hang-ups and reconnects in an order a phone call can have; kinds the app can count."""
+    away = False
+    for where, step in flat_steps(steps):
+        if isinstance(step, HangUpStep):
+            if away:
+                problems.append(PolicyProblem(source, where, "the user has already hung up"))
+            away = True
+        elif isinstance(step, ReconnectStep):
+            away = False
+        elif away and isinstance(step, _NEED_A_CALL):
+            kind = next(k for k, (m, _) in STEP_KINDS.items() if isinstance(step, m))
+            problems.append(
+                PolicyProblem(
+                    source,
+                    where,
+                    f"{kind} needs a conversation, and the user hung up: reconnect first",
+                )
+            )
+    if spec.app == "restaurant":
+        for kind in spec.expect.side_effects:
+            if kind not in _KINDS:
+                problems.append(
+                    PolicyProblem(
+                        source,
+                        f"expect.side_effects.{kind}",
+                        f"the restaurant counts {', '.join(sorted(_KINDS))}; not {kind!r}",
+                    )
+                )
+    if spec.version == 1 and spec.seed:
+        problems.append(PolicyProblem(source, "seed", "seed goes with version: 2"))
+
+
+def _app(
+    spec: Scenario, source: str, base: Path, problems: list[PolicyProblem]
+) -> Callable[[Any], Any] | None:
+    """Import the app's factory, relative to the scenario file; one line if it cannot be."""
+    if spec.app == "restaurant":
+        return None
+    target, _, attribute = spec.app.rpartition(":")
+    if not target or not attribute:
+        problems.append(
+            PolicyProblem(
+                source, "app", "write restaurant, module:factory or path/to/file.py:factory"
+            )
+        )
+        return None
+    try:
+        if target.endswith(".py"):
+            path = Path(target) if Path(target).is_absolute() else base / target
+            module_spec = importlib.util.spec_from_file_location(
+                f"_pipecat_actions_scenario_app_{abs(hash(str(path.resolve())))}", path
+            )
+            if module_spec is None or module_spec.loader is None or not path.is_file():
+                raise FileNotFoundError(f"no file {path}")
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_spec.name] = module  # as an import does (dataclasses need it)
+            with _importable_from(path.parent):
+                module_spec.loader.exec_module(module)
+        else:
+            with _importable_from(base):
+                module = importlib.import_module(target)
+        factory = getattr(module, attribute)
+    except Exception as exc:  # whatever the app's import raised: one line, nothing run
+        problems.append(
+            PolicyProblem(
+                source, "app", f"{spec.app!r} cannot be loaded: {type(exc).__name__}: {exc}"
+            )
+        )
+        return None
+    if not callable(factory):
+        problems.append(PolicyProblem(source, "app", f"{spec.app!r} is not callable"))
+        return None
+    return factory  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def _importable_from(folder: Path) -> Iterator[None]:
+    """Import with ``folder`` first on the path (the scenario's own folder), then restore."""
+    entry = str(folder.resolve())
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(entry)
 
 
 def _check_labels(
@@ -207,7 +389,7 @@ def _check_labels(
                         )
                     )
                 seen.add(call.as_)
-    for index, step in enumerate(steps):
+    for where, step in flat_steps(steps):
         label = getattr(step, "op", None)
         if label is not None and label not in seen:
             kind = next(k for k, (m, _) in STEP_KINDS.items() if isinstance(step, m))
@@ -215,9 +397,26 @@ def _check_labels(
             problems.append(
                 PolicyProblem(
                     source,
-                    key_path(("steps", index, kind, "op")),
+                    f"{where}.{kind}.op",
                     f"no call is labelled {label!r} (labels: {known})",
                 )
+            )
+    for index, step in enumerate(steps):
+        for call_index, call in enumerate(step.calls if isinstance(step, LlmStep) else []):
+            for argument, path in call.from_call.items():
+                label = path.partition(".")[0]
+                if label not in seen:
+                    problems.append(
+                        PolicyProblem(
+                            source,
+                            key_path(("steps", index, "llm", "calls", call_index, "from_call")),
+                            f"{argument}: no call is labelled {label!r}",
+                        )
+                    )
+    for label in spec.expect.undelivered or []:
+        if label not in seen:
+            problems.append(
+                PolicyProblem(source, "expect.undelivered", f"no call is labelled {label!r}")
             )
     for index, expectation in enumerate(spec.expect.operations):
         if expectation.op is not None and expectation.op not in seen:

@@ -36,12 +36,15 @@ __all__ = [
     "AdvanceStep",
     "ApproveStep",
     "BargeInStep",
+    "BookingSetup",
     "CallSpec",
     "CompensateStep",
     "CrashStep",
+    "EventExpectation",
     "Expectations",
     "FaultStep",
     "HandoffStep",
+    "HangUpStep",
     "HeardExpectation",
     "IdleStep",
     "LlmStep",
@@ -55,6 +58,7 @@ __all__ = [
     "SessionSetup",
     "Step",
     "TextExpectation",
+    "TogetherStep",
     "UntilStep",
     "UserStep",
     "WaitStep",
@@ -95,6 +99,16 @@ class PaymentSetup(_Strict):
     principal: str = Field(default="alice", min_length=1)
 
 
+class BookingSetup(_Strict):
+    """A booking the restaurant already holds when the scenario starts (not a side effect)."""
+
+    restaurant_id: str = Field(default="trattoria", min_length=1)
+    date: str = Field(min_length=1)
+    time: str = Field(min_length=1)
+    party_size: int = Field(ge=1, le=100)
+    guest: str = Field(default="someone else", min_length=1)
+
+
 class ProviderSetup(_Strict):
     """The fake system of record at the start."""
 
@@ -111,6 +125,9 @@ class ProviderSetup(_Strict):
     latency: dict[Kind, Secs] = Field(
         default_factory=dict, description="Seconds (manual clock) each call of a kind takes."
     )
+    bookings: list[BookingSetup] = Field(
+        default_factory=list, description="Bookings held before the conversation starts."
+    )
 
 
 # --- steps ---------------------------------------------------------------------------------
@@ -124,12 +141,27 @@ class UserStep(_Strict):
 
 
 class BargeInStep(_Strict):
-    """The user talks over the bot: waits until the bot speaks, then speaks ``text``."""
+    """The user talks over the bot: waits until the bot speaks, then speaks ``text``.
+
+    With ``op``, the moment is a call's instead: ``after_secs`` (real time) after the labelled
+    call's operation was admitted (``at: admitted``) or started running (``at: running``),
+    the user speaks, over the bot if it is speaking then.
+    """
 
     text: str | None = Field(default=None, max_length=2000)
     after_secs: float = Field(default=0.2, ge=0, le=30)
     speech_secs: float = Field(default=0.2, ge=0, le=30)
     timeout_secs: float = Field(default=10, gt=0, le=120)
+    op: Label | None = Field(default=None, description="Time it from this call's operation.")
+    at: Literal["admitted", "running"] = Field(
+        default="running", description="With op: from its admission or from its RUNNING."
+    )
+
+    @model_validator(mode="after")
+    def _words_for_a_timed_barge_in(self) -> BargeInStep:
+        if self.op is not None and self.text is None:
+            raise ValueError("a barge-in timed from a call says something (give text)")
+        return self
 
 
 class CallSpec(_Strict):
@@ -148,6 +180,16 @@ class CallSpec(_Strict):
             "Arguments read at inference time from the latest tool result in the context that "
             "has the named field: {operation_id: operation_id, confirmation_token: ...}."
         ),
+    )
+    from_call: dict[str, Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*\.[^.].*$")]] = (
+        Field(
+            default_factory=dict,
+            description=(
+                "Arguments read at inference time from the result of one earlier labelled "
+                "call: {booking_id: booking.result.booking_id, operation_id: "
+                "booking.operation_id} (a dotted path in what that call answered)."
+            ),
+        )
     )
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -203,7 +245,12 @@ class UntilStep(_Strict):
 
 
 class FaultStep(_Strict):
-    """Arm a provider fault for the next calls of ``kind`` (every kind if left out)."""
+    """Arm a fault, on the restaurant's provider or on any action.
+
+    Without ``target``: the next calls of ``kind`` (every kind if left out) the restaurant's
+    provider receives. With ``target``: the action's effect or hook it names, whatever system of
+    record it calls (see `pipecat_actions.scenarios.faults`).
+    """
 
     fault: Literal[
         "error_before_send",
@@ -212,8 +259,16 @@ class FaultStep(_Strict):
         "hang",
         "latency",
         "slow_cancel",
+        "raise",
+        "pending",
     ]
     kind: Kind | None = None
+    target: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="TOOL (its effect) or TOOL.HOOK (reconcile, compensate, snapshot, ...).",
+    )
     times: int = Field(default=1, ge=1, le=1000)
     secs: float | None = Field(
         default=None, ge=0, le=3600, description="latency and slow_cancel only"
@@ -224,6 +279,12 @@ class FaultStep(_Strict):
     def _secs_for_latency(self) -> FaultStep:
         if (self.fault in ("latency", "slow_cancel")) != (self.secs is not None):
             raise ValueError("secs goes with the latency and slow_cancel faults, and only them")
+        if self.target is not None and self.kind is not None:
+            raise ValueError("a fault is on a provider kind or on an action (target), not both")
+        if self.target is None and self.fault in ("raise", "pending"):
+            raise ValueError(f"{self.fault} is a fault on an action: say which with target")
+        if self.target is not None and self.fault == "slow_cancel":
+            raise ValueError("slow_cancel is the restaurant provider's; on a target use hang")
         return self
 
 
@@ -279,7 +340,19 @@ class CrashStep(_Strict):
 
 
 class ReconnectStep(_Strict):
-    """The user's connection drops and comes back: a new pipeline on the same session."""
+    """The user's connection drops and comes back: a new pipeline on the same session.
+
+    After a ``hang_up``, the user calls back: the new pipeline starts here.
+    """
+
+
+class HangUpStep(_Strict):
+    """The user hangs up: the pipeline ends, the runtime goes on.
+
+    The steps that follow run with no conversation (``advance``, ``approve``, ``fault``,
+    ``until``...) until a ``reconnect`` starts a new pipeline on the same session; a step that
+    needs one (``user``, ``barge_in``, ``idle``, ``handoff``) before that is refused.
+    """
 
 
 class CompensateStep(_Strict):
@@ -287,6 +360,17 @@ class CompensateStep(_Strict):
 
     op: Label
     reason: str = Field(default="compensated in the scenario", min_length=1)
+
+
+class TogetherStep(_Strict):
+    """Steps that happen at the same time: each starts at once, the next step waits for all.
+
+    At most one of them is something the user does (``user``, ``barge_in``); the others are
+    steps of the world (``approve``, ``reject``, ``advance``, ``fault``, ``until``,
+    ``compensate``, ``wait``): an approval landing while the user speaks.
+    """
+
+    steps: list[Any] = Field(min_length=2, max_length=16)
 
 
 Step: TypeAlias = (
@@ -304,7 +388,9 @@ Step: TypeAlias = (
     | HandoffStep
     | CrashStep
     | ReconnectStep
+    | HangUpStep
     | CompensateStep
+    | TogetherStep
 )
 
 STEP_KINDS: dict[str, tuple[type[BaseModel], str | None]] = {
@@ -323,12 +409,25 @@ STEP_KINDS: dict[str, tuple[type[BaseModel], str | None]] = {
     "handoff": (HandoffStep, "agent"),
     "crash": (CrashStep, None),
     "reconnect": (ReconnectStep, None),
+    "hang_up": (HangUpStep, None),
     "compensate": (CompensateStep, "op"),
+    "together": (TogetherStep, "steps"),
 }
 """Each step kind, its model and the field a scalar value stands for."""
 
 
 # --- expectations --------------------------------------------------------------------------
+
+
+class EventExpectation(_Strict):
+    """An audit event the operation's trail must hold (every given field must match)."""
+
+    kind: str | None = Field(default=None, description="created, transition, delivered, ...")
+    to_status: ActionStatus | None = None
+    actor: str | None = Field(default=None, description="A substring of the event's actor.")
+    detail: dict[str, Any] = Field(
+        default_factory=dict, description="Values the event's detail holds."
+    )
 
 
 class OperationExpectation(_Strict):
@@ -362,6 +461,12 @@ class OperationExpectation(_Strict):
     error_contains: str | None = None
     compensated_by_committed: bool | None = Field(
         default=None, description="A linked compensation operation exists and COMMITTED."
+    )
+    told: int | None = Field(
+        default=None, ge=0, description="How many times its outcome was told, exactly."
+    )
+    events: list[EventExpectation] = Field(
+        default_factory=list, description="Audit events its trail holds, in this order."
     )
 
     @model_validator(mode="after")
@@ -415,8 +520,20 @@ class Expectations(_Strict):
     operation_count: int | None = Field(
         default=None, ge=0, description="Operations of the session in the ledger, in all."
     )
-    side_effects: dict[Kind, int] = Field(
-        default_factory=dict, description="Committed provider mutations by kind, exactly."
+    side_effects: dict[str, int] = Field(
+        default_factory=dict,
+        description="Committed provider mutations by kind, exactly (the app's `effects`).",
+    )
+    requests: dict[str, int] = Field(
+        default_factory=dict,
+        description=(
+            "Requests that reached each effect or hook (TOOL or TOOL.HOOK), exactly, "
+            "whether or not they then failed (version 2)."
+        ),
+    )
+    undelivered: list[Label] | None = Field(
+        default=None,
+        description="The labelled calls whose committed outcome was never told, exactly.",
     )
     max_effects_per_key: int | None = Field(default=1, ge=0)
     heard: HeardExpectation = Field(default_factory=HeardExpectation)
@@ -436,6 +553,13 @@ class Expectations(_Strict):
 class Scenario(_Strict):
     """One scenario file."""
 
+    version: Literal[1, 2] = Field(
+        default=1,
+        description=(
+            "2: the app's factory gets a `ScenarioWorld` and may bring its own system of "
+            "record; faults may name a target: TOOL[.HOOK]."
+        ),
+    )
     name: str = Field(min_length=1, max_length=200)
     description: str = Field(default="", max_length=4000)
     regression: str | None = Field(default=None, description="The upstream bug it guards.")
@@ -444,7 +568,15 @@ class Scenario(_Strict):
     )
     app: str = Field(
         default="restaurant",
-        description="restaurant (built in) or module:factory, factory(sor) -> actions.",
+        description=(
+            "restaurant (built in), or module:factory or path/to/file.py:factory, found "
+            "relative to the scenario file; version 1: factory(sor) -> actions, version 2: "
+            "factory(world) -> actions or a ScenarioApp."
+        ),
+    )
+    seed: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Version 2: handed to the app's factory (world.seed) to seed its records.",
     )
     session: SessionSetup = Field(default_factory=SessionSetup)
     provider: ProviderSetup = Field(default_factory=ProviderSetup)

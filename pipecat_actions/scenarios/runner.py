@@ -10,14 +10,13 @@ next on the same session. What happened is gathered into a `Run` for the expecta
 
 from __future__ import annotations
 
-__all__ = ["Run", "TimelineEntry", "run_loaded"]
+__all__ = ["Run", "ScenarioApp", "ScenarioWorld", "TimelineEntry", "run_loaded"]
 
 import asyncio
-import importlib
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +31,10 @@ from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, S
 from pipecat_actions.ledger.records import hash_arguments
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.scenarios.faults import FaultLayer
 from pipecat_actions.scenarios.loader import LoadedScenario
 from pipecat_actions.scenarios.model import (
+    STEP_KINDS,
     AdvanceStep,
     ApproveStep,
     BargeInStep,
@@ -41,11 +42,13 @@ from pipecat_actions.scenarios.model import (
     CrashStep,
     FaultStep,
     HandoffStep,
+    HangUpStep,
     IdleStep,
     ReconnectStep,
     RejectStep,
     ReleaseHungStep,
     Step,
+    TogetherStep,
     UntilStep,
     UserStep,
     WaitStep,
@@ -108,6 +111,41 @@ class Run:
     script_left: int = 0
     timeline: list[TimelineEntry] = field(default_factory=list)
     error: str | None = None
+    requests: dict[str, int] = field(default_factory=dict)
+    """Requests that reached each effect or hook (``tool`` or ``tool.hook``)."""
+
+
+@dataclass(frozen=True)
+class ScenarioWorld:
+    """What a version-2 app factory is given to build the scenario's world.
+
+    Attributes:
+        clock: The scenario's manual clock: the runtime's, and the one a fake system of
+            record should wait on, so ``advance`` moves both.
+        seed: The file's ``seed`` mapping: records the system of record holds at the start.
+        restaurant: The built-in fake restaurant, set up from the file's ``provider``; an app
+            with its own system of record ignores it.
+    """
+
+    clock: ManualClock
+    seed: Mapping[str, Any]
+    restaurant: FakeSystemOfRecord
+
+
+@dataclass(frozen=True)
+class ScenarioApp:
+    """A version-2 app: its actions and, optionally, what its system of record committed.
+
+    Attributes:
+        actions: The actions (the scenario's policy picks which exist in the story).
+        effects: Committed side effects by kind, for ``expect.side_effects``.
+        effects_for_key: Committed side effects under one idempotency key, for
+            ``expect.max_effects_per_key``.
+    """
+
+    actions: Sequence[ActionDefinition]
+    effects: Callable[[], Mapping[str, int]] | None = None
+    effects_for_key: Callable[[str], int] | None = None
 
 
 class _Crash(Exception):
@@ -118,16 +156,26 @@ class _Reconnect(Exception):
     """Raised by a reconnect step to cut the pipeline."""
 
 
-def _load_app(app: str) -> Callable[[FakeSystemOfRecord], Sequence[ActionDefinition]]:
-    if app == "restaurant":
-        return build_actions
-    module_name, _, attribute = app.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"app {app!r}: write restaurant or module:factory")
-    factory = getattr(importlib.import_module(module_name), attribute)
-    if not callable(factory):
-        raise ValueError(f"app {app!r} is not callable")
-    return factory  # type: ignore[no-any-return]
+class _HangUp(Exception):
+    """Raised by a hang-up step to end the pipeline (the runtime goes on)."""
+
+
+def _build_app(loaded: LoadedScenario, sor: FakeSystemOfRecord, clock: ManualClock) -> ScenarioApp:
+    """The scenario's app: the restaurant on ``sor``, or the file's factory's."""
+    if loaded.factory is None:
+        return ScenarioApp(build_actions(sor))
+    if loaded.spec.version == 1:
+        built: Any = loaded.factory(sor)
+    else:
+        built = loaded.factory(ScenarioWorld(clock, dict(loaded.spec.seed), sor))
+    if isinstance(built, ScenarioApp):
+        return built
+    if isinstance(built, Sequence) and all(isinstance(a, ActionDefinition) for a in built):
+        return ScenarioApp(built)
+    raise TypeError(
+        f"app {loaded.spec.app!r} returned {type(built).__name__}: return a list of actions "
+        "(@action) or a ScenarioApp"
+    )
 
 
 def _new_provider(loaded: LoadedScenario, clock: ManualClock) -> FakeSystemOfRecord:
@@ -152,8 +200,10 @@ class _Scene:
         self.run = run
         self.clock = ManualClock(time.time())
         self.sor = _new_provider(loaded, self.clock)
+        self.app = _build_app(loaded, self.sor, self.clock)
+        self.faults = FaultLayer(self.clock)
         # The scenario's policy picks which of the app's tools exist in this story.
-        self.actions = [a for a in _load_app(self.spec.app)(self.sor) if a.name in loaded.policy]
+        self.actions = self.faults.wrap([a for a in self.app.actions if a.name in loaded.policy])
         self.script = model_script(loaded)
         self.runtime: ActionRuntime | None = None
         self.ledger: TimelineLedger | None = None
@@ -238,6 +288,13 @@ class _Scene:
 
         if isinstance(step, UserStep):
             return [*call(_nothing), UserSays(step.text, speech_secs=step.speech_secs)]
+        if isinstance(step, BargeInStep) and step.op is not None:
+            assert step.text is not None  # the model refuses a timed barge-in without words
+            return [
+                *call(lambda: self.reached(step)),
+                Wait(step.after_secs),
+                UserSays(step.text, speech_secs=step.speech_secs),
+            ]
         if isinstance(step, BargeInStep):
             return [
                 *call(_nothing),
@@ -278,7 +335,49 @@ class _Scene:
             return call(self.crash)
         if isinstance(step, ReconnectStep):
             return call(self.reconnect)
+        if isinstance(step, HangUpStep):
+            return call(self.hang_up)
+        if isinstance(step, TogetherStep):
+            return self.together(index, step)
         return []  # llm steps are the model's script
+
+    def together(self, index: int, step: TogetherStep) -> list[ConversationStep]:
+        """The world's steps start at once in the background; the user's runs meanwhile."""
+        started: list[asyncio.Future[None]] = []
+        world: list[Callable[[], Awaitable[None]]] = []
+        user: list[ConversationStep] = []
+        for member in step.steps:
+            translated = self.translate(index, member)
+            if isinstance(member, UserStep | BargeInStep):
+                user.extend(translated)
+                continue
+            world.extend(_as_calls(translated))
+
+        async def start() -> None:
+            self.note(f"step {index + 1}: together")
+            started.extend(asyncio.ensure_future(fn()) for fn in world)
+
+        async def join() -> None:
+            await asyncio.gather(*started)
+
+        return [Call(start), *user, Call(join)]
+
+    async def reached(self, step: BargeInStep) -> None:
+        """Wait until the labelled call's operation was admitted (or ran) as ``step.at`` says."""
+        assert step.op is not None
+        wanted = S.RUNNING if step.at == "running" else S.ADMITTED
+        op_id = await self.op_id(step.op, step.timeout_secs)
+        deadline = time.monotonic() + step.timeout_secs
+        while True:
+            assert self.runtime is not None
+            events = await self.runtime.ledger.events(op_id)
+            if any(e.to_status is wanted for e in events):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{step.op} ({op_id}) was never {wanted.value} in {step.timeout_secs}s"
+                )
+            await asyncio.sleep(0.01)
 
     async def ledger_quiet(self, step: IdleStep) -> None:
         await self.settle()
@@ -348,6 +447,9 @@ class _Scene:
             await asyncio.sleep(0.02)
 
     async def fault(self, step: FaultStep) -> None:
+        if step.target is not None:
+            self.faults.arm(step.target, step.fault, times=step.times, secs=step.secs)
+            return
         faults = self.sor.faults
         if step.fault == "latency":
             assert step.secs is not None
@@ -362,6 +464,7 @@ class _Scene:
 
     async def _release_hung(self) -> None:
         self.sor.release_hung()
+        self.faults.release_hung()
 
     async def approve(self, step: ApproveStep) -> None:
         assert self.runtime is not None
@@ -417,31 +520,59 @@ class _Scene:
     async def reconnect(self) -> None:
         raise _Reconnect
 
+    async def hang_up(self) -> None:
+        raise _HangUp
+
     # --- the run ---------------------------------------------------------------------------
 
-    def segments(self) -> list[tuple[list[ConversationStep], Step | None]]:
-        """The conversation steps of each pipeline, and the step that ends it."""
-        segments: list[tuple[list[ConversationStep], Step | None]] = []
+    def segments(self) -> list[tuple[list[ConversationStep], Step | None, bool]]:
+        """The steps of each pipeline, the step that ends it, and whether the user is away.
+
+        Between a hang-up and the reconnect the steps run with no pipeline (``away``).
+        """
+        segments: list[tuple[list[ConversationStep], Step | None, bool]] = []
         current: list[ConversationStep] = []
+        away = False
         for index, step in enumerate(self.loaded.steps):
+            if away and isinstance(step, ReconnectStep):
+                segments.append((current, step, True))
+                current, away = [], False
+                continue
             current.extend(self.translate(index, step))
-            if isinstance(step, CrashStep | ReconnectStep):
-                segments.append((current, step))
+            if isinstance(step, CrashStep | ReconnectStep | HangUpStep):
+                segments.append((current, step, away))
                 current = []
-        segments.append((current, None))
+                away = away or isinstance(step, HangUpStep)
+        segments.append((current, None, away))
         return segments
 
+    async def offline(self, steps: list[ConversationStep]) -> None:
+        """Play steps with no conversation: the world's steps, the clock, a crash."""
+        for fn in _as_calls(steps):
+            try:
+                await fn()
+            except _Crash:
+                return  # the steps after it restart the process (see play)
+
     async def play(self) -> None:
+        await self.seed()
         await self.open_runtime(recover=True)
-        for steps, ender in self.segments():
-            await self.converse(steps, settle=ender is None)
+        for steps, ender, away in self.segments():
+            if away:
+                await self.offline(steps)
+                if isinstance(ender, ReconnectStep):
+                    self.note("the user calls back")
+            else:
+                await self.converse(steps, settle=ender is None)
+            if isinstance(ender, HangUpStep):
+                self.note("the user hangs up")
             if isinstance(ender, CrashStep):
                 self.clock.advance(self.spec.lease_secs + 1)  # the dead owner's leases lapse
                 self.note("the bot process restarts")
                 self.session = self._new_session()
                 self.context = self._new_context()
                 await self.open_runtime(recover=ender.recover)
-            elif isinstance(ender, ReconnectStep):
+            elif isinstance(ender, ReconnectStep) and not away:
                 self.note("the user reconnects")
 
     async def converse(self, steps: list[ConversationStep], *, settle: bool) -> None:
@@ -466,10 +597,22 @@ class _Scene:
                 else None,
                 timeout_secs=self.spec.timeout_secs,
             )
-        except (_Crash, _Reconnect):
+        except (_Crash, _Reconnect, _HangUp):
             pass
         finally:
             self.run.heard.extend(transport.heard)
+
+    async def seed(self) -> None:
+        """Bookings the restaurant holds before the story starts (not the story's effects)."""
+        for booking in self.spec.provider.bookings:
+            await self.sor.book(
+                booking.restaurant_id,
+                booking.date,
+                booking.time,
+                booking.party_size,
+                booking.guest,
+            )
+        self.sor.side_effects.clear()
 
     async def gather(self) -> None:
         """Read the end state: the session's operations, their trails, the provider."""
@@ -496,11 +639,14 @@ class _Scene:
             if label not in self.run.labels and found is not None:
                 self.run.labels[label] = found
         self.run.context = [dict(m) for m in self.context.get_messages()]  # type: ignore[arg-type]
-        self.run.side_effects = dict(self.sor.side_effects)
+        # An app without counts of its own is counted by the restaurant it was handed.
+        effects = self.app.effects or (lambda: self.sor.side_effects)
+        for_key = self.app.effects_for_key or self.sor.effects_for_key
+        self.run.side_effects = dict(effects())
         self.run.effects_by_key = {
-            op.idempotency_key: self.sor.effects_for_key(op.idempotency_key)
-            for op in self.run.operations
+            op.idempotency_key: for_key(op.idempotency_key) for op in self.run.operations
         }
+        self.run.requests = dict(self.faults.requests)
         self.run.script_left = len(self.script)
         for utterance in self.run.heard:
             self.run.timeline.append(
@@ -516,8 +662,20 @@ async def _nothing() -> None:
     return None
 
 
+def _as_calls(steps: list[ConversationStep]) -> list[Callable[[], Awaitable[None]]]:
+    """The world's translated steps as plain coroutine functions (a wait sleeps)."""
+    calls: list[Callable[[], Awaitable[None]]] = []
+    for step in steps:
+        if isinstance(step, Call):
+            calls.append(step.fn)
+        elif isinstance(step, Wait):
+            secs = step.secs
+            calls.append(lambda secs=secs: asyncio.sleep(secs))  # type: ignore[misc]
+    return calls
+
+
 def _describe(step: Step) -> str:
-    kind = type(step).__name__.removesuffix("Step").lower()
+    kind = next(k for k, (model, _) in STEP_KINDS.items() if type(step) is model)
     fields = step.model_dump(mode="json", exclude_defaults=True, by_alias=True)
     return f"{kind} {fields}" if fields else kind
 

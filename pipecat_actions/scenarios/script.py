@@ -2,7 +2,8 @@
 
 Labelled calls get the tool call id ``call_<label>``, so the runtime's operation of each call
 can be found again; calls with ``from_context`` are decided at inference time from the latest
-tool result that holds the named fields (an operation id, a confirmation token).
+tool result that holds the named fields (an operation id, a confirmation token), calls with
+``from_call`` from the answer to one earlier labelled call.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def model_script(loaded: LoadedScenario) -> deque[Any]:
         for call in step.calls:
             count += 1
             ids.append(f"call_{call.as_}" if call.as_ else f"call_{count}")
-        if any(call.from_context for call in step.calls):
+        if any(call.from_context or call.from_call for call in step.calls):
             script.append(_reading_context(step, ids))
         else:
             calls = [(call.tool, dict(call.args)) for call in step.calls]
@@ -48,10 +49,33 @@ def _reading_context(step: LlmStep, ids: list[str]) -> Callable[[list[Any]], Too
             args = dict(call.args)
             for argument, wanted in call.from_context.items():
                 args[argument] = _latest_field(messages, wanted)
+            for argument, path in call.from_call.items():
+                args[argument] = _call_field(messages, path)
             calls.append((call.tool, args))
         return ToolCalls(calls, say=step.say, ids=ids)
 
     return decide
+
+
+def _call_field(messages: list[Any], path: str) -> Any:
+    """The value at ``label.a.b`` (``.0`` indexes a list) in the latest answer to ``label``."""
+    label, *keys = path.split(".")
+    for message in reversed(messages):
+        if not isinstance(message, Mapping) or message.get("tool_call_id") != f"call_{label}":
+            continue
+        try:
+            value: Any = json.loads(str(message.get("content", "")))
+        except ValueError:
+            return None
+        for key in keys:
+            if isinstance(value, list) and key.isdigit() and int(key) < len(value):
+                value = value[int(key)]
+            elif isinstance(value, Mapping) and key in value:
+                value = value[key]
+            else:
+                return None
+        return value
+    return None
 
 
 def _latest_field(messages: list[Any], name: str) -> Any:

@@ -42,7 +42,8 @@ def problems_of(text: str) -> list[str]:
     [
         ("  - dance: now\n", "s.yaml: steps[0]: unknown step 'dance'; steps are: user,"),
         ("  - {user: hi, wait: 1}\n", "steps[0]: a step is a mapping with exactly one key"),
-        ("  - user\n", "steps[0]: a step is a mapping with exactly one key"),
+        ("  - user\n", "steps[0].user.text: required key is missing"),
+        ("  - sing\n", "steps[0]: a step is a mapping with exactly one key"),
         ("  - barge_in: {text: hi, after: 1}\n", "steps[0].barge_in.after: unknown key"),
         ("  - advance: -3\n", "steps[0].advance.secs: Input should be greater than 0"),
         ("  - wait: soon\n", "steps[0].wait.secs: Input should be a valid number"),
@@ -141,7 +142,7 @@ def test_the_command_refuses_a_malformed_file_in_one_line_per_problem(tmp_path: 
     assert done.stderr.strip().splitlines() == [
         f"pipecat-actions: {bad}: steps[0]: unknown step 'dance'; steps are: "
         "user, barge_in, llm, wait, idle, advance, until, fault, release_hung, approve, "
-        "reject, handoff, crash, reconnect, compensate"
+        "reject, handoff, crash, reconnect, hang_up, compensate, together"
     ]
     assert "Traceback" not in done.stderr
 
@@ -219,10 +220,18 @@ async def test_a_scenario_runs_the_applications_own_actions_from_module_factory(
     assert report.passed, [c for c in report.checks if not c.passed]
 
 
-async def test_an_app_that_cannot_be_imported_fails_the_run_with_the_reason() -> None:
-    from pipecat_actions.scenarios import run_scenario
-
+def test_an_app_that_cannot_be_imported_is_a_file_problem_in_one_line(tmp_path: Path) -> None:
     text = scenario("  - wait: 0.1\n", head="name: x\napp: no_such_module_here:build\n" + POLICY)
-    report = await run_scenario(load_scenario_text(text, source="x.yaml", base=ROOT))
-    assert not report.passed
-    assert "No module named 'no_such_module_here'" in (report.run.error or ""), report.run.error
+    with pytest.raises(ScenarioError) as raised:
+        load_scenario_text(text, source="x.yaml", base=ROOT)
+    (problem,) = raised.value.problems
+    assert str(problem) == (
+        "x.yaml: app: 'no_such_module_here:build' cannot be loaded: "
+        "ModuleNotFoundError: No module named 'no_such_module_here'"
+    )
+    broken = tmp_path / "app.yaml"
+    broken.write_text(text)
+    done = cli("scenario", "run", str(broken))
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr and "FAIL" not in done.stdout
