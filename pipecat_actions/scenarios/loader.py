@@ -24,6 +24,7 @@ from pipecat_actions.scenarios.faults import HOOKS
 from pipecat_actions.scenarios.model import (
     STEP_KINDS,
     BargeInStep,
+    CallerStep,
     FaultStep,
     HandoffStep,
     HangUpStep,
@@ -291,7 +292,7 @@ def _check_sequence(
             if away:
                 problems.append(PolicyProblem(source, where, "the user has already hung up"))
             away = True
-        elif isinstance(step, ReconnectStep):
+        elif isinstance(step, ReconnectStep | CallerStep):
             away = False
         elif away and isinstance(step, _NEED_A_CALL):
             kind = next(k for k, (m, _) in STEP_KINDS.items() if isinstance(step, m))

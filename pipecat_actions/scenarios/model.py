@@ -38,6 +38,7 @@ __all__ = [
     "BargeInStep",
     "BookingSetup",
     "CallSpec",
+    "CallerStep",
     "CompensateStep",
     "CrashStep",
     "EventExpectation",
@@ -346,6 +347,20 @@ class ReconnectStep(_Strict):
     """
 
 
+class CallerStep(_Strict):
+    """Another caller: the pipeline ends and a conversation with ``principal`` starts.
+
+    Each caller has a session of their own (``session_id``, default ``call-PRINCIPAL``) and
+    keeps it: ``caller: alice`` later goes back to alice's session in a new pipeline, as a
+    call back would. Operations, labels and expectations span every caller; an app's
+    `ScenarioApp.authorizer` decides what each may do (the default allows everything).
+    """
+
+    principal: str = Field(min_length=1, max_length=128)
+    session_id: str | None = Field(default=None, min_length=1, max_length=128)
+    agent: str | None = Field(default="host", description="The agent active in their call.")
+
+
 class HangUpStep(_Strict):
     """The user hangs up: the pipeline ends, the runtime goes on.
 
@@ -389,6 +404,7 @@ Step: TypeAlias = (
     | CrashStep
     | ReconnectStep
     | HangUpStep
+    | CallerStep
     | CompensateStep
     | TogetherStep
 )
@@ -410,6 +426,7 @@ STEP_KINDS: dict[str, tuple[type[BaseModel], str | None]] = {
     "crash": (CrashStep, None),
     "reconnect": (ReconnectStep, None),
     "hang_up": (HangUpStep, None),
+    "caller": (CallerStep, "principal"),
     "compensate": (CompensateStep, "op"),
     "together": (TogetherStep, "steps"),
 }

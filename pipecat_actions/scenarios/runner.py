@@ -24,7 +24,7 @@ from typing import Any
 from pipecat.processors.aggregators.llm_context import LLMContext
 
 from pipecat_actions.actions import ActionDefinition
-from pipecat_actions.admission.authorization import AllowAll
+from pipecat_actions.admission.authorization import AllowAll, Authorizer
 from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
@@ -38,6 +38,7 @@ from pipecat_actions.scenarios.model import (
     AdvanceStep,
     ApproveStep,
     BargeInStep,
+    CallerStep,
     CompensateStep,
     CrashStep,
     FaultStep,
@@ -141,11 +142,13 @@ class ScenarioApp:
         effects: Committed side effects by kind, for ``expect.side_effects``.
         effects_for_key: Committed side effects under one idempotency key, for
             ``expect.max_effects_per_key``.
+        authorizer: What each caller may do (``caller`` steps); None allows everything.
     """
 
     actions: Sequence[ActionDefinition]
     effects: Callable[[], Mapping[str, int]] | None = None
     effects_for_key: Callable[[str], int] | None = None
+    authorizer: Authorizer | None = None
 
 
 class _Crash(Exception):
@@ -208,21 +211,52 @@ class _Scene:
         self.runtime: ActionRuntime | None = None
         self.ledger: TimelineLedger | None = None
         self.run_id = uuid.uuid4().hex[:8]
-        self.session = self._new_session()
+        setup = self.spec.session
+        self.callers: dict[str, tuple[SessionState, LLMContext]] = {}
+        self.session, self.context = self._caller(setup.principal, setup.session_id, setup.agent)
         self.gate: ActionResultGate | None = None
-        self.context = self._new_context()
         self.generation = 0
         self.background: list[asyncio.Future[None]] = []
 
-    def _new_session(self) -> SessionState:
-        # Suffixed per run, so runs sharing a database neither see nor join each other's work.
-        setup = self.spec.session
-        return SessionState(
-            session_id=f"{setup.session_id}-{self.run_id}",
-            principal=setup.principal,
-            tenant=f"{setup.tenant}-{self.run_id}",
-            active_agent=setup.agent,
-        )
+    def _caller(
+        self, principal: str, session_id: str | None, agent: str | None
+    ) -> tuple[SessionState, LLMContext]:
+        """The session and context of ``principal``, the same each time they are asked for."""
+        if principal not in self.callers:
+            # Suffixed per run, so runs sharing a database neither see nor join each other's
+            # work.
+            session = SessionState(
+                session_id=f"{session_id or 'call-' + principal}-{self.run_id}",
+                principal=principal,
+                tenant=f"{self.spec.session.tenant}-{self.run_id}",
+                active_agent=agent,
+            )
+            self.callers[principal] = (session, self._new_context())
+        return self.callers[principal]
+
+    def _restarted(self) -> None:
+        """After a crash: every caller's session anew (same ids), their contexts empty."""
+        current = self.session.principal
+        old = dict(self.callers)
+        self.callers.clear()
+        for principal, (session, _) in old.items():
+            self.callers[principal] = (
+                SessionState(
+                    session_id=session.session_id,
+                    principal=principal,
+                    tenant=session.tenant,
+                    active_agent=self.spec.session.agent
+                    if principal == self.spec.session.principal
+                    else session.active_agent,
+                ),
+                self._new_context(),
+            )
+        self.session, self.context = self.callers[current]
+
+    @property
+    def session_ids(self) -> list[str]:
+        """Every caller's session."""
+        return [session.session_id for session, _ in self.callers.values()]
 
     def _new_context(self) -> LLMContext:
         return LLMContext(messages=[{"role": "system", "content": self.spec.system_prompt}])
@@ -233,7 +267,7 @@ class _Scene:
         self.ledger = TimelineLedger(stored, self.run.timeline)
         self.runtime = await ActionRuntime.create(
             self.loaded.policy,
-            authorizer=AllowAll(),  # scenarios are about timing, not rights: one caller
+            authorizer=self.app.authorizer or AllowAll(),
             actions=self.actions,
             ledger=self.ledger,
             clock=self.clock,
@@ -262,13 +296,13 @@ class _Scene:
             found = self.run.labels.get(label)
             if found is None and self.runtime is not None:
                 found = self.runtime.operation_for_call(call_id)
-                if found is None:
-                    ops = await self.runtime.ledger.list(
-                        OperationFilter(session_id=self.session.session_id)
-                    )
+                for session_id in self.session_ids if found is None else []:
+                    ops = await self.runtime.ledger.list(OperationFilter(session_id=session_id))
                     found = next(
                         (o.operation_id for o in ops if o.provider_call_id == call_id), None
                     )
+                    if found is not None:
+                        break
             if found is not None:
                 self.run.labels[label] = found
                 return found
@@ -337,6 +371,8 @@ class _Scene:
             return call(self.reconnect)
         if isinstance(step, HangUpStep):
             return call(self.hang_up)
+        if isinstance(step, CallerStep):
+            return call(self.reconnect)
         if isinstance(step, TogetherStep):
             return self.together(index, step)
         return []  # llm steps are the model's script
@@ -534,12 +570,12 @@ class _Scene:
         current: list[ConversationStep] = []
         away = False
         for index, step in enumerate(self.loaded.steps):
-            if away and isinstance(step, ReconnectStep):
+            if away and isinstance(step, ReconnectStep | CallerStep):
                 segments.append((current, step, True))
                 current, away = [], False
                 continue
             current.extend(self.translate(index, step))
-            if isinstance(step, CrashStep | ReconnectStep | HangUpStep):
+            if isinstance(step, CrashStep | ReconnectStep | HangUpStep | CallerStep):
                 segments.append((current, step, away))
                 current = []
                 away = away or isinstance(step, HangUpStep)
@@ -566,11 +602,15 @@ class _Scene:
                 await self.converse(steps, settle=ender is None)
             if isinstance(ender, HangUpStep):
                 self.note("the user hangs up")
+            if isinstance(ender, CallerStep):
+                self.session, self.context = self._caller(
+                    ender.principal, ender.session_id, ender.agent
+                )
+                self.note(f"{ender.principal} calls ({self.session.session_id})")
             if isinstance(ender, CrashStep):
                 self.clock.advance(self.spec.lease_secs + 1)  # the dead owner's leases lapse
                 self.note("the bot process restarts")
-                self.session = self._new_session()
-                self.context = self._new_context()
+                self._restarted()
                 await self.open_runtime(recover=ender.recover)
             elif isinstance(ender, ReconnectStep) and not away:
                 self.note("the user reconnects")
@@ -624,7 +664,11 @@ class _Scene:
         await asyncio.gather(*self.background, return_exceptions=True)
         await self.runtime.flush()
         ledger = self.runtime.ledger
-        ops = await ledger.list(OperationFilter(session_id=self.session.session_id))
+        ops = [
+            op
+            for session_id in self.session_ids
+            for op in await ledger.list(OperationFilter(session_id=session_id))
+        ]
         ids = {op.operation_id for op in ops}
         linked = [op for op in await ledger.list() if op.compensates in ids]
         self.run.operations = [*ops, *(op for op in linked if op.operation_id not in ids)]

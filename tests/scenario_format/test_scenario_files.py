@@ -142,7 +142,7 @@ def test_the_command_refuses_a_malformed_file_in_one_line_per_problem(tmp_path: 
     assert done.stderr.strip().splitlines() == [
         f"pipecat-actions: {bad}: steps[0]: unknown step 'dance'; steps are: "
         "user, barge_in, llm, wait, idle, advance, until, fault, release_hung, approve, "
-        "reject, handoff, crash, reconnect, hang_up, compensate, together"
+        "reject, handoff, crash, reconnect, hang_up, caller, compensate, together"
     ]
     assert "Traceback" not in done.stderr
 

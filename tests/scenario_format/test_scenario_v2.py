@@ -329,3 +329,86 @@ def test_scenario_new_writes_a_file_that_runs_and_never_replaces_one(tmp_path: P
     assert again.returncode == 2
     assert again.stderr.strip() == f"pipecat-actions: {path} exists; nothing was written"
     assert path.read_bytes() == before
+
+
+OWN_BOOKINGS_APP = '''
+from pipecat_actions.admission.authorization import Decision
+from pipecat_actions.scenarios import ScenarioApp
+from pipecat_actions.testing.restaurant import build_actions
+
+
+class OwnBookingsOnly:
+    """A caller may cancel only a booking made under their name."""
+
+    def __init__(self, sor):
+        self.sor = sor
+
+    async def authorize(self, request):
+        if request.tool != "cancel_booking":
+            return Decision.allow()
+        booking = self.sor.get_booking(request.args["booking_id"])
+        if booking is None or booking.guest != request.principal:
+            return Decision.deny("that booking is not yours")
+        return Decision.allow()
+
+
+def build(world):
+    sor = world.restaurant
+    return ScenarioApp(build_actions(sor), authorizer=OwnBookingsOnly(sor))
+'''
+
+
+async def test_a_second_caller_cannot_cancel_the_first_callers_booking(tmp_path: Path) -> None:
+    (tmp_path / "own_bookings.py").write_text(OWN_BOOKINGS_APP)
+    text = D(
+        """\
+        version: 2
+        name: two callers
+        app: own_bookings.py:build
+        policy:
+          version: 1
+          tools:
+            book_table:
+              kind: mutation
+              idempotency: {key_fields: [restaurant_id, date, time, party_size]}
+            cancel_booking:
+              kind: mutation
+              idempotency: {key_fields: [booking_id]}
+        session: {principal: alice}
+        steps:
+          - user: A table for two at nine, please.
+          - llm:
+              calls:
+                - tool: book_table
+                  as: booking
+                  args: {restaurant_id: trattoria, date: "2030-05-01", time: "21:00",
+                         party_size: 2, guest_name: alice}
+          - until: {op: booking, status: [COMMITTED], delivered: true}
+          - llm: You are booked at nine.
+          - idle: {quiet_secs: 0.5, calls: true}
+          - caller: bob
+          - user: Cancel booking bk_0001.
+          - llm: {calls: [{tool: cancel_booking, as: bobs_cancel, args: {booking_id: bk_0001}}]}
+          - until: {op: bobs_cancel, status: [REJECTED]}
+          - llm: I cannot cancel that booking.
+          - idle: {quiet_secs: 0.5, calls: true}
+          - caller: alice
+          - user: Please cancel my booking bk_0001.
+          - llm: {calls: [{tool: cancel_booking, as: alices_cancel, args: {booking_id: bk_0001}}]}
+          - until: {op: alices_cancel, status: [COMMITTED], delivered: true}
+          - llm: It is cancelled.
+          - idle: {quiet_secs: 0.5, calls: true}
+        expect:
+          operations:
+            - {op: booking, status: COMMITTED}
+            - {op: bobs_cancel, status: REJECTED, error_contains: not yours}
+            - {op: alices_cancel, status: COMMITTED}
+          side_effects: {book: 1, cancel: 1}
+          requests: {cancel_booking: 1}
+          heard: {includes: [booked at nine, cannot cancel, it is cancelled]}
+        """
+    )
+    report = await run_scenario(load_scenario_text(text, source="two.yaml", base=tmp_path))
+    assert report.passed, failed(report)
+    sessions = {op.session_id for op in report.run.operations}  # type: ignore[attr-defined]
+    assert len(sessions) == 2
