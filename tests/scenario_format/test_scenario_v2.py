@@ -412,3 +412,32 @@ async def test_a_second_caller_cannot_cancel_the_first_callers_booking(tmp_path:
     assert report.passed, failed(report)
     sessions = {op.session_id for op in report.run.operations}  # type: ignore[attr-defined]
     assert len(sessions) == 2
+
+
+async def test_a_reconcile_hook_that_raises_then_hangs_is_asked_again_until_it_answers() -> None:
+    text = restaurant(
+        D("""\
+        - user: A table for two at nine, please.
+        - fault: {fault: lose_response_after_commit, kind: book}
+        - fault: {target: book_table.reconcile, fault: raise}
+        - fault: {target: book_table.reconcile, fault: hang}
+        """)
+        + BOOK
+        + D("""\
+        - until: {op: booking, status: [UNKNOWN]}
+        - advance: 30
+        - release_hung
+        - advance: 30
+        - until: {op: booking, status: [COMMITTED], delivered: true}
+        - llm: You are booked at nine.
+        - idle: {quiet_secs: 0.5, calls: true}
+        """),
+        D("""\
+        operations:
+          - {op: booking, status: COMMITTED, told: 1}
+        requests: {book_table: 1, book_table.reconcile: 3}
+        side_effects: {book: 1}
+        """),
+    )
+    report = await run_text(text)
+    assert report.passed, failed(report)
