@@ -385,7 +385,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
     _progress(f"policy {POLICY}, ledger {database}")
     ledger_url = f"sqlite:///{database}"
     code = await run(args.service, ledger_url)
-    async with await SqlLedger.create(ledger_url, must_exist=True) as ledger:
+    async with await SqlLedger.create(ledger_url, read_only=True) as ledger:
         operator_commands(ledger_url, await ledger.list())
     return code
 

@@ -25,8 +25,10 @@ the ledger read (``ledger: URL``, password hidden; on stderr with ``--json``, wh
 the JSON alone), every text line goes through `printable` (a control character or a bidi
 override from the ledger is shown escaped, never obeyed) and nothing from the ledger is read as
 rich markup. Only ``db upgrade`` creates a ledger: the other commands open an existing one and
-say so when there is none. A reader that goes away (``| head``) ends the command quietly, with
-the status of a command killed by SIGPIPE (141).
+say so when there is none, or when what is there is not a ledger. The read commands (``ledger``,
+``undelivered``, ``stats``, ``approvals list|show``, ``db status``) open it read-only: they
+change nothing on disk, neither the file nor its folder. A reader that goes away (``| head``)
+ends the command quietly, with the status of a command killed by SIGPIPE (141).
 """
 
 from __future__ import annotations
@@ -286,7 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _open_existing(url: str | None, **options: Any) -> SqlLedger:
-    """Open the ledger a command reads: one that exists, never a new one (`must_exist`)."""
+    """Open the ledger a command uses: one that exists, never a new one (`must_exist`).
+
+    The read commands pass ``read_only=True``.
+    """
     from pipecat_actions.errors import LedgerNotFound
     from pipecat_actions.ledger import SqlLedger
     from pipecat_actions.ledger.engine import ENV_LEDGER_URL
@@ -436,7 +441,7 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
         )
         _print_read(args, ledger.url, data, lambda: said, out)
         return 0
-    ledger = await _open_existing(args.url, settings=settings, check_schema=False)
+    ledger = await _open_existing(args.url, settings=settings, check_schema=False, read_only=True)
     try:
         state = await ledger.schema_state()
     finally:
@@ -466,7 +471,7 @@ async def _approvals_read(args: argparse.Namespace, out: TextIO) -> int:
     """``approvals list`` and ``approvals show``."""
     from pipecat_actions import operator
 
-    ledger = await _open_existing(args.ledger)
+    ledger = await _open_existing(args.ledger, read_only=True)
     try:
         if args.approvals_command == "list":
             waiting = await ledger.list(OperationFilter(status=[ActionStatus.AWAITING_APPROVAL]))
@@ -526,7 +531,7 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
 
     since = None if getattr(args, "since", None) is None else time.time() - args.since
     more = None
-    ledger = await _open_existing(args.ledger)
+    ledger = await _open_existing(args.ledger, read_only=True)
     try:
         if args.command == "stats":
             data: Any = await operator.statistics(

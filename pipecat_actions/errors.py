@@ -134,10 +134,13 @@ class LedgerConfigurationError(LedgerError):
 
 
 class LedgerNotFound(LedgerConfigurationError):
-    """No ledger is where one was asked for with ``must_exist``; nothing was created.
+    """No ledger is where one was asked for with ``must_exist``; nothing was written.
+
+    Either nothing is there, or what is there is not a ledger (a directory, a file that is not
+    a SQLite database, a SQLite database without the ledger's tables).
 
     Attributes:
-        path: The SQLite file that is not there.
+        path: The SQLite file that is not there, or not a ledger.
     """
 
     def __init__(self, message: str, *, path: str) -> None:

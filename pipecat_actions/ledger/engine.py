@@ -11,6 +11,7 @@ SQLite (the default, a file under ``.pipecat_actions/`` in the working directory
 * ``foreign_keys=ON``.
 
 Each setting is read back after it is set; a connection that does not take it is refused.
+A ledger opened read-only sets none of them: its connections write nothing (see `_reader`).
 
 A SQLite ledger holds every tool call's arguments: the directory it creates for one is its
 owner's alone (0700), the files it creates (the database, its ``.lock`` sidecar) are 0600, and
@@ -28,10 +29,15 @@ __all__ = [
     "ENV_LEDGER_URL",
     "LedgerSettings",
     "SqliteFile",
+    "allow_table_hints",
     "create_engine_for",
     "create_sqlite_writer_engine",
+    "damaged_file",
     "default_ledger_url",
+    "kept_at",
+    "lost_file",
     "normalize_url",
+    "not_found",
     "prepare_sqlite_file",
     "redact_url",
 ]
@@ -182,6 +188,11 @@ class _HintingSqliteCompiler(SQLiteCompiler):
         return text
 
 
+def allow_table_hints(engine: Engine) -> None:
+    """Let the statements of ``engine`` (a SQLite one) carry table hints (``NOT INDEXED``)."""
+    engine.dialect.statement_compiler = _HintingSqliteCompiler
+
+
 def create_engine_for(url: URL, settings: LedgerSettings) -> AsyncEngine:
     """Create an async engine whose every new connection is checked for durability.
 
@@ -192,7 +203,7 @@ def create_engine_for(url: URL, settings: LedgerSettings) -> AsyncEngine:
     if url.get_backend_name() == "sqlite":
         # Opens nothing yet: `prepare_sqlite_file` makes (or finds) the file first.
         engine = create_async_engine(url)
-        engine.sync_engine.dialect.statement_compiler = _HintingSqliteCompiler
+        allow_table_hints(engine.sync_engine)
         _install_sqlite_checks(engine.sync_engine, settings)
         return engine
     engine = create_async_engine(
@@ -234,8 +245,8 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings, *, must_exist: bool 
     lock_path = path.with_name(path.name + ".lock")
     if not must_exist:
         _make_private_directory(path.parent)
-    elif not path.exists() and not _kept_at(lock_path):  # else: lost, said under the lock
-        raise _not_found(path)
+    elif not path.exists() and not kept_at(lock_path):  # else: lost, said under the lock
+        raise not_found(path)
     created = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, _PRIVATE_FILE)
     with os.fdopen(created, "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -243,15 +254,10 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings, *, must_exist: bool 
             lock.seek(0)
             kept = lock.read().startswith(_KEPT_MARKER)
             if kept and (not path.exists() or path.stat().st_size == 0):
-                raise LedgerLost(
-                    f"the ledger file {path} is missing or empty, but {lock_path.name} shows "
-                    "that a ledger was kept there: its operations are lost. Restore "
-                    f"{path.name} from a backup, or delete {lock_path.name} to start a new, "
-                    "empty ledger"
-                )
+                raise lost_file(path)
             if not path.exists():
                 if must_exist:
-                    raise _not_found(path)
+                    raise not_found(path)
                 _create_private_file(path)
             try:
                 connection = sqlite3.connect(path, timeout=settings.sqlite_busy_timeout_ms / 1000)
@@ -262,10 +268,7 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings, *, must_exist: bool 
             except sqlite3.OperationalError as exc:
                 raise LedgerUnavailable(f"ledger database {path} failed: {exc}") from exc
             except sqlite3.DatabaseError as exc:
-                raise LedgerLost(
-                    f"{path} is not a usable SQLite database ({exc}): restore it from a "
-                    "backup, or point the ledger at another file"
-                ) from exc
+                raise damaged_file(path, str(exc)) from exc
             if not kept:
                 lock.write(_KEPT_MARKER + f" {path.name}\n".encode())
                 lock.flush()
@@ -277,16 +280,35 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings, *, must_exist: bool 
         )
 
 
-def _kept_at(lock_path: Path) -> bool:
+def kept_at(lock_path: Path) -> bool:
     """Whether the sidecar ``lock_path`` says a ledger was kept next to it (read, not locked)."""
     try:
         with open(lock_path, "rb") as lock:
             return lock.read(len(_KEPT_MARKER)) == _KEPT_MARKER
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
 
 
-def _not_found(path: Path) -> LedgerNotFound:
+def lost_file(path: Path) -> LedgerLost:
+    """The error for a ledger file found missing or empty where `kept_at` says one was kept."""
+    lock_name = path.name + ".lock"
+    return LedgerLost(
+        f"the ledger file {path} is missing or empty, but {lock_name} shows that a ledger was "
+        f"kept there: its operations are lost. Restore {path.name} from a backup, or delete "
+        f"{lock_name} to start a new, empty ledger"
+    )
+
+
+def damaged_file(path: Path, why: str) -> LedgerLost:
+    """The error for a ledger file that SQLite cannot read as a database."""
+    return LedgerLost(
+        f"{path} is not a usable SQLite database ({why}): restore it from a backup, or point "
+        "the ledger at another file"
+    )
+
+
+def not_found(path: Path) -> LedgerNotFound:
+    """The error for no ledger file at ``path`` (or no directory for it), naming the fix."""
     where = os.path.abspath(path)
     directory = os.path.dirname(where)
     why = "no such file" if os.path.isdir(directory) else f"no directory {directory}"

@@ -30,17 +30,20 @@ from sqlalchemy import (
     bindparam,
     func,
     insert,
+    inspect,
     literal,
     or_,
     select,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from pipecat_actions.clock import Clock, SystemClock
 from pipecat_actions.errors import (
     IdempotencyMismatch,
+    LedgerConfigurationError,
     LedgerError,
     LedgerUnavailable,
     OperationNotFound,
@@ -52,6 +55,12 @@ from pipecat_actions.ledger import _sqlite, migrate
 from pipecat_actions.ledger._filters import filter_conditions
 from pipecat_actions.ledger._notices import Notices, PostgresNotices, SqliteNotices
 from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
+from pipecat_actions.ledger._reader import (
+    SqliteReader,
+    create_reader_engine,
+    not_a_ledger,
+    open_reader,
+)
 from pipecat_actions.ledger._rows import (
     ADMIT_STATUSES,
     CHANGEABLE_FIELDS,
@@ -72,6 +81,7 @@ from pipecat_actions.ledger._trail import TrailMarks
 from pipecat_actions.ledger._writer import (
     SqliteWriter,
     Work,
+    as_ledger_error,
     guard_database_errors,
     run_postgres_write,
 )
@@ -126,6 +136,9 @@ class SqlLedger(Ledger):
     three to four thread hand-offs per statement (~0.12 ms each), so a transaction run as one
     hand-off is what keeps a write near the raw aiosqlite insert+commit. Other reads use the
     async engine. Waiters hear other processes' outcomes through `notices`.
+
+    Opened ``read_only``, a SQLite ledger has no writer: its file is read through a
+    `SqliteReader`, which writes nothing to disk (see `_reader`).
     """
 
     def __init__(
@@ -139,13 +152,17 @@ class SqlLedger(Ledger):
         sqlite_file: SqliteFile | None = None,
         postgres: PostgresFastPath | None = None,
         notices: Notices | None = None,
+        sqlite_reader: SqliteReader | None = None,
+        read_only: bool = False,
     ) -> None:
         self._engine = engine
         self.url = url
         self._clock = clock
         self._settings = settings
         self._sqlite_writer = sqlite_writer
-        self._sqlite = sqlite_writer is not None
+        self._reader = sqlite_reader
+        self._read_only = read_only or sqlite_reader is not None
+        self._sqlite = sqlite_writer is not None or sqlite_reader is not None
         dialect_insert = sqlite.insert if self._sqlite else postgresql.insert
         self._insert_operation = (
             dialect_insert(operations)
@@ -191,6 +208,7 @@ class SqlLedger(Ledger):
         create_schema: bool = True,
         check_schema: bool = True,
         must_exist: bool = False,
+        read_only: bool = False,
     ) -> SqlLedger:
         """Open the ledger at ``url`` and check its schema version.
 
@@ -203,13 +221,20 @@ class SqlLedger(Ledger):
                 schema version is always refused, never changed here.
             check_schema: Refuse a database whose schema is not this code's. Only the
                 ``db`` commands turn this off, to look at or upgrade such a database.
-            must_exist: Open an existing ledger only, as a reader does: a SQLite file that is
-                not there (or whose directory is not) is `LedgerNotFound` and nothing is
-                created on disk, and an empty database is never given the schema
-                (``create_schema`` is not applied).
+            must_exist: Open an existing ledger only: a SQLite file that is not there (or
+                whose directory is not), or that is not a ledger (a directory, not a SQLite
+                database, a database with other tables only) is `LedgerNotFound`, and an
+                empty database is never given the schema (``create_schema`` is not applied).
+                A SQLite file is proved a ledger (at this code's schema, with
+                ``check_schema``) by reading it as ``read_only`` does, before anything is
+                written to it or beside it.
+            read_only: Read, never write (implies ``must_exist``), as the operator's read
+                commands do: on SQLite nothing on disk changes, neither the file nor its
+                folder (no ``.lock``, no WAL switch, no ``-wal`` or ``-shm`` of its own:
+                see `_reader`). Every write raises `LedgerConfigurationError`.
 
         Raises:
-            LedgerNotFound: ``must_exist`` and no SQLite file is there.
+            LedgerNotFound: ``must_exist`` and no SQLite ledger is there.
             LedgerConfigurationError: Bad URL or unsafe durability settings.
             SchemaVersionMismatch: The schema is older or newer than this code.
             LedgerUnavailable: The database cannot be reached.
@@ -217,8 +242,17 @@ class SqlLedger(Ledger):
         parsed = normalize_url(url or default_ledger_url())
         settings = settings or LedgerSettings()
         is_sqlite = parsed.get_backend_name() == "sqlite"
+        must_exist = must_exist or read_only
         create_schema = create_schema and not must_exist
 
+        if is_sqlite and must_exist:
+            # Read first: what is not a ledger is refused before a byte is written beside it.
+            reading = await cls._open_sqlite_reader(
+                parsed, clock=clock, settings=settings, check_schema=check_schema
+            )
+            if read_only:
+                return reading
+            await reading.close()
         engine = create_engine_for(parsed, settings)
         if is_sqlite:
             try:
@@ -252,9 +286,41 @@ class SqlLedger(Ledger):
             sqlite_file=SqliteFile(Path(parsed.database or "")) if is_sqlite else None,
             postgres=fast,
             notices=notices,
+            read_only=read_only,
         )
         try:
             await ledger._open(create_schema=create_schema, check_schema=check_schema)
+        except BaseException:
+            await ledger.close()
+            raise
+        return ledger
+
+    @classmethod
+    async def _open_sqlite_reader(
+        cls, parsed: URL, *, clock: Clock | None, settings: LedgerSettings, check_schema: bool
+    ) -> SqlLedger:
+        path = Path(parsed.database or "")
+        url = redact_url(parsed)
+        reader = await guard_database_errors(
+            asyncio.to_thread(open_reader, path, settings), url=url
+        )
+        try:
+            # An empty file is read as an empty database; SqliteFile would call it emptied.
+            sqlite_file = None if reader.empty else SqliteFile(path)
+        except BaseException:
+            reader.close()
+            raise
+        ledger = cls(
+            create_reader_engine(reader, settings),
+            url=url,
+            clock=clock or SystemClock(),
+            settings=settings,
+            sqlite_writer=None,
+            sqlite_file=sqlite_file,
+            sqlite_reader=reader,
+        )
+        try:
+            await ledger._open(create_schema=False, check_schema=check_schema)
         except BaseException:
             await ledger.close()
             raise
@@ -266,9 +332,31 @@ class SqlLedger(Ledger):
             await self._writer.start()
         if self._fast is not None:
             await self._fast.open()
-        if check_schema:
+        if self._read_only:
+            state = await self._read(self._read_schema_work(check_schema))
+            logger.debug("ledger {} (read-only) at schema {}", self.url, state.current)
+        elif check_schema:
             state = await self._write(self._check_schema_work(create_schema))
             logger.debug("ledger {} at schema {}", self.url, state.current)
+
+    def _read_schema_work(self, check_schema: bool) -> Work[migrate.SchemaState]:
+        """Read the schema's state, refusing what a reader cannot use.
+
+        A SQLite file with tables but none of the ledger's is not a ledger; with
+        ``check_schema``, a database at another revision is refused.
+        """
+
+        def work(conn: Connection) -> migrate.SchemaState:
+            state = migrate.read_schema_state(conn)
+            # A PostgreSQL database is often the application's too: only in a SQLite file do
+            # other tables say that it is something else.
+            if self._reader is not None and state.empty and inspect(conn).get_table_names():
+                raise not_a_ledger(self._reader.path, "no ledger schema in it")
+            if check_schema and not state.up_to_date:
+                raise self._schema_error(state)
+            return state
+
+        return work
 
     def _check_schema_work(self, create_schema: bool) -> Work[migrate.SchemaState]:
         def work(conn: Connection) -> migrate.SchemaState:
@@ -327,10 +415,19 @@ class SqlLedger(Ledger):
         if self._fast is not None:
             await self._fast.close()
         await self._engine.dispose()
+        if self._reader is not None:
+            self._reader.close()
+
+    def _refuse_writes(self) -> None:
+        if self._read_only:
+            raise LedgerConfigurationError(
+                f"the ledger {self.url} was opened read-only: it records nothing"
+            )
 
     async def _write(self, work: Work[T]) -> T:
         if self._closed:
             raise LedgerUnavailable("the ledger is closed")
+        self._refuse_writes()
         if self._writer is not None:
             return await self._writer.run(work)
         return await run_postgres_write(self._engine, work, url=self.url, turn=self._turns)
@@ -340,9 +437,11 @@ class SqlLedger(Ledger):
 
         A cancelled caller interrupts neither the wait nor the write: it was handed over.
         """
-        if self._closed:
+        if self._closed or self._read_only:
             write.close()
-            raise LedgerUnavailable("the ledger is closed")
+            if self._closed:
+                raise LedgerUnavailable("the ledger is closed")
+            self._refuse_writes()
 
         async def run() -> T:
             async with self._turns:
@@ -775,6 +874,23 @@ class SqlLedger(Ledger):
             async with self._read_turns, self._turns, self._engine.connect() as conn:
                 return await conn.run_sync(work)
 
+        reader = self._reader
+        if reader is None or not reader.alone():
+            return await guard_database_errors(run(), url=self.url)
+        # An immutable read (see `_reader`) is trusted only if no writer had the file
+        # meanwhile; a writer's checkpoint under it could also be why it failed.
+        try:
+            result = await run()
+        except Exception as exc:
+            if reader.alone():
+                mapped = as_ledger_error(exc, url=self.url)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+        else:
+            if reader.alone():
+                return result
+        logger.debug("ledger {}: a writer opened it during a read, read again", self.url)
         return await guard_database_errors(run(), url=self.url)
 
     async def get(self, operation_id: str) -> Operation:  # noqa: D102 - see Ledger
