@@ -36,9 +36,11 @@ __all__ = [
     "approve_operation",
     "check_decision",
     "reject_operation",
+    "same_person",
 ]
 
 import contextlib
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,10 +68,14 @@ class Approver:
     Attributes:
         name: The name they signed in with (see `check_approver_name`).
         roles: The roles their sign-in gave them.
+        via: How their identity was established, recorded with the decision: the
+            application vouching for it, the console's credentials file or proxy header,
+            the CLI's credentials file (and which).
     """
 
     name: str
     roles: frozenset[str] = field(default_factory=frozenset)
+    via: str = "application"
 
     @classmethod
     def of(cls, who: Approver | str) -> Approver:
@@ -170,7 +176,7 @@ def check_decision(
     if op.status is not S.AWAITING_APPROVAL:
         raise ApprovalRefused(f"operation {op.operation_id} is {op.status}, not awaiting approval")
     who = Approver.of(approver)
-    if who.name.casefold() == op.principal.casefold():
+    if same_person(who.name, op.principal):
         raise ApprovalRefused(
             f"{who.name} asked for operation {op.operation_id}: a requester never decides on "
             "their own request; another approver must"
@@ -189,12 +195,28 @@ def check_decision(
     return who
 
 
+def same_person(name: str, principal: str) -> bool:
+    """Whether an approver's ``name`` is the request's ``principal``.
+
+    Compared as people would read them: without regard to case, Unicode compatibility forms
+    (NFKC), invisible format characters (zero-width, bidi marks) or surrounding whitespace,
+    so ``"rosa "`` or ``"ro\u200bsa"`` as a principal is still rosa.
+    """
+
+    def plain(text: str) -> str:
+        folded = unicodedata.normalize("NFKC", text)
+        visible = "".join(c for c in folded if unicodedata.category(c) != "Cf")
+        return visible.strip().casefold()
+
+    return plain(name) == plain(principal)
+
+
 def _actor(who: Approver) -> str:
     return f"approver:{who.name}"
 
 
 def _decided_by(who: Approver, rule: ApprovalRule, reason: str) -> dict[str, Any]:
-    detail: dict[str, Any] = {"reason": reason.strip(), "approver": who.name}
+    detail: dict[str, Any] = {"reason": reason.strip(), "approver": who.name, "via": who.via}
     held = rule.roles_held(who)
     if held and not any(who.name.casefold() == n.casefold() for n in rule.approvers):
         detail["as_role"] = held
@@ -204,15 +226,20 @@ def _decided_by(who: Approver, rule: ApprovalRule, reason: str) -> dict[str, Any
 async def _refuse_if_expired(
     ledger: Ledger,
     op: Operation,
-    who: Approver,
+    approver: Approver | str,
     *,
     now: float,
     fence: int | None,
     decision: str,
 ) -> None:
-    """Refuse a decision after ``op``'s window closed, and record that it EXPIRED."""
-    if op.deadline_at is None or now < op.deadline_at:
+    """Refuse a decision after ``op``'s window closed, and record that it EXPIRED.
+
+    Checked before anything else about the decision: whoever asks, and with whatever
+    arguments, a request whose window closed is EXPIRED, and the ledger says so.
+    """
+    if op.status is not S.AWAITING_APPROVAL or op.deadline_at is None or now < op.deadline_at:
         return
+    who = Approver.of(approver)
     with contextlib.suppress(TransitionRefused):
         await ledger.transition(
             op.operation_id,
@@ -257,6 +284,7 @@ async def approve_operation(
             expired (then it is moved to EXPIRED).
     """
     op = await ledger.get(operation_id)
+    await _refuse_if_expired(ledger, op, approver, now=now, fence=fence, decision="approval")
     rule = await approval_rule(ledger, operation_id) if op.status is S.AWAITING_APPROVAL else None
     who = check_decision(op, rule, approver, reason)
     assert rule is not None  # check_decision refuses an operation without one
@@ -270,7 +298,6 @@ async def approve_operation(
             f"operation {operation_id} holds other arguments than the ones approved "
             f"(args hash {op.args_hash[:12]}…, approved {args_hash[:12]}…)"
         )
-    await _refuse_if_expired(ledger, op, who, now=now, fence=fence, decision="approval")
     try:
         return await ledger.transition(
             operation_id,
@@ -308,10 +335,10 @@ async def reject_operation(
         ApprovalRefused: See `check_decision`; or expired (then it is moved to EXPIRED).
     """
     op = await ledger.get(operation_id)
+    await _refuse_if_expired(ledger, op, approver, now=now, fence=fence, decision="rejection")
     rule = await approval_rule(ledger, operation_id) if op.status is S.AWAITING_APPROVAL else None
     who = check_decision(op, rule, approver, reason, decision="reject")
     assert rule is not None
-    await _refuse_if_expired(ledger, op, who, now=now, fence=fence, decision="rejection")
     try:
         return await ledger.transition(
             operation_id,

@@ -74,6 +74,18 @@ def _cursor(text: str) -> tuple[float, str]:
         ) from None
 
 
+async def _every(ledger: Any, filters: OperationFilter) -> list[Operation]:
+    """Every operation ``filters`` selects, a page at a time (lists are never cut short)."""
+    found: list[Operation] = []
+    page = replace(filters, limit=1000)
+    while True:
+        rows = await ledger.list(page)
+        found.extend(rows)
+        if len(rows) < page.limit:
+            return found
+        page = replace(page, after=(rows[-1].created_at, rows[-1].operation_id))
+
+
 def _cursor_of(op: Operation) -> str:
     return f"{op.created_at!r}/{op.operation_id}"
 
@@ -83,7 +95,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """Print ``message`` on one line and exit with status 2."""
-        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: {printable(message)} (see --help)\n")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -474,7 +486,8 @@ async def _approvals_read(args: argparse.Namespace, out: TextIO) -> int:
     ledger = await _open_existing(args.ledger, read_only=True)
     try:
         if args.approvals_command == "list":
-            waiting = await ledger.list(OperationFilter(status=[ActionStatus.AWAITING_APPROVAL]))
+            waiting = await _every(ledger, OperationFilter(status=[ActionStatus.AWAITING_APPROVAL]))
+            waiting.sort(key=lambda op: (op.deadline_at or float("inf"), op.created_at))
             data: Any = [operator.describe_approval(op) for op in waiting]
             render: Callable[[Any], str] = operator.render_approvals
         else:

@@ -345,3 +345,52 @@ async def test_the_users_command_adds_lists_and_removes_operators(
             capsys, "users", "add", "[/x]", "--users", users, "--password-stdin"
         )
     assert code == 1 and "not an approver name" in err
+
+
+async def test_the_cli_records_which_credentials_file_vouched_for_the_approver(
+    waiting: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    runtime, url, operation_id, _, _ = waiting
+    code, _, err = await _decide(capsys, "approve", operation_id, url, "deposit policy")
+    assert code == 0, err
+    (decided,) = [
+        e for e in await runtime.ledger.events(operation_id) if e.to_status is ActionStatus.ADMITTED
+    ]
+    assert decided.detail["via"] == f"cli: credentials file {tmp_path / 'users'}"
+
+
+async def test_a_credentials_file_others_can_write_is_refused(
+    waiting: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    runtime, url, operation_id, _, _ = waiting
+    (tmp_path / "users").chmod(0o622)
+    code, _, err = await _decide(capsys, "approve", operation_id, url, "deposit policy")
+    assert code == 1
+    assert "can be changed by others than its owner (mode 622)" in err
+    assert (await runtime.ledger.get(operation_id)).status is ActionStatus.AWAITING_APPROVAL
+
+
+async def test_approvals_list_prints_every_waiting_request_expiring_first(
+    ledger_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipecat_actions.ledger import NewOperation
+
+    async with await SqlLedger.create(ledger_url) as ledger:
+        for number in range(1002):
+            await ledger.admit(
+                NewOperation(
+                    tool="refund_deposit",
+                    kind="mutation",
+                    args={"n": number},
+                    idempotency_key=f"k{number}",
+                    session_id="s",
+                    principal="alice",
+                    status=ActionStatus.AWAITING_APPROVAL,
+                    deadline_at=2_000_000_000.0 - number,
+                )
+            )
+    code, out, _ = await _cli(capsys, "approvals", "list", "--ledger", ledger_url, "--json")
+    assert code == 0
+    listed = json.loads(out)
+    assert len(listed) == 1002
+    assert listed[0]["args"] == {"n": 1001}  # the newest expires first here

@@ -328,3 +328,14 @@ def test_policy_check_quotes_a_hostile_key_without_letting_the_terminal_obey_it(
     assert code == 1
     assert _obeyable(out + err) == []
     assert r"bo\x1b]0;owned\x07ok" in err and r"\x1b[31mevil\u202e" in err
+
+
+def test_a_usage_error_quotes_what_was_typed_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipecat_actions.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["ledger", "list", "\x1b]0;TITLE\x07"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert "\x1b" not in err and "\x07" not in err
+    assert r"\x1b]0;TITLE\x07" in err

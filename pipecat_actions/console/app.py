@@ -82,6 +82,8 @@ class ConsoleSettings:
         public_origin: The console's address as browsers reach it (``https://host[:port]``),
             when a proxy in front of it changes the Host it sees. A decision's ``Origin``
             must be this; without it, the address the request was made to.
+        cookie_name: The session cookie's name (browsers share cookies between the ports of
+            one host: give consoles on one host names of their own).
         now: The time, for approval windows, countdowns and sign-in lifetimes.
     """
 
@@ -94,6 +96,7 @@ class ConsoleSettings:
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     secure_cookies: bool = False
     public_origin: str | None = None
+    cookie_name: str = "pipecat_actions_console"
     now: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
@@ -215,11 +218,14 @@ class _Failures:
         return recent[-_FAILURES_ALLOWED] + _FAILURE_WINDOW_SECS - self._now()
 
     def failed(self, key: tuple[str, str]) -> None:
+        """Count an attempt against ``key`` (before it is checked: attempts made at once count)."""
         if len(self._seen) >= _SIGN_INS and key not in self._seen:
             for old in list(self._seen):
                 self._recent(old)  # forget what has aged out
             if len(self._seen) >= _SIGN_INS:
-                del self._seen[next(iter(self._seen))]
+                # The pair with the fewest recent failures goes: flooding the table with
+                # names tried once never clears the record of the name being guessed.
+                del self._seen[min(self._seen, key=lambda k: len(self._seen[k]))]
         self._seen.setdefault(key, []).append(self._now())
 
     def forget(self, key: tuple[str, str]) -> None:
@@ -333,7 +339,7 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
     app.add_middleware(
         SessionMiddleware,
         secret_key=settings.secret,
-        session_cookie="pipecat_actions_console",
+        session_cookie=settings.cookie_name,
         max_age=int(settings.session_secs),
         same_site="strict",
         https_only=settings.secure_cookies,
@@ -357,13 +363,14 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
             for role in roles_text.split(","):
                 with contextlib.suppress(ValueError):
                     roles.add(check_approver_name(role.strip()))
-            return Identity(Approver(name, frozenset(roles)), csrf)
+            via = f"console: proxy header {settings.user_header}"
+            return Identity(Approver(name, frozenset(roles), via), csrf)
         assert settings.users is not None
         operator = sign_ins.find(session.get("sign_in"), settings.users)
         if operator is None:
             session.pop("sign_in", None)
             raise _SignInNeeded()
-        return Identity(operator.approver(), csrf)
+        return Identity(operator.approver("console: credentials file"), csrf)
 
     def check_csrf(request: Request, who: Identity, token: str) -> None:
         if not hmac.compare_digest(token.encode(), who.csrf.encode()):
@@ -450,7 +457,8 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
         password: str = Form(""),
         csrf: str = Form(""),
     ) -> Response:
-        assert settings.users is not None
+        if settings.users is None:  # sign-in is the proxy's
+            return RedirectResponse("/", status_code=303)
         expected = request.session.get("csrf", "")
         if not isinstance(expected, str) or not hmac.compare_digest(
             csrf.encode(), expected.encode()
@@ -468,9 +476,9 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
                 f"{max(1, round(wait_secs / 60))} min.",
             )
             return RedirectResponse("/login", status_code=303)
+        failures.failed(tried)  # counted before the check: attempts sent at once all count
         operator = await asyncio.to_thread(settings.users.authenticate, name.strip(), password)
         if operator is None:
-            failures.failed(tried)
             logger.warning("console: failed sign-in as {!r}", printable(name[:64]))
             flash(request, "error", "Unknown name or wrong password.")
             return RedirectResponse("/login", status_code=303)
@@ -534,6 +542,10 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
             # waited for its next change would hold the shutdown up).
             while not changes.stopped and not app.state.stopping():
                 if await request.is_disconnected():
+                    return
+                try:
+                    identity(request)  # signed out, expired or removed meanwhile: the stream ends
+                except (_SignInNeeded, UsersFileError):
                     return
                 now = await changes.after(version, within_secs=1.0)
                 if now != version:
@@ -649,13 +661,17 @@ def _trouble(request: Request, text: str) -> Response:
 
 
 async def _lists(ledger: Ledger) -> dict[str, list[Operation]]:
-    """Each list the pages show; the first three read one row past a page to say 'more'."""
+    """Each list the pages show; the first three read one row past a page to say 'more'.
+
+    Approvals come expiring first: of the first thousand waiting, by their deadline.
+    """
     waiting, undelivered, unknown, recent = await asyncio.gather(
-        ledger.list(OperationFilter(status=[S.AWAITING_APPROVAL], limit=_PAGE + 1)),
+        ledger.list(OperationFilter(status=[S.AWAITING_APPROVAL], limit=1000)),
         ledger.list(OperationFilter(status=[S.COMMITTED], undelivered=True, limit=_PAGE + 1)),
         ledger.list(OperationFilter(status=[S.UNKNOWN], limit=_PAGE + 1)),
         ledger.list(OperationFilter(limit=30, newest_first=True)),
     )
+    waiting.sort(key=lambda op: (op.deadline_at or float("inf"), op.created_at))
     return {"approvals": waiting, "undelivered": undelivered, "unknown": unknown,
             "recent": recent}  # fmt: skip
 

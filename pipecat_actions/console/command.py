@@ -25,7 +25,7 @@ import sys
 from typing import Any, TextIO
 
 from pipecat_actions._operator_text import ledger_line
-from pipecat_actions._printable import printable
+from pipecat_actions._printable import printable, printable_json
 from pipecat_actions.approvals import Approver
 from pipecat_actions.console.users import Credentials, UsersFileError
 
@@ -86,7 +86,7 @@ def authenticated_approver(args: argparse.Namespace) -> Approver:
         raise UsersFileError(
             f"unknown approver or wrong password (credentials {printable(str(args.users))})"
         )
-    return operator.approver()
+    return operator.approver(f"cli: credentials file {os.path.abspath(args.users)}")
 
 
 def add_users_parser(commands: Any) -> None:
@@ -104,6 +104,7 @@ def add_users_parser(commands: Any) -> None:
     remove = sub.add_parser("remove", help="remove an operator")
     remove.add_argument("name")
     listing = sub.add_parser("list", help="list the operators and their roles")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
     for parser in (add, remove, listing):
         _users_argument(parser)
 
@@ -126,9 +127,16 @@ def run_users(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{where}: {printable(args.name)} removed", file=out)
         return 0
     operators = credentials.operators()
+    if getattr(args, "json", False):
+        print(f"credentials: {where}", file=sys.stderr)
+        listed = [{"name": op.name, "roles": sorted(op.roles)} for op in operators.values()]
+        print(printable_json(listed), file=out)
+        return 0
     print(f"credentials: {where}", file=out)
     if not operators:
         print("no operator", file=out)
+        return 0
+    print(f"{'NAME':<32} ROLES", file=out)
     for operator in operators.values():
         roles = ", ".join(sorted(operator.roles))
         print(f"{printable(operator.name):<32} {printable(roles)}", file=out)
@@ -192,9 +200,14 @@ async def run_console(args: argparse.Namespace, out: TextIO) -> int:
         app=args.app,
         secure_cookies=args.secure_cookies,
         public_origin=args.public_origin,
+        cookie_name=f"pipecat_actions_console_{args.port}",
     )
     if settings.users is not None:
         settings.users.operators()  # a missing or malformed file says so now, not at sign-in
+    if settings.app is not None:
+        from pipecat_actions import operator
+
+        await operator.load_app(settings.app)  # a mistyped --app says so now, not at a click
 
     def say_where(url: str, ledger_name: str) -> None:
         print(ledger_line(ledger_name), file=out)  # as every other command names it

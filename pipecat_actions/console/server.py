@@ -58,7 +58,14 @@ async def start_console(
 
     app = create_app(settings, ledger, ledger_name=ledger_name)
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+        # The client's address is the socket's: X-Forwarded-For is the client's to choose.
+        proxy_headers=False,
     )
     server = uvicorn.Server(config)
     app.state.stopping = lambda: server.should_exit

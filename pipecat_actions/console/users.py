@@ -50,9 +50,9 @@ class Operator:
     roles: frozenset[str]
     password_hash: str
 
-    def approver(self) -> Approver:
-        """The operator as an `Approver` (their name and roles)."""
-        return Approver(self.name, self.roles)
+    def approver(self, via: str = "credentials file") -> Approver:
+        """The operator as an `Approver` (their name and roles), signed in ``via``."""
+        return Approver(self.name, self.roles, via)
 
 
 def _b64(data: bytes) -> str:
@@ -142,7 +142,7 @@ class Credentials:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, int, int] | None = None
         self._operators: dict[str, Operator] = {}
 
     def operators(self) -> dict[str, Operator]:
@@ -154,7 +154,13 @@ class Credentials:
                 f"cannot read the credentials file {self.path}: {exc.strerror or exc}; "
                 "create it with `pipecat-actions users add NAME --users FILE`"
             ) from None
-        stamp = (info.st_mtime_ns, info.st_size)
+        if info.st_mode & 0o022:
+            raise UsersFileError(
+                f"the credentials file {self.path} can be changed by others than its owner "
+                f"(mode {info.st_mode & 0o777:o}): anyone who can write it can make approvers; "
+                f"chmod 600 {self.path}"
+            )
+        stamp = (info.st_mtime_ns, info.st_size, info.st_mode)
         if stamp != self._seen:
             if info.st_size > _MAX_FILE_BYTES:
                 raise UsersFileError(f"{self.path} is larger than {_MAX_FILE_BYTES} bytes")

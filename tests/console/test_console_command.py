@@ -67,8 +67,12 @@ def test_the_console_serves_names_its_ledger_and_stops_cleanly_on_ctrl_c(tmp_pat
             ["--ledger", "LEDGER", "--users", "users", "--user-header", "X-Forwarded-User"],
             "not both or neither",
         ),
+        (
+            ["--ledger", "LEDGER", "--users", "users", "--app", "no_such_ops_module:app"],
+            "no_such_ops_module",
+        ),
     ],
-    ids=["missing-ledger", "no-sign-in", "missing-users-file", "two-sign-ins"],
+    ids=["missing-ledger", "no-sign-in", "missing-users-file", "two-sign-ins", "bad-app"],
 )
 def test_a_console_that_cannot_start_says_why_in_one_line(
     tmp_path: Path, argv: list[str], problem: str

@@ -242,3 +242,73 @@ def test_the_users_commands_print_the_files_path_escaped(tmp_path: Path, command
     printed = out.getvalue()
     assert "\x1b" not in printed and "\x07" not in printed
     assert r"users\x1b]0;owned\x07" in printed
+
+
+async def test_guesses_sent_at_once_are_all_counted_against_the_limit(tmp_path: Path) -> None:
+    async with console_bench(tmp_path) as bench:
+        form = await bench.client.get("/login")
+        csrf = field(form.text, "csrf")
+        guesses = [
+            bench.client.post(
+                "/login", data={"name": "rosa", "password": f"guess-{n}", "csrf": csrf}
+            )
+            for n in range(12)
+        ]
+        await asyncio.gather(*guesses)
+        right = await bench.client.post(
+            "/login", data={"name": "rosa", "password": "rosa-secret", "csrf": csrf}
+        )
+        assert right.headers["location"] == "/login"
+        paused = flash((await bench.client.get("/login")).text)
+    assert paused.startswith("Too many failed sign-ins for this name")
+
+
+def test_names_tried_once_never_push_out_the_record_of_the_name_being_guessed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipecat_actions.console import app as console_app
+
+    monkeypatch.setattr(console_app, "_SIGN_INS", 3)
+    failures = console_app._Failures(lambda: 1_000.0)
+    for _ in range(5):
+        failures.failed(("rosa", "10.0.0.1"))
+    for name in ("a", "b", "c", "d", "e"):
+        failures.failed((name, "10.0.0.1"))
+    assert failures.wait_secs(("rosa", "10.0.0.1")) > 0
+
+
+async def test_the_live_updates_of_a_sign_in_end_when_it_is_signed_out(tmp_path: Path) -> None:
+    async with console_bench(tmp_path) as bench:
+        await bench.sign_in("rosa")
+        csrf = await bench.csrf()
+        stream = asyncio.ensure_future(bench.client.get("/events"))
+        await asyncio.sleep(0.1)
+        await bench.client.post("/logout", data={"csrf": csrf})
+        ended = await guarded(stream, what="the stream to end after sign-out")
+    assert ended.status_code == 200
+    assert ended.text.startswith("retry: 2000")
+
+
+async def test_posting_the_sign_in_form_behind_a_proxy_goes_to_the_console(
+    tmp_path: Path,
+) -> None:
+    async with console_bench(tmp_path, user_header="X-Forwarded-User") as bench:
+        answer = await bench.client.post("/login", data={"name": "rosa", "password": "x"})
+    assert answer.status_code == 303 and answer.headers["location"] == "/"
+
+
+def test_users_list_has_a_header_and_json(tmp_path: Path) -> None:
+    import json
+
+    path = tmp_path / "users"
+    Credentials(path).add("rosa", "secret", frozenset({"manager"}))
+    args = argparse.Namespace(users=str(path), users_command="list", json=False)
+    out = io.StringIO()
+    assert run_users(args, out) == 0
+    assert out.getvalue().splitlines()[1].split() == ["NAME", "ROLES"]
+    as_json = io.StringIO()
+    assert (
+        run_users(argparse.Namespace(users=str(path), users_command="list", json=True), as_json)
+        == 0
+    )
+    assert json.loads(as_json.getvalue()) == [{"name": "rosa", "roles": ["manager"]}]

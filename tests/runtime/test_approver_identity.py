@@ -217,6 +217,28 @@ async def test_roles_are_matched_without_regard_to_case_as_names_are(
         assert decided.detail["as_role"] == ["manager"]
 
 
+async def test_an_expired_request_expires_whatever_the_refused_decision_got_wrong(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    async with running(POLICY, Restaurant(clock), ledger_url=ledger_url, clock=clock) as rt:
+        op_id = await _ask(rt)
+        clock.advance(301)
+        with pytest.raises(ApprovalRefused, match="expired before this approval"):
+            await rt.approve(op_id, approver="bob", reason="", args_hash="0" * 64)
+        assert (await rt.ledger.get(op_id)).status is S.EXPIRED
+
+
+@pytest.mark.parametrize("principal", ["rosa ", " ROSA", "ro\u200bsa", "\uff52osa"])
+async def test_a_requester_written_another_way_still_never_decides(
+    ledger_url: str, clock: ManualClock, principal: str
+) -> None:
+    async with running(POLICY, Restaurant(clock), ledger_url=ledger_url, clock=clock) as rt:
+        op_id = await _ask(rt, SessionState("call-9", principal=principal))
+        args_hash = await _args_hash(rt, op_id)
+        with pytest.raises(ApprovalRefused, match="their own request"):
+            await rt.approve(op_id, approver="rosa", reason="mine", args_hash=args_hash)
+
+
 def test_a_policy_asking_for_approval_must_say_who_approves() -> None:
     with pytest.raises(PolicyError, match=r"confirmation\.approvers.*approval needs someone"):
         load_policy_text(
