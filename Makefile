@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-SOURCES := $(wildcard pipecat_actions tests bench bots)
+SOURCES := $(wildcard pipecat_actions tests bench bots conftest.py)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(SOURCES)

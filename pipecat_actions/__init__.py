@@ -4,7 +4,17 @@ The model proposes; the application admits; the system of record confirms; the c
 communicates. This package admits and runs tool calls (`ActionRuntime`), keeps a durable ledger
 of every operation with its status and audit trail, the status machine it obeys, and per-tool
 policies in YAML.
+
+The package exports what an application needs to write actions, wire them into a pipeline and
+handle their errors. The rest is importable from its sub-package: the ledger's records and
+queries (`pipecat_actions.ledger`: ``NewOperation``, ``OperationFilter``, ...), the status
+machine's tables (`pipecat_actions.status`: ``TRANSITIONS``, ``TERMINAL_STATUSES``), the
+testing kit (`pipecat_actions.testing`).
 """
+
+import dis as _dis
+import sys as _sys
+import types as _types
 
 from pipecat_actions.actions import (
     ActionContext,
@@ -48,25 +58,15 @@ from pipecat_actions.execution.outcomes import (
     EffectOutcomeUnknown,
     EffectRetryable,
 )
-from pipecat_actions.ledger import (
-    AdmitResult,
-    EventKind,
-    Ledger,
-    LedgerSettings,
-    NewOperation,
-    Operation,
-    OperationEvent,
-    OperationFilter,
-    SqlLedger,
-    default_ledger_url,
-    hash_arguments,
-)
+from pipecat_actions.ledger import Ledger, LedgerSettings, Operation, SqlLedger
 from pipecat_actions.policy import PolicySet, ToolPolicy, load_policy, load_policy_text
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
-from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus, is_terminal
+from pipecat_actions.status import ActionStatus
 
 __version__ = "0.1.0"
+
+_IMPORT_FROM = _dis.opmap["IMPORT_FROM"]
 
 __all__ = [
     # runtime
@@ -99,22 +99,12 @@ __all__ = [
     "Authorizer",
     "Decision",
     # status machine
-    "TERMINAL_STATUSES",
-    "TRANSITIONS",
     "ActionStatus",
-    "is_terminal",
     # ledger
-    "AdmitResult",
-    "EventKind",
     "Ledger",
     "LedgerSettings",
-    "NewOperation",
     "Operation",
-    "OperationEvent",
-    "OperationFilter",
     "SqlLedger",
-    "default_ledger_url",
-    "hash_arguments",
     # policies
     "PolicySet",
     "ToolPolicy",
@@ -158,9 +148,43 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        import importlib
+# Names the package exported before it kept only what an application needs. Each still lives
+# in its sub-package; asking the package for one says where.
+_MOVED = {
+    "AdmitResult": "pipecat_actions.ledger",
+    "EventKind": "pipecat_actions.ledger",
+    "NewOperation": "pipecat_actions.ledger",
+    "OperationEvent": "pipecat_actions.ledger",
+    "OperationFilter": "pipecat_actions.ledger",
+    "default_ledger_url": "pipecat_actions.ledger",
+    "hash_arguments": "pipecat_actions.ledger",
+    "TERMINAL_STATUSES": "pipecat_actions.status",
+    "TRANSITIONS": "pipecat_actions.status",
+    "is_terminal": "pipecat_actions.status",
+}
 
+
+def __getattr__(name: str) -> object:
+    import importlib
+
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _MOVED:
+        message = (
+            f"pipecat_actions.{name} is no longer exported by the package; "
+            f"import it from {_MOVED[name]} (from {_MOVED[name]} import {name})"
+        )
+        # For `from pipecat_actions import X`, Python replaces an AttributeError raised here
+        # with a bare "cannot import name", dropping the message: that statement gets the
+        # ImportError it would raise anyway, with the message. Any other access (attribute,
+        # getattr, hasattr) gets the AttributeError the protocol asks for.
+        if _importing_from(_sys._getframe(1)):
+            raise ImportError(message, name=__name__)
+        raise AttributeError(message, name=name, obj=_sys.modules[__name__])
     raise AttributeError(f"module 'pipecat_actions' has no attribute {name!r}")
+
+
+def _importing_from(frame: _types.FrameType) -> bool:
+    """Whether ``frame`` is executing a ``from ... import`` (the IMPORT_FROM instruction)."""
+    code = frame.f_code.co_code
+    return 0 <= frame.f_lasti < len(code) and code[frame.f_lasti] == _IMPORT_FROM

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import pipecat_actions
 import pipecat_actions.ledger
 import pipecat_actions.policy
+import pipecat_actions.status
 
 
 def _groups_of_all(module: object) -> list[list[str]]:
@@ -53,3 +56,46 @@ def test_all_is_sorted_within_each_group() -> None:
     for module in (pipecat_actions, pipecat_actions.ledger, pipecat_actions.policy):
         for group in _groups_of_all(module):
             assert group == sorted(group, key=lambda n: (not n.isupper(), n)), module.__name__
+
+
+MOVED = {
+    "AdmitResult": pipecat_actions.ledger,
+    "EventKind": pipecat_actions.ledger,
+    "NewOperation": pipecat_actions.ledger,
+    "OperationEvent": pipecat_actions.ledger,
+    "OperationFilter": pipecat_actions.ledger,
+    "default_ledger_url": pipecat_actions.ledger,
+    "hash_arguments": pipecat_actions.ledger,
+    "TERMINAL_STATUSES": pipecat_actions.status,
+    "TRANSITIONS": pipecat_actions.status,
+    "is_terminal": pipecat_actions.status,
+}
+
+
+def test_the_package_keeps_storage_plumbing_in_its_sub_packages() -> None:
+    assert set(MOVED).isdisjoint(pipecat_actions.__all__)
+    assert set(MOVED) == set(pipecat_actions._MOVED)
+    for name, module in MOVED.items():
+        assert name in module.__all__, f"{module.__name__}.{name}"
+        assert pipecat_actions._MOVED[name] == module.__name__
+
+
+def test_a_moved_name_read_from_the_package_says_where_it_lives() -> None:
+    with pytest.raises(AttributeError, match=r"import it from pipecat_actions\.ledger") as info:
+        pipecat_actions.NewOperation  # noqa: B018
+    assert info.value.name == "NewOperation"
+    assert not hasattr(pipecat_actions, "TRANSITIONS")
+    with pytest.raises(AttributeError, match=r"from pipecat_actions\.status import is_terminal"):
+        getattr(pipecat_actions, "is_terminal")  # noqa: B009
+
+
+def test_importing_a_moved_name_from_the_package_says_where_it_lives() -> None:
+    with pytest.raises(ImportError, match=r"from pipecat_actions\.ledger import OperationFilter"):
+        from pipecat_actions import OperationFilter  # noqa: F401
+    with pytest.raises(ImportError, match=r"from pipecat_actions\.status import TRANSITIONS"):
+        from pipecat_actions import TRANSITIONS, ActionStatus  # noqa: F401
+
+
+def test_an_unknown_name_is_a_plain_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchThing'"):
+        pipecat_actions.NoSuchThing  # noqa: B018

@@ -10,7 +10,8 @@ recovery, the operator CLI) bind them with `operation_logger`.
 
 A sink can print them one by one (``{extra[operation_id]}``, only on lines that have it) or,
 on every line, the ready-made ``{extra[correlation]}`` that the redaction patcher adds
-(``session=call-1 turn=2 gen=3 call=call_7 op=op_0190…``, empty on lines about nothing)::
+(``session=call-1 turn=2 gen=3 call=call_7 op=op_0190…``, empty on lines about nothing).
+`LOG_FORMAT` prints it on every line, also on lines logged before the patcher is installed::
 
     logger.add(sys.stderr, format=LOG_FORMAT)
 """
@@ -21,6 +22,7 @@ __all__ = [
     "CORRELATION_KEYS",
     "LOG_FORMAT",
     "correlation_text",
+    "log_format",
     "operation_ids",
     "operation_logger",
 ]
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 if TYPE_CHECKING:
-    from loguru import Logger
+    from loguru import Logger, Record
 
     from pipecat_actions.ledger import Operation
 
@@ -45,12 +47,28 @@ CORRELATION_KEYS: tuple[tuple[str, str], ...] = (
 )
 """The ``extra`` keys that correlate a line, with the short label `correlation_text` uses."""
 
-LOG_FORMAT = (
+_FORMAT = (
     "<green>{time:YYYY-MM-DD HH:mm:ss.SSS}</green> | <level>{level: <8}</level> | "
     "<cyan>{name}</cyan>:<cyan>{line}</cyan> - <level>{message}</level> "
-    "<dim>{extra[correlation]}</dim>"
+    "<dim>{extra[correlation]}</dim>\n{exception}"
 )
-"""A loguru format showing the correlation ids (needs the redaction patcher installed)."""
+
+
+def log_format(record: Record) -> str:
+    """A loguru format (a format function) showing the correlation ids of every line.
+
+    Works on any line, whenever it is logged: the redaction patcher that
+    `ActionRuntime.create` installs adds ``extra["correlation"]`` (from the redacted ids);
+    before it is installed, or where it is not, the ids are rendered here.
+    """
+    extra = record["extra"]
+    if "correlation" not in extra:
+        extra["correlation"] = correlation_text(extra)
+    return _FORMAT
+
+
+LOG_FORMAT = log_format
+"""The suggested format: ``logger.add(sys.stderr, format=LOG_FORMAT)`` (see `log_format`)."""
 
 
 def correlation_text(extra: Mapping[str, Any]) -> str:

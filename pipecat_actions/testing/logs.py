@@ -15,10 +15,14 @@ from __future__ import annotations
 
 __all__ = ["CAPTURE_FORMAT", "capture_logs"]
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from loguru import logger
+
+if TYPE_CHECKING:
+    from loguru import Record
 
 CAPTURE_FORMAT = "{level} | {name}:{function}:{line} | {message} | {extra}"
 """The format of a captured line."""
@@ -26,14 +30,14 @@ CAPTURE_FORMAT = "{level} | {name}:{function}:{line} | {message} | {extra}"
 
 @contextmanager
 def capture_logs(
-    level: str | int = "DEBUG", *, format: str = CAPTURE_FORMAT
+    level: str | int = "DEBUG", *, format: str | Callable[[Record], str] = CAPTURE_FORMAT
 ) -> Iterator[list[str]]:
     """Add a loguru sink at ``level`` for the duration of the block; yield its lines.
 
     Args:
         level: The lowest level captured (DEBUG by default, where Pipecat logs tool-call
             arguments and whole contexts).
-        format: The loguru format of a line.
+        format: The loguru format of a line (a format string, or a format function).
     """
     lines: list[str] = []
     sink = logger.add(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ from pipecat_actions.policy import load_policy_text
 from pipecat_actions.testing import capture_logs
 
 pytestmark = pytest.mark.timeout(30)
+
+_ROOT = Path(__file__).resolve().parents[2]
 
 POLICY = """
 version: 1
@@ -96,3 +100,23 @@ def test_the_suggested_format_prints_lines_with_and_without_ids() -> None:
         logger.bind(operation_id="op_1", session_id="s").info("about one")
     assert lines[0].rstrip().endswith("not about any operation")
     assert "session=s op=op_1" in lines[1]
+
+
+def test_the_suggested_format_works_on_lines_logged_before_any_runtime() -> None:
+    # A fresh process: no runtime was created, so no redaction patcher adds the correlation.
+    code = """
+import sys
+from loguru import logger
+from pipecat_actions.observability.correlation import LOG_FORMAT
+logger.remove()
+logger.add(sys.stdout, format=LOG_FORMAT, colorize=False, catch=False)
+logger.info("starting up")
+logger.bind(session_id="call-1", operation_id="op_1").info("about one")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=_ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first.rstrip().endswith("starting up")
+    assert second.rstrip().endswith("about one session=call-1 op=op_1")
