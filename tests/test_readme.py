@@ -30,7 +30,7 @@ from pipecat_actions.status import ActionStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-LANGUAGES = {"python", "yaml", "json", "shell", "text"}
+LANGUAGES = {"python", "yaml", "json", "shell", "text", "toml"}
 OP_ID = "op_…"
 """How the README writes an operation id it cannot know."""
 
@@ -66,7 +66,7 @@ def _of(language: str) -> list[Block]:
 
 def test_every_block_says_its_language() -> None:
     unknown = [str(b) for b in BLOCKS if b.language not in LANGUAGES]
-    assert unknown == [], f"say python, yaml, json, shell or text: {unknown}"
+    assert unknown == [], f"say python, yaml, json, shell, toml or text: {unknown}"
 
 
 def test_every_python_block_runs() -> None:
@@ -356,3 +356,17 @@ def test_the_benchmark_options_listed_exist() -> None:
                 listed += 1
                 assert f'"{option}"' in source, f"{block}: {words[1]} has no {option}"
     assert listed > 10
+
+
+def test_toml_blocks_are_pytest_settings_the_scenario_plugin_reads() -> None:
+    import tomllib
+
+    from pipecat_actions.scenarios import pytest_plugin
+
+    blocks = _of("toml")
+    assert blocks
+    for block in blocks:
+        settings = tomllib.loads(block.text)["tool"]["pytest"]["ini_options"]
+        assert set(settings) <= {"scenario_files"}, block
+        assert all(isinstance(glob, str) for glob in settings["scenario_files"])
+    assert "scenario_files" in pytest_plugin.pytest_addoption.__doc__
