@@ -18,8 +18,10 @@ server with its own database, and each rule below is one a real provider needs t
    sent, then no answer (read timeout,    `EffectOutcomeUnknown`   UNKNOWN: never retried
    connection dropped, write cut off)                              blindly; ``reconcile`` asks
    409 refused, 422 invalid, 4xx          `EffectFailed`           FAILED_FINAL
-   5xx, or 409 "key in progress", 429     `EffectRetryable` when   retried (with the same key)
-                                          the provider dedupes on  when the policy allows
+   429, or 409 "key in progress"          `EffectRetryable`        retried (with the same key)
+                                                                   when the policy allows
+   5xx                                    `EffectRetryable` when   the same, or UNKNOWN
+                                          the provider dedupes on
                                           our key, else
                                           `EffectOutcomeUnknown`
    =====================================  =======================  ============================
@@ -104,19 +106,29 @@ class RestaurantAPI:
         if response.is_success:
             return dict(response.json())
         problem = _problem(response)
-        if response.status_code >= 500 or response.status_code == 429 or _in_progress(response):
+        if response.status_code == 429 or _in_progress(response):
+            # Received and set aside, nothing done (rate limit; the first request under this
+            # key still runs): the same request later is safe.
+            raise EffectRetryable(f"POST {path}: {problem}")
+        if response.status_code >= 500:
             if self.provider_dedupes:
                 raise EffectRetryable(f"POST {path}: {problem}")
             raise EffectOutcomeUnknown(f"POST {path}: {problem} (the provider does not dedupe)")
         raise EffectFailed(problem)
 
     async def read(self, path: str, **params: Any) -> dict[str, Any] | None:
-        """GET ``path``; None for a 404. A read's failures need no classification: it is retried."""
+        """GET ``path``; None for a 404, `EffectFailed` for another 4xx.
+
+        Any other failure is raised as it is: a read changes nothing, so the executor may
+        retry it whatever happened (a hook's failure counts as "cannot tell yet").
+        """
         response = await self.http.get(
             path, params={k: v for k, v in params.items() if v is not None}
         )
         if response.status_code == 404:
             return None
+        if 400 <= response.status_code < 500:
+            raise EffectFailed(_problem(response))
         response.raise_for_status()
         return dict(response.json())
 

@@ -81,7 +81,16 @@ async def serve(args: argparse.Namespace) -> None:
         timeout_graceful_shutdown=2,
     )
     server = uvicorn.Server(config)
-    print(f"restaurant_service: listening on http://{host}:{port}", flush=True)
+
+    async def announce() -> None:
+        # Only once uvicorn accepts connections: a client that reads this line may connect.
+        while not server.started:
+            if server.should_exit:
+                return
+            await asyncio.sleep(0.01)
+        print(f"restaurant_service: listening on http://{host}:{port}", flush=True)
+
+    announcing = asyncio.ensure_future(announce())
     if args.exit_with_stdin:
         loop = asyncio.get_running_loop()
 
@@ -93,6 +102,7 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         await server.serve(sockets=[sock])
     finally:
+        announcing.cancel()
         store.close()
 
 

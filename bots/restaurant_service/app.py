@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -161,6 +162,8 @@ def create_app(store: Store, faults: Faults) -> FastAPI:
         # Shielded: the request's outcome does not depend on whether its client still waits.
         work = asyncio.ensure_future(_commit(kind, key, honoured, change, ok, fault))
         status, payload = await asyncio.shield(work)
+        if fault is not None and fault.name == "slow_after_commit":
+            await _hold(request, fault.secs)
         if fault is not None and fault.name == "drop_after_commit":
             return Response(status_code=status, headers={_DROP_HEADER.decode(): "1"})
         return JSONResponse(payload, status_code=status)
@@ -189,8 +192,6 @@ def create_app(store: Store, faults: Faults) -> FastAPI:
             if honoured is not None:
                 with store.transaction() as db:
                     store.complete_key(db, honoured, status, payload)
-        if fault is not None and fault.name == "slow_after_commit":
-            await asyncio.sleep(fault.secs)
         return status, payload
 
     # -- the provider's API ---------------------------------------------------------------
@@ -271,7 +272,7 @@ def create_app(store: Store, faults: Faults) -> FastAPI:
     @app.get("/idempotency-keys/{key}")
     async def get_key(key: str) -> Any:
         record = store.key(key) if faults.honour_keys else None
-        if record is None:
+        if record is None or record.created_at < time.time() - faults.key_ttl_secs:
             return _not_found(f"no request with key {key!r}")
         return {
             "key": record.key,
@@ -329,7 +330,12 @@ def with_dropped_connections(app: Any) -> Any:
             if not dropped:
                 await send(message)
 
-        await app(scope, receive, sending)
+        try:
+            await app(scope, receive, sending)
+        except asyncio.CancelledError:
+            # The service is stopping and its grace period is over: the request ends without
+            # an answer, as it would at a provider that is shut down.
+            return
         if dropped:
             cycle = send.__self__
             for _ in range(100):  # until uvicorn has seen the connection go
@@ -338,6 +344,14 @@ def with_dropped_connections(app: Any) -> Any:
                 await asyncio.sleep(0)
 
     return wrapped
+
+
+async def _hold(request: Request, secs: float) -> None:
+    """Wait ``secs`` before answering, or until the client has gone (nobody to answer)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + secs
+    while loop.time() < until and not await request.is_disconnected():
+        await asyncio.sleep(min(0.05, max(0.0, until - loop.time())))
 
 
 def _replay(known: Any, request_hash: str) -> Response:

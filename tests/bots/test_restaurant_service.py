@@ -214,6 +214,22 @@ async def test_the_same_key_with_other_arguments_is_refused_by_the_provider_and_
     assert len(await restaurant.admin.bookings(restaurant_id=RESTAURANT)) == 1
 
 
+async def test_a_key_is_honoured_until_its_time_to_live_runs_out(tmp_path: Path) -> None:
+    # --key-ttl-secs 0: every key has already run out when it is sent again.
+    answers = {}
+    for ttl in ("86400", "0"):
+        db = tmp_path / f"restaurant-{ttl}.db"
+        with RestaurantProcess.start(db, "--key-ttl-secs", ttl) as restaurant:
+            async with httpx.AsyncClient(base_url=restaurant.url) as client:
+                for _ in range(2):
+                    sent = await client.post(
+                        "/bookings", json=BOOKING, headers={"Idempotency-Key": "k-ttl"}
+                    )
+                    assert sent.status_code == 201
+            answers[ttl] = len(await restaurant.admin.bookings(guest_name="Ada"))
+    assert answers == {"86400": 1, "0": 2}
+
+
 async def test_connection_refused_is_classified_as_not_sent(tmp_path: Path) -> None:
     with socket.socket() as probe:  # a port nothing listens on once it is closed
         probe.bind(("127.0.0.1", 0))
