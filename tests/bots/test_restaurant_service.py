@@ -288,3 +288,30 @@ async def test_the_service_stops_when_the_process_that_started_it_lets_go(tmp_pa
         assert service.process.wait(timeout=30) is not None
     finally:
         service.stop()
+
+
+async def test_the_daily_bot_books_at_the_restaurant_service_over_http(
+    tmp_path: Path, restaurant: RestaurantProcess
+) -> None:
+    from pipecat.runner.types import DailyRunnerArguments
+
+    from bots.daily_bot import build_bot, make_transport
+
+    runner_args = DailyRunnerArguments(room_url="https://example.daily.co/room", session_id="s1")
+    bot = await build_bot(
+        await make_transport(runner_args),  # never joined: no connection to Daily
+        openai_api_key="sk-test",
+        session_id=runner_args.session_id,
+        ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        restaurant_url=restaurant.url,
+    )
+    try:
+        assert bot.restaurant is not None and bot.restaurant.base_url == restaurant.url
+        bot.session.settle_generation(0)  # the reply that proposed it stood
+        told = await bot.runtime.propose("book_table", BOOKING, bot.session)
+        op = await bot.runtime.wait(told["operation_id"])
+    finally:
+        await bot.close()
+    assert op.status is S.COMMITTED
+    (booking,) = await restaurant.admin.bookings(guest_name="Ada")
+    assert booking["idempotency_key"] == op.idempotency_key
