@@ -106,7 +106,7 @@ async def _runtime(
             )
         ],
         ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
-        schedule=ReconcileSchedule(initial_secs=0.05, max_secs=0.2, max_probes=40),
+        schedule=ReconcileSchedule(initial_secs=0.05, max_secs=0.2, max_probes=300),
     )
 
 
@@ -260,7 +260,7 @@ async def test_a_read_timeout_is_unknown_and_reconciles_once_the_restaurant_comm
     tmp_path: Path, restaurant: RestaurantProcess
 ) -> None:
     # The restaurant takes longer than the client waits; its answer is never read.
-    await restaurant.admin.arm("book", "slow_before_commit", secs=1.0)
+    await restaurant.admin.arm("book", "slow_before_commit", secs=3.0)
     api = RestaurantAPI(restaurant.url, timeout=httpx.Timeout(5.0, read=0.2))
     raised = Raised()
     runtime = await _runtime(tmp_path, api, raised=raised)
@@ -278,6 +278,28 @@ async def test_a_read_timeout_is_unknown_and_reconciles_once_the_restaurant_comm
     (booking,) = await restaurant.admin.bookings(guest_name="Ada")
     assert op.result is not None and op.result["booking_id"] == booking["booking_id"]
     assert (await restaurant.admin.stats())["requests"]["book"] == 1
+
+
+async def test_faults_and_latencies_are_armed_at_start_by_flag_and_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RESTAURANT_SERVICE_FAULTS", "refund=error_before_commit")
+    flags = ["--fault", "book=drop_after_commit", "--latency", "cancel=0.01"]
+    with RestaurantProcess.start(tmp_path / "restaurant.db", *flags) as restaurant:
+        stats = await restaurant.admin.stats()
+        async with httpx.AsyncClient(base_url=restaurant.url) as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.post("/bookings", json=BOOKING, headers={"Idempotency-Key": "k1"})
+            refund = await client.post(
+                "/payments/dep_bk_0001/refunds",
+                json={"amount_cents": 500},
+                headers={"Idempotency-Key": "k2"},
+            )
+        after = await restaurant.admin.stats()
+    assert stats["armed"] == {"book": 1, "refund": 1}
+    assert refund.status_code == 503
+    assert after["side_effects"] == {"book": 1}  # dropped after its commit; the refund never
+    assert after["armed"] == {}
 
 
 async def test_the_service_stops_when_the_process_that_started_it_lets_go(tmp_path: Path) -> None:
