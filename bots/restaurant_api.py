@@ -28,7 +28,9 @@ server with its own database, and each rule below is one a real provider needs t
 
    A 5xx is only harmless to retry when the provider dedupes on our key: without that, a 5xx
    sent by a proxy after the provider committed would book twice, so it is "unknown" instead.
-   ``provider_dedupes`` must say the same as the policy's ``idempotency.provider_dedupes``.
+   ``provider_dedupes`` says what the provider does (this one honours keys unless it is
+   started with ``--ignore-idempotency-keys``); a tool's policy may only be more careful
+   (``move_booking`` says ``provider_dedupes: false`` and is never retried), never less.
 3. **Reconcile by asking the provider** what became of our key (``GET
    /idempotency-keys/{key}``): completed → COMMITTED with the answer the effect would have
    returned; still in progress → pending (ask again later); unknown key → it did not happen.
@@ -73,7 +75,7 @@ class RestaurantAPI:
     Args:
         base_url: Where the service listens (``http://127.0.0.1:PORT``).
         provider_dedupes: Whether the provider honours ``Idempotency-Key`` (it decides what a
-            5xx means; keep it equal to the policy's ``idempotency.provider_dedupes``).
+            5xx means). A policy must not say ``provider_dedupes: true`` when this is False.
         timeout: Per-request timeouts.
     """
 

@@ -34,6 +34,8 @@ from pipecat_actions.status import ActionStatus as S
 
 pytestmark = pytest.mark.timeout(120)
 
+ROOT = Path(__file__).resolve().parents[2]
+
 BOOKING = {
     "restaurant_id": RESTAURANT,
     "date": "2030-05-01",
@@ -278,6 +280,49 @@ async def test_a_read_timeout_is_unknown_and_reconciles_once_the_restaurant_comm
     (booking,) = await restaurant.admin.bookings(guest_name="Ada")
     assert op.result is not None and op.result["booking_id"] == booking["booking_id"]
     assert (await restaurant.admin.stats())["requests"]["book"] == 1
+
+
+async def test_a_refund_snapshots_the_deposit_and_a_booking_is_compensated_by_cancelling(
+    tmp_path: Path, restaurant: RestaurantProcess, api: RestaurantAPI
+) -> None:
+    runtime = await ActionRuntime.create(
+        ROOT / "configs" / "restaurant.yaml",
+        authorizer=AllowAll(),
+        actions=build_actions(api),
+        ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+    )
+    session = SessionState(session_id="call-ada", principal="ada", active_agent="host")
+    session.settle_generation(0)  # the reply that proposed them stood
+    try:
+        booked = await runtime.wait(
+            (await runtime.propose("book_table", BOOKING, session))["operation_id"]
+        )
+        undone = await runtime.compensate(booked.operation_id, actor="test", reason="moved")
+        asked = await runtime.propose(
+            "refund_deposit", {"booking_id": "bk_0001", "amount": 2000}, session
+        )
+        (waiting,) = await runtime.pending_approvals()
+        await runtime.approve(
+            waiting.operation_id, approver="rosa", reason="ok", args_hash=waiting.args_hash
+        )
+        refunded = await runtime.wait(asked["operation_id"])
+    finally:
+        await runtime.close()
+    assert booked.status is S.COMMITTED and undone.status is S.COMMITTED
+    (booking,) = await restaurant.admin.bookings(guest_name="Ada")
+    assert booking["status"] == "cancelled"
+    assert booking["booking_id"] == booked.result["booking_id"]
+    # What the approver was shown: the deposit as the restaurant held it before the refund.
+    assert waiting.before_state == {
+        "deposit": "dep_bk_0001",
+        "paid_cents": 2000,
+        "refunded_cents": 0,
+    }
+    assert refunded.status is S.COMMITTED and refunded.result["amount"] == 2000
+    payment = await api.read("/payments/dep_bk_0001")
+    assert payment is not None and payment["refunded_cents"] == 2000
+    stats = await restaurant.admin.stats()
+    assert stats["side_effects"] == {"book": 1, "cancel": 1, "refund": 1}
 
 
 async def test_faults_and_latencies_are_armed_at_start_by_flag_and_environment(
