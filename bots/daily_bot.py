@@ -53,6 +53,8 @@ Environment (a ``.env`` file in the working directory is read too, as Pipecat's 
   ``configs/restaurant_flow_policy.yaml``).
 * ``PIPECAT_ACTIONS_LEDGER_URL``, optional: the action ledger (default: SQLite at
   ``./.pipecat_actions/ledger.db``; ``postgresql://...`` to share it between processes).
+* ``RESTAURANT_URL``, optional: a restaurant service already running (see below); unset, the
+  bot starts its own.
 
 A missing key is reported in one line and the bot exits with status 2 before anything starts.
 
@@ -76,10 +78,15 @@ Who the caller is: this demo has no sign-in, so every session acts for `DEMO_PRI
 the caller, sets ``SessionState.principal`` from that, and supplies its own `Authorizer`
 (e.g. "is booking bk_0001 this caller's?"); it never takes identity from tool arguments.
 
-The restaurant is `bots.restaurant` on a `FakeSystemOfRecord`, one per process, so bookings
-outlive a call the way a real booking system's do (and vanish when the process stops, unlike
-the ledger). Each session has its own `ActionRuntime` on the shared ledger; when the caller
-leaves, running operations get five seconds to finish and are otherwise left to recovery.
+The restaurant is a real server: `main` starts `bots.restaurant_service` as a child process on
+127.0.0.1 (a free port), with its database at ``./.pipecat_actions/restaurant.db``, so bookings
+outlive a call and the bot process the way a real booking system's do, and stops it when the
+bot ends (Ctrl-C, an error, or the bot's own death: the child watches a pipe to it). Each
+session reaches it through `bots.restaurant_api`, the HTTP adapter (``$RESTAURANT_URL``). The
+Flows reservation (``FLOW=1``) and a bot built without ``restaurant_url`` (the offline tests)
+use the in-memory `FakeSystemOfRecord` of `bots.restaurant` instead. Each session has its own
+`ActionRuntime` on the shared ledger; when the caller leaves, running operations get five
+seconds to finish and are otherwise left to recovery.
 
 `build_bot` builds the whole object graph for a transport without touching the network, so a
 test can check it; `bot` is what Pipecat's runner calls.
@@ -115,6 +122,8 @@ if TYPE_CHECKING:
     from pipecat.services.llm_service import LLMService
     from pipecat.transports.base_transport import BaseTransport
 
+    from bots.restaurant_api import RestaurantAPI
+    from bots.restaurant_service.process import RestaurantProcess
     from pipecat_actions.flows import FlowActions
     from pipecat_actions.processors import ActionResultGate
     from pipecat_actions.testing import FakeSystemOfRecord
@@ -177,7 +186,9 @@ class RestaurantBot:
         llm: The OpenAI LLM service, with a handler per action.
         context: The conversation context, with the actions' tool schemas.
         vad_analyzer: The voice activity detector of the user aggregator.
-        system_of_record: The restaurant's booking and payment system (a fake).
+        system_of_record: The in-memory restaurant (a fake), when the bot does not call the
+            restaurant service; the flow's functions use it too.
+        restaurant: The restaurant service's client, when the actions call it over HTTP.
         flow: With ``flow=True``: the configured reservation flow (its nodes and functions).
         flow_manager: With ``flow=True``: the `FlowManager` on ``worker``, attached to
             ``flow_actions``; it is initialized with the flow's first node when the caller
@@ -195,13 +206,18 @@ class RestaurantBot:
     context: LLMContext
     vad_analyzer: SileroVADAnalyzer
     system_of_record: FakeSystemOfRecord
+    restaurant: RestaurantAPI | None = None
     flow: Flow | None = None
     flow_manager: FlowManager | None = None
     flow_actions: FlowActions | None = None
 
     async def close(self) -> None:
         """Stop the runtime: running operations get a grace period, then recovery."""
-        await self.runtime.close()
+        try:
+            await self.runtime.close()
+        finally:
+            if self.restaurant is not None:
+                await self.restaurant.aclose()
 
 
 def flow_enabled(env: Mapping[str, str] = os.environ) -> bool:
@@ -233,6 +249,7 @@ async def build_bot(
     policy: str | os.PathLike[str] | None = None,
     ledger_url: str | None = None,
     system_of_record: FakeSystemOfRecord | None = None,
+    restaurant_url: str | None = None,
     today: datetime.date | None = None,
     idle_timeout_secs: float | None = 300.0,
     realtime: str | None = None,
@@ -251,7 +268,10 @@ async def build_bot(
         principal: Who the actions are for; see `SessionPrincipalAuthorizer`.
         policy: The policy file (default: `policy_path`).
         ledger_url: The ledger (default: ``$PIPECAT_ACTIONS_LEDGER_URL``, else SQLite).
-        system_of_record: The restaurant system (default: `shared_system_of_record`).
+        system_of_record: The in-memory restaurant (default: `shared_system_of_record`), used
+            when ``restaurant_url`` is None, and by the flow.
+        restaurant_url: The restaurant service (`bots.restaurant_service`) the actions call
+            over HTTP; None: the in-memory restaurant.
         today: The date the model is told it is (default: today).
         idle_timeout_secs: End the session after this long without speech (None: never).
         realtime: ``openai`` or ``gemini`` for a speech-to-speech service (no STT, no TTS);
@@ -281,13 +301,28 @@ async def build_bot(
     sor = system_of_record if system_of_record is not None else shared_system_of_record()
     if policy is None:
         policy = FLOW_POLICY if flow else policy_path()
-    runtime = await ActionRuntime.create(
-        policy,
-        authorizer=SessionPrincipalAuthorizer(principal),
-        # The flow's functions are registered by FlowActions, node by node.
-        actions=[] if flow else build_actions(sor),
-        ledger_url=ledger_url,
-    )
+    restaurant: RestaurantAPI | None = None
+    if flow:
+        actions = []  # the flow's functions are registered by FlowActions, node by node
+    elif restaurant_url is not None:
+        from bots.restaurant_api import RestaurantAPI
+        from bots.restaurant_api import build_actions as http_actions
+
+        restaurant = RestaurantAPI(restaurant_url)  # no connection until the first call
+        actions = http_actions(restaurant)
+    else:
+        actions = build_actions(sor)
+    try:
+        runtime = await ActionRuntime.create(
+            policy,
+            authorizer=SessionPrincipalAuthorizer(principal),
+            actions=actions,
+            ledger_url=ledger_url,
+        )
+    except BaseException:
+        if restaurant is not None:
+            await restaurant.aclose()
+        raise
     try:
         session = SessionState(session_id=session_id or str(uuid.uuid4()), principal=principal)
         day = today or datetime.date.today()
@@ -345,6 +380,8 @@ async def build_bot(
         flow_parts = _attach_flow(runtime, session, sor, worker, llm, pair, gate, transport, day)
     except BaseException:
         await runtime.close()
+        if restaurant is not None:
+            await restaurant.aclose()
         raise
     the_flow, flow_manager, flow_actions = flow_parts or (None, None, None)
 
@@ -370,6 +407,7 @@ async def build_bot(
         context=context,
         vad_analyzer=vad,
         system_of_record=sor,
+        restaurant=restaurant,
         flow=the_flow,
         flow_manager=flow_manager,
         flow_actions=flow_actions,
@@ -456,6 +494,7 @@ async def bot(runner_args: RunnerArguments) -> None:
         google_api_key=os.environ.get("GOOGLE_API_KEY", ""),
         realtime=os.environ.get("REALTIME") or None,
         flow=flow_enabled(),
+        restaurant_url=os.environ.get("RESTAURANT_URL") or None,
         session_id=runner_args.session_id,
         idle_timeout_secs=runner_args.pipeline_idle_timeout_secs,
     )
@@ -597,7 +636,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
 
     sys.argv = [sys.argv[0], *args]
-    run_main()
+    if flow_enabled() or os.environ.get("RESTAURANT_URL") or {"-h", "--help"} & set(args):
+        run_main()
+        return
+    with start_restaurant() as restaurant:
+        os.environ["RESTAURANT_URL"] = restaurant.url
+        print(
+            f"daily_bot: restaurant service on {restaurant.url}, its database {restaurant.db}",
+            file=sys.stderr,
+        )
+        run_main()
+
+
+def start_restaurant() -> RestaurantProcess:
+    """Start the restaurant service on 127.0.0.1 (a free port), its database in the cwd."""
+    from bots.restaurant_service.process import RestaurantProcess
+
+    workdir = Path(".pipecat_actions")
+    workdir.mkdir(mode=0o700, exist_ok=True)
+    return RestaurantProcess.start((workdir / "restaurant.db").resolve())
 
 
 if __name__ == "__main__":

@@ -3,10 +3,13 @@
     make demo                       # or: .venv/bin/python -m bots.demo
     POLICY=configs/restaurant_verbal_refunds.yaml make demo
 
-No keys, no network: a scripted model (`ScriptedLLM`), a fake voice (`FakeTTS`) played in real
-time by an offline transport, the real Pipecat aggregators, the runtime, the tracker and the
-gate, the SQLite ledger under ``.pipecat_actions/``, and a fake restaurant system of record.
-The story:
+No keys, no network beyond 127.0.0.1: a scripted model (`ScriptedLLM`), a fake voice
+(`FakeTTS`) played in real time by an offline transport, the real Pipecat aggregators, the
+runtime, the tracker and the gate, the SQLite ledger under ``.pipecat_actions/``, and the
+restaurant: a real HTTP service (`bots.restaurant_service`) in a process of its own, with its
+own SQLite database, started on 127.0.0.1 (a free port) by the demo and always stopped by it.
+The actions reach it through `bots.restaurant_api`, the adapter a team writes for its own
+provider. The story:
 
 1. Alice books a table for nine; the booking is slow. She barges in: "make it half past nine".
    A second booking while the first runs is refused (one at a time), and she is told so.
@@ -16,8 +19,9 @@ The story:
 3. She asks for her deposit back: the refund waits for a manager's approval (or for her spoken
    yes, with the verbal-refunds policy) while the conversation goes on, then runs and she is
    told.
-4. A second process is killed (SIGKILL) with a booking in flight whose answer was lost; a
-   fresh runtime recovers it, asks the system of record, and reports it committed.
+4. A second bot process books a table; the restaurant commits it and holds the answer, and the
+   bot process is killed (SIGKILL) while the restaurant keeps running. A fresh runtime recovers
+   the operation, asks the restaurant about its idempotency key, and reports it committed.
 
 It prints a timestamped transcript (user, bot, tool events), the ledger, and metrics, and ends
 with the operator's commands that read this demo's ledger, ``.pipecat_actions/demo.db`` (the
@@ -46,15 +50,9 @@ from loguru import logger
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bots.restaurant import RESTAURANT, build_actions, new_system_of_record  # noqa: E402
-from pipecat_actions import (  # noqa: E402
-    ActionContext,
-    ActionRuntime,
-    AllowAll,
-    Reconciliation,
-    SessionState,
-    action,
-)
+from bots.restaurant_api import RESTAURANT, RestaurantAPI, build_actions  # noqa: E402
+from bots.restaurant_service.process import RestaurantProcess  # noqa: E402
+from pipecat_actions import ActionRuntime, AllowAll, SessionState  # noqa: E402
 from pipecat_actions.ledger import Operation, OperationFilter  # noqa: E402
 from pipecat_actions.policy import ConfirmationMode, load_policy  # noqa: E402
 from pipecat_actions.status import ActionStatus  # noqa: E402
@@ -177,10 +175,10 @@ def script(refund_mode: ConfirmationMode) -> list[Any]:
 
 
 class Director:
-    """What the application does meanwhile: slow provider, the move, the manager's approval."""
+    """What the application does meanwhile: the move and the manager's approval."""
 
-    def __init__(self, runtime: ActionRuntime, sor: Any, session: SessionState) -> None:
-        self.runtime, self.sor, self.session = runtime, sor, session
+    def __init__(self, runtime: ActionRuntime, session: SessionState) -> None:
+        self.runtime, self.session = runtime, session
         self.events: list[tuple[float, str]] = []
         self.compensation: Operation | None = None
         self.tasks: list[asyncio.Task[Any]] = []
@@ -189,11 +187,7 @@ class Director:
         self.events.append((time.time(), text))
 
     def on_outcome(self, op: Operation) -> None:
-        if op.tool != "book_table" or op.status is not S.COMMITTED:
-            return
-        if op.args["time"] == "21:00":
-            self.sor.faults.set_latency(0.3, kind="book")  # the provider recovers
-        else:
+        if op.tool == "book_table" and op.status is S.COMMITTED and op.args["time"] != "21:00":
             self.tasks.append(asyncio.ensure_future(self.move_done(op)))
 
     async def move_done(self, new_booking: Operation) -> None:
@@ -232,7 +226,9 @@ class Director:
             await asyncio.sleep(0.2)
 
 
-async def converse(ledger_url: str, policy_path: Path) -> dict[str, Any]:
+async def converse(
+    ledger_url: str, policy_path: Path, restaurant: RestaurantProcess
+) -> dict[str, Any]:
     from pipecat.processors.aggregators.llm_context import LLMContext
 
     from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
@@ -247,16 +243,17 @@ async def converse(ledger_url: str, policy_path: Path) -> dict[str, Any]:
 
     policy = load_policy(policy_path)
     refund_mode = policy["refund_deposit"].confirmation.mode
-    sor = new_system_of_record()
-    sor.faults.set_latency(2.5, kind="book")  # the first booking is slow
+    await restaurant.admin.set_latency("book", 0.3)
+    await restaurant.admin.arm("book", "slow_before_commit", secs=2.5)  # the first booking
+    api = RestaurantAPI(restaurant.url)
     runtime = await ActionRuntime.create(
         policy,
         authorizer=AllowAll(),  # demo only: a real deployment checks the principal's rights
-        actions=build_actions(sor),
+        actions=build_actions(api),
         ledger_url=ledger_url,
     )
     session = SessionState(session_id="call-alice", principal="alice", active_agent="host")
-    director = Director(runtime, sor, session)
+    director = Director(runtime, session)
     runtime.listen(session.session_id, director.on_outcome)
     llm = ScriptedLLM(script(refund_mode))
     runtime.attach(llm, session)
@@ -294,11 +291,17 @@ async def converse(ledger_url: str, policy_path: Path) -> dict[str, Any]:
     ops = await runtime.ledger.list()
     trails = {op.operation_id: await runtime.ledger.events(op.operation_id) for op in ops}
     await runtime.close()
+    await api.aclose()
+    # What the restaurant's own database holds once the call is over.
+    held = {
+        "bookings": await restaurant.admin.bookings(restaurant_id=RESTAURANT, status="confirmed"),
+        "side_effects": (await restaurant.admin.stats())["side_effects"],
+    }
     return {
         "started": started,
         "result": result,
         "director": director,
-        "sor": sor,
+        "restaurant": held,
         "ops": ops,
         "trails": trails,
     }
@@ -307,60 +310,11 @@ async def converse(ledger_url: str, policy_path: Path) -> dict[str, Any]:
 # --- the crash ------------------------------------------------------------------------------
 
 
-class FileBookings:
-    """A system of record that outlives the process: one JSON line per committed booking."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def commit(self, key: str, booking_id: str) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"key": key, "booking_id": booking_id}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def find(self, key: str) -> dict[str, Any] | None:
-        if not self.path.exists():
-            return None
-        for line in self.path.read_text().splitlines():
-            row = json.loads(line)
-            if row["key"] == key:
-                return dict(row)
-        return None
-
-
-def _crash_actions(bookings: FileBookings) -> list[Any]:
-    async def find(ctx: ActionContext) -> Reconciliation:
-        row = bookings.find(ctx.idempotency_key)
-        return (
-            Reconciliation.committed({"booking_id": row["booking_id"]})
-            if row
-            else (Reconciliation.not_found())
-        )
-
-    @action(reconcile=find)
-    async def book_table(
-        ctx: ActionContext,
-        restaurant_id: str,
-        date: str,
-        time: str,
-        party_size: int,
-        guest_name: str = "guest",
-        phone: str = "",
-    ) -> dict[str, Any]:
-        """Book a table."""
-        bookings.commit(ctx.idempotency_key, "bk_9001")
-        await asyncio.sleep(60)  # the answer never comes back: the process dies first
-        return {"booking_id": "bk_9001"}
-
-    return [book_table]
-
-
-async def crash_child(ledger_url: str, bookings_path: Path, policy_path: Path) -> None:
+async def crash_child(ledger_url: str, restaurant_url: str, policy_path: Path) -> None:
     runtime = await ActionRuntime.create(
         load_policy(policy_path),
         authorizer=AllowAll(),
-        actions=_crash_actions(FileBookings(bookings_path)),
+        actions=build_actions(RestaurantAPI(restaurant_url)),
         ledger_url=ledger_url,
         lease_secs=1.0,
         owner="demo-child",
@@ -381,9 +335,11 @@ async def crash_child(ledger_url: str, bookings_path: Path, policy_path: Path) -
     )
 
 
-async def crash_and_recover(ledger_url: str, policy_path: Path, workdir: Path) -> dict[str, Any]:
-    bookings_path = (workdir / "crash-bookings.jsonl").resolve()
-    bookings_path.unlink(missing_ok=True)
+async def crash_and_recover(
+    ledger_url: str, policy_path: Path, restaurant: RestaurantProcess
+) -> dict[str, Any]:
+    # The restaurant commits Bob's booking and holds its answer: the bot dies waiting for it.
+    await restaurant.admin.arm("book", "slow_after_commit", secs=60.0)
     child = subprocess.Popen(
         [
             sys.executable,
@@ -391,8 +347,8 @@ async def crash_and_recover(ledger_url: str, policy_path: Path, workdir: Path) -
             "bots.demo",
             "--crash-child",
             ledger_url,
-            str(bookings_path),
-            str(policy_path),
+            restaurant.url,
+            str(policy_path.resolve()),
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -403,19 +359,20 @@ async def crash_and_recover(ledger_url: str, policy_path: Path, workdir: Path) -
         assert child.stdout is not None
         child.stdout.readline()
         deadline = time.time() + 20
-        bookings = FileBookings(bookings_path)
-        while time.time() < deadline and not bookings_path.exists():
+        while time.time() < deadline and not await restaurant.admin.bookings(guest_name="Bob"):
             await asyncio.sleep(0.05)
         killed_at = time.time()
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.kill()
         child.wait()
+    bot_pid = child.pid
     await asyncio.sleep(1.2)  # the dead owner's lease (1 s) runs out
+    api = RestaurantAPI(restaurant.url)
     runtime = await ActionRuntime.create(
         load_policy(policy_path),
         authorizer=AllowAll(),
-        actions=_crash_actions(bookings),
+        actions=build_actions(api),
         ledger_url=ledger_url,
         owner="demo-restart",
     )
@@ -423,7 +380,15 @@ async def crash_and_recover(ledger_url: str, policy_path: Path, workdir: Path) -
     final = [await runtime.wait(op.operation_id) for op in recovered]
     trails = {op.operation_id: await runtime.ledger.events(op.operation_id) for op in final}
     await runtime.close()
-    return {"killed_at": killed_at, "ops": final, "trails": trails}
+    await api.aclose()
+    return {
+        "killed_at": killed_at,
+        "ops": final,
+        "trails": trails,
+        "bot_pid": bot_pid,
+        "restaurant_pid": restaurant.process.pid,
+        "bob": await restaurant.admin.bookings(guest_name="Bob"),
+    }
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -467,6 +432,11 @@ def report(conversation: dict[str, Any], crash: dict[str, Any], out: Any = sys.s
         seen.add((at, text))
         print(f"  {at - started:6.2f}  {text}", file=out)
     print("\nCRASH AND RECOVERY", file=out)
+    print(
+        f"  SIGKILL to the bot process (pid {crash['bot_pid']}); the restaurant service "
+        f"(pid {crash['restaurant_pid']}) kept running",
+        file=out,
+    )
     killed = crash["killed_at"]
     for op_id, trail in crash["trails"].items():
         for event in trail:
@@ -475,6 +445,8 @@ def report(conversation: dict[str, Any], crash: dict[str, Any], out: Any = sys.s
                 f"{event.from_status} -> {event.to_status}  by {event.actor}",
                 file=out,
             )
+    held = [(b["booking_id"], b["time"], b["status"]) for b in crash["bob"]]
+    print(f"  the restaurant's own database, for Bob: {held}", file=out)
     ops: Sequence[Operation] = [*conversation["ops"], *crash["ops"]]
     print("\nLEDGER", file=out)
     print(f"  {'operation':<10} {'tool':<24} {'status':<12} {'arguments':<38} result", file=out)
@@ -485,8 +457,7 @@ def report(conversation: dict[str, Any], crash: dict[str, Any], out: Any = sys.s
             f"{_short(args, 38):<38} {_short(op.result or op.error or '', 40)}",
             file=out,
         )
-    sor = conversation["sor"]
-    confirmed = sor.bookings(RESTAURANT, status="confirmed")
+    held = conversation["restaurant"]
     by_status: dict[str, int] = {}
     for op in ops:
         by_status[op.status.value] = by_status.get(op.status.value, 0) + 1
@@ -494,10 +465,11 @@ def report(conversation: dict[str, Any], crash: dict[str, Any], out: Any = sys.s
     print("\nMETRICS", file=out)
     print(f"  operations by status: {json.dumps(by_status, sort_keys=True)}", file=out)
     print(
-        f"  bookings left at the restaurant: {[(b.booking_id, b.time) for b in confirmed]}",
+        "  bookings left at the restaurant: "
+        f"{[(b['booking_id'], b['time']) for b in held['bookings']]}",
         file=out,
     )
-    print(f"  provider side effects: {dict(sor.side_effects)}", file=out)
+    print(f"  provider side effects: {held['side_effects']}", file=out)
     if committed:
         spans = sorted((o.committed_at or 0) - o.created_at for o in committed)
         print(
@@ -541,25 +513,29 @@ def operator_commands(ledger_url: str, ops: Sequence[Operation], out: Any = sys.
 
 async def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="pipecat_actions offline demo")
-    parser.add_argument("--crash-child", nargs=3, metavar=("LEDGER", "BOOKINGS", "POLICY"))
+    parser.add_argument("--crash-child", nargs=3, metavar=("LEDGER", "RESTAURANT_URL", "POLICY"))
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON too")
     args = parser.parse_args(argv)
     logger.remove()
     if args.crash_child:
-        await crash_child(args.crash_child[0], Path(args.crash_child[1]), Path(args.crash_child[2]))
+        await crash_child(args.crash_child[0], args.crash_child[1], Path(args.crash_child[2]))
         return 0
     policy_path = Path(os.environ.get("POLICY") or DEFAULT_POLICY)
     workdir = Path(".pipecat_actions")
     workdir.mkdir(mode=0o700, exist_ok=True)  # private, as the ledger makes its own directory
     database = (workdir / "demo.db").resolve()
-    for stale in workdir.glob("demo.db*"):
+    restaurant_db = (workdir / "demo-restaurant.db").resolve()
+    for stale in [*workdir.glob("demo.db*"), *workdir.glob("demo-restaurant.db*")]:
         stale.unlink()
     ledger_url = f"sqlite:///{database}"
     _progress(f"policy {policy_path}, ledger {database}")
-    _progress("running the conversation (about 20 seconds of real time)")
-    conversation = await converse(ledger_url, policy_path)
-    _progress("killing a process with a booking in flight, then restarting")
-    crash = await crash_and_recover(ledger_url, policy_path, workdir)
+    # Stopped when the block ends, on an error or Ctrl-C too; and with this process if it dies.
+    with RestaurantProcess.start(restaurant_db) as restaurant:
+        _progress(f"restaurant service on {restaurant.url}, its database {restaurant_db}")
+        _progress("running the conversation (about 20 seconds of real time)")
+        conversation = await converse(ledger_url, policy_path, restaurant)
+        _progress("killing the bot process with a booking in flight, then restarting")
+        crash = await crash_and_recover(ledger_url, policy_path, restaurant)
     report(conversation, crash)
     operator_commands(ledger_url, [*conversation["ops"], *crash["ops"]])
     if args.json:

@@ -2,8 +2,10 @@
 
 `build_actions(sor)` returns the effects of the tools in ``configs/restaurant.yaml`` with their
 hooks (reconcile by idempotency key, compensate a booking by cancelling it, snapshot the slot,
-cancel a pending request). The offline demo, the Daily bot and the scenario runner
-(``app: restaurant``) use it; it is also a worked example of writing actions.
+cancel a pending request). The unit tests, the scenario runner (``app: restaurant``), the
+realtime and Flows demos use it, in memory and fast. The offline demo and the Daily bot call a
+real restaurant server instead, through ``bots/restaurant_api.py``: the adapter to copy when
+writing actions for your own provider.
 """
 
 from __future__ import annotations
