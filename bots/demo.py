@@ -353,7 +353,9 @@ def _crash_actions(bookings: FileBookings) -> list[Any]:
         await asyncio.sleep(60)  # the answer never comes back: the process dies first
         return {"booking_id": "bk_9001"}
 
-    return [book_table]
+    # The policy's other tools are the restaurant's as usual (this story never calls them).
+    others = [a for a in build_actions(new_system_of_record()) if a.name != "book_table"]
+    return [book_table, *others]
 
 
 async def crash_child(ledger_url: str, bookings_path: Path, policy_path: Path) -> None:

@@ -4,16 +4,30 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 
-from pipecat_actions import ActionRuntime, AllowAll, ConfigurationError, SessionState
+from pipecat_actions import (
+    ActionContext,
+    ActionRuntime,
+    AllowAll,
+    ConfigurationError,
+    SessionState,
+    action,
+)
 from pipecat_actions.pipeline import build_pipeline, check_placement
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 from pipecat_actions.testing import ScriptedLLM
+
+
+@action
+async def noop(ctx: ActionContext) -> dict[str, Any]:
+    """Do nothing."""
+    return {}
 
 
 @pytest.fixture
@@ -21,6 +35,7 @@ async def runtime(tmp_path: Path) -> AsyncIterator[ActionRuntime]:
     opened = await ActionRuntime.create(
         load_policy_text("version: 1\ntools:\n  noop:\n    kind: read\n"),
         authorizer=AllowAll(),
+        actions=[noop],
         ledger_url=f"sqlite:///{tmp_path}/l.db",
     )
     yield opened
@@ -101,3 +116,4 @@ async def test_misplaced_processors_are_refused_with_the_reason(
     }
     with pytest.raises(ConfigurationError, match=message):
         check_placement([parts[name] for name in order.split()])
+

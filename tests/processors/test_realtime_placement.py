@@ -69,11 +69,18 @@ REALTIME_SERVICES = pytest.mark.parametrize(
 )
 
 
+@action
+async def noop(ctx: ActionContext) -> dict[str, Any]:
+    """Do nothing."""
+    return {}
+
+
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[ActionRuntime]:
     opened = await ActionRuntime.create(
         load_policy_text("version: 1\ntools:\n  noop:\n    kind: read\n"),
         authorizer=AllowAll(),
+        actions=[noop],
         ledger_url=f"sqlite:///{tmp_path}/l.db",
     )
     yield opened
