@@ -264,6 +264,23 @@ async def test_the_same_layout_with_the_adapter_installed_passes(
 
 
 @REALTIME_SERVICES
+async def test_a_realtime_layout_without_a_turn_tracker_or_without_attach_is_refused(
+    runtime: ActionRuntime, make_service: Callable[[], LLMService]
+) -> None:
+    session, llm = _session(), make_service()
+    gate = ActionResultGate(runtime, session)
+    adapt_realtime(runtime, llm, session, gate)  # runtime.attach(llm, session) forgotten
+    parts = _parts(runtime, session, llm, gate)
+    with pytest.raises(ConfigurationError) as unattached:
+        check_placement([parts[name] for name in REALTIME_LAYOUT.split()])
+    assert f"{type(llm).__name__} has no handler of this runtime for noop" in str(unattached.value)
+    runtime.attach(llm, session)
+    without_tracker = [parts[name] for name in REALTIME_LAYOUT.split() if name != "tracker"]
+    with pytest.raises(ConfigurationError, match="no ActionTurnTracker"):
+        check_placement(without_tracker)
+
+
+@REALTIME_SERVICES
 async def test_an_adapter_speaking_through_another_pipelines_gate_is_refused(
     runtime: ActionRuntime, make_service: Callable[[], LLMService]
 ) -> None:
