@@ -87,7 +87,7 @@ from pipecat_actions.actions import (
 )
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.outcomes import EffectNotSent
-from pipecat_actions.results import render_operation
+from pipecat_actions.results import reconcilable, render_operation
 from pipecat_actions.status import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -640,7 +640,7 @@ class FlowActions:
         if op.status in TERMINAL_STATUSES:
             call.operation_id = op.operation_id
             self._settled(call)
-        result = render_operation(op)
+        result = render_operation(op, reconcilable=reconcilable(self._runtime.bindings, op.tool))
         self._remember(call, result)
         if manager._pending_transition is not None:
             # Another call's transition waited for this one (closed by a barge-in, or told
