@@ -29,7 +29,7 @@ from pipecat.workers.runner import WorkerRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipecat_actions import ActionRuntime, AllowAll, SessionState
+from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
 from pipecat_actions.ledger import SqlLedger
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
@@ -103,12 +103,19 @@ async def measure(processor: FrameProcessor | None, frames: int) -> tuple[float,
     return figures
 
 
+@action
+async def noop(ctx: ActionContext) -> dict[str, Any]:
+    """Do nothing (the policy's one tool; never called here)."""
+    return {}
+
+
 async def main(args: argparse.Namespace) -> None:
     logger.remove()
     ledger = await SqlLedger.create(f"sqlite:///{Path('.pipecat_actions', 'bench.db').resolve()}")
     runtime = await ActionRuntime.create(
         load_policy_text("version: 1\ntools:\n  noop:\n    kind: read\n"),
         authorizer=AllowAll(),
+        actions=[noop],
         ledger=ledger,
     )
     session = SessionState(session_id="bench", principal="bench")

@@ -293,6 +293,7 @@ async def build_bot(
     from pipecat.services.openai.tts import OpenAITTSService
 
     from bots.restaurant import RESTAURANT, build_actions
+    from bots.restaurant_flow import flow_tools
     from pipecat_actions.pipeline import build_pipeline
     from pipecat_actions.processors import rtvi_observer_params
 
@@ -317,6 +318,7 @@ async def build_bot(
             policy,
             authorizer=SessionPrincipalAuthorizer(principal),
             actions=actions,
+            routed=flow_tools() if flow else (),
             ledger_url=ledger_url,
         )
     except BaseException:
@@ -571,12 +573,14 @@ async def _check_setup(policy: Path, *, flow: bool = False) -> None:
     # FLOW=1: the flow's functions) and the ledger all fail here, in one line, rather than
     # when the first caller arrives.
     from bots.restaurant import build_actions, new_system_of_record
+    from bots.restaurant_flow import flow_tools
 
     sor = new_system_of_record()
     runtime = await ActionRuntime.create(
         policy,
         authorizer=SessionPrincipalAuthorizer(DEMO_PRINCIPAL),
         actions=[] if flow else build_actions(sor),
+        routed=flow_tools() if flow else (),
         recover=False,
     )
     try:

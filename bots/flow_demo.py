@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from bots.demo import operator_commands  # noqa: E402
 from bots.restaurant import RESTAURANT, new_system_of_record  # noqa: E402
-from bots.restaurant_flow import FLOW_POLICY, flow_state, restaurant_flow  # noqa: E402
+from bots.restaurant_flow import FLOW_POLICY, flow_state, flow_tools, restaurant_flow  # noqa: E402
 from pipecat_actions import ActionRuntime, AllowAll, SessionState  # noqa: E402
 from pipecat_actions.clock import ManualClock  # noqa: E402
 from pipecat_actions.ledger import Operation, OperationEvent  # noqa: E402
@@ -177,7 +177,8 @@ async def converse(ledger_url: str, policy_path: Path = FLOW_POLICY) -> dict[str
     runtime = await ActionRuntime.create(
         policy_path,
         authorizer=AllowAll(),  # demo only: a real deployment checks the principal's rights
-        actions=[],  # the flow's functions are registered by FlowActions
+        actions=[],  # the flow's functions are registered by FlowActions, node by node
+        routed=flow_tools(),
         ledger_url=ledger_url,
     )
     events: list[tuple[float, str]] = []

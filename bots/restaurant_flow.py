@@ -6,6 +6,7 @@ pipecat_actions policy of its functions. `restaurant_flow` joins them to the han
 through `FlowActions`, so every call of ``collect_details`` and ``book_table`` is admitted and
 recorded by the runtime, and the book node branches on the runtime's truthful status::
 
+    runtime = await ActionRuntime.create(FLOW_POLICY, routed=flow_tools(), ...)
     actions, flow = restaurant_flow(runtime, session, sor)
     flow_manager = FlowManager(worker=worker, llm=llm, context_aggregator=pair,
                                global_functions=flow.global_functions)
@@ -24,6 +25,7 @@ __all__ = [
     "flow_handlers",
     "flow_hooks",
     "flow_state",
+    "flow_tools",
     "restaurant_flow",
 ]
 
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from pipecat.flows import TRANSITION_IN_YAML, Flow, FlowConfig, FlowManager
 
 from pipecat_actions import ActionContext, EffectFailed, Reconciliation, action_context
-from pipecat_actions.flows import FlowActions, FunctionHooks
+from pipecat_actions.flows import FlowActions, FunctionHooks, flow_functions
 from pipecat_actions.testing.restaurant import RESTAURANT
 from pipecat_actions.testing.system_of_record import FakeSystemOfRecord, ProviderRejected
 
@@ -45,6 +47,11 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 FLOW_CONFIG = ROOT / "configs" / "flows" / "restaurant.yaml"
 FLOW_POLICY = ROOT / "configs" / "restaurant_flow_policy.yaml"
+
+
+def flow_tools(config: str | Path = FLOW_CONFIG) -> list[str]:
+    """The flow's functions the runtime routes: ``ActionRuntime.create(routed=flow_tools())``."""
+    return flow_functions(FlowConfig.from_file(config))
 
 
 def flow_state(today: datetime.date | str) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 An action is an async function that changes (or reads) the system of record. Its first
 parameter is an `ActionContext`; the others are the tool's arguments, typed, and become both the
-pydantic model that validates what the LLM sends and the tool schema the LLM sees::
+pydantic model that validates what the LLM sends and the tool schema the LLM sees. The
+docstring's summary is the tool's description; a Google-style arguments section in it
+describes each argument to the LLM::
 
     @action(reconcile=find_booking, compensate=cancel_booking_for, snapshot=None, cancel=None)
     async def book_table(ctx: ActionContext, restaurant_id: str, date: str, time: str,
@@ -10,6 +12,9 @@ pydantic model that validates what the LLM sends and the tool schema the LLM see
         \"\"\"Book a table and return its booking reference.\"\"\"
         booking = await provider.book(..., idempotency_key=ctx.idempotency_key)
         return {"booking_id": booking.booking_id}
+
+An effect that cannot work is refused by ``@action`` itself, in one line naming the action and
+the parameter (see `pipecat_actions._arguments`).
 
 Hooks, each optional:
 
@@ -37,17 +42,17 @@ __all__ = [
     "running_as",
 ]
 
-import inspect
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar, get_type_hints, overload
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-from pipecat_actions.errors import ConfigurationError, PipecatActionsError
+from pipecat_actions._arguments import argument_schema, arguments_of
+from pipecat_actions.errors import PipecatActionsError
 from pipecat_actions.ledger.records import Operation
 from pipecat_actions.policy import ToolPolicy
 
@@ -205,6 +210,8 @@ class ActionDefinition:
     own, routed through the runtime (`ActionRuntime.instrument`, `pipecat_actions.flows`):
     `ActionRuntime.attach` registers no handler for it and `ActionRuntime.tools_schema`
     leaves it out, since the application (or Flows) registers and advertises it.
+    ``parameter_descriptions`` are what the tool schema says of each argument whose field
+    has no description of its own (`action` reads them from the docstring's ``Args:``).
     """
 
     name: str
@@ -218,18 +225,19 @@ class ActionDefinition:
     preconditions: Hook | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     app_handler: bool = False
+    parameter_descriptions: Mapping[str, str] = field(default_factory=dict)
 
     async def run(self, ctx: ActionContext) -> Any:
         """Call the effect with the context and the validated arguments."""
         return await self.effect(ctx, **ctx.args)
 
     def json_schema(self) -> dict[str, Any]:
-        """Return the JSON schema of the arguments (``properties`` and ``required``)."""
-        schema = self.args_model.model_json_schema()
-        return {
-            "properties": schema.get("properties", {}),
-            "required": schema.get("required", []),
-        }
+        """Return the JSON schema of the arguments (``properties`` and ``required``).
+
+        Self-contained: a nested model or an enum is written out where it is used (a tool
+        schema has no ``$defs``).
+        """
+        return argument_schema(self.args_model, self.parameter_descriptions)
 
 
 @dataclass(frozen=True)
@@ -287,7 +295,9 @@ def action(
     Args:
         fn: The effect, when used as ``@action`` without parentheses.
         name: The tool name; defaults to the function's name.
-        description: What the LLM is told the tool does; defaults to the docstring.
+        description: What the LLM is told the tool does; defaults to the docstring's summary
+            (without its ``Args:``, ``Returns:`` and ``Raises:`` sections, whose ``Args:``
+            lines describe the parameters instead).
         reconcile: See the module docstring; the same for the other hooks.
         compensate: Reverses a committed operation.
         snapshot: Captures the before-state.
@@ -295,16 +305,21 @@ def action(
         preconditions: Domain checks before admission.
 
     Raises:
-        ConfigurationError: The effect is not ``async``, lacks the context parameter, or has
-            a parameter without a type annotation.
+        ConfigurationError: The effect is not ``async``; its first parameter cannot take the
+            `ActionContext` (it is annotated as a tool argument, or missing); or a parameter
+            has no type annotation, or one the argument validator cannot handle or describe
+            to the LLM. One line, naming the action and the parameter.
     """
 
     def build(effect: Effect) -> ActionDefinition:
+        tool = name or effect.__name__
+        arguments = arguments_of(effect, tool, context=ActionContext)
         return ActionDefinition(
-            name=name or effect.__name__,
+            name=tool,
             effect=effect,
-            args_model=_args_model(effect, name or effect.__name__),
-            description=description or inspect.getdoc(effect) or (name or effect.__name__),
+            args_model=arguments.model,
+            description=description or arguments.summary or tool,
+            parameter_descriptions=arguments.descriptions,
             reconcile=reconcile,
             compensate=compensate,
             snapshot=snapshot,
@@ -313,35 +328,6 @@ def action(
         )
 
     return build(fn) if fn is not None else build
-
-
-def _args_model(effect: Effect, name: str) -> type[BaseModel]:
-    if not inspect.iscoroutinefunction(effect):
-        raise ConfigurationError(f"action {name}: the effect must be an async function")
-    parameters = list(inspect.signature(effect).parameters.values())
-    if not parameters:
-        raise ConfigurationError(f"action {name}: the first parameter must take the ActionContext")
-    hints = get_type_hints(effect)
-    fields: dict[str, Any] = {}
-    for parameter in parameters[1:]:
-        if parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
-            raise ConfigurationError(
-                f"action {name}: parameter {parameter.name} must be a plain named parameter"
-            )
-        if parameter.name not in hints:
-            raise ConfigurationError(
-                f"action {name}: parameter {parameter.name} needs a type annotation"
-            )
-        default = ... if parameter.default is parameter.empty else parameter.default
-        fields[parameter.name] = (hints[parameter.name], default)
-    model: type[BaseModel] = create_model(
-        f"{name}_arguments",
-        __config__=ConfigDict(
-            extra="forbid", str_strip_whitespace=True, frozen=True, allow_inf_nan=False
-        ),
-        **fields,
-    )
-    return model
 
 
 def open_arguments(name: str) -> type[BaseModel]:

@@ -14,7 +14,16 @@ Pipecat registers lazily on every inference), so they go through admission and t
 
 from __future__ import annotations
 
-__all__ = ["attach", "instrument", "owns_tool", "tools_schema"]
+__all__ = [
+    "CONFIRM_TOOL",
+    "asks_for_confirmation",
+    "attach",
+    "attached_to",
+    "instrument",
+    "needs_confirm_tool",
+    "owns_tool",
+    "tools_schema",
+]
 
 import asyncio
 import dataclasses
@@ -30,7 +39,13 @@ from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.frames.frames import FunctionCallResultProperties, TTSSpeakFrame
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 
-from pipecat_actions.actions import ActionContext, ActionDefinition, open_arguments, running_as
+from pipecat_actions.actions import (
+    ActionContext,
+    ActionDefinition,
+    Binding,
+    open_arguments,
+    running_as,
+)
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.policy import ConfirmationMode, ExecutionMode, OnDuplicate
 from pipecat_actions.session import SessionState
@@ -58,7 +73,7 @@ def tools_schema(runtime: ActionRuntime) -> ToolsSchema:
         for binding in runtime.bindings.values()
         if not binding.action.app_handler  # advertised by the application (or Flows)
     ]
-    if _needs_confirm_tool(runtime):
+    if needs_confirm_tool(runtime):
         tools.append(
             FunctionSchema(
                 name=CONFIRM_TOOL,
@@ -84,11 +99,11 @@ def attach(runtime: ActionRuntime, llm: LLMService, session: SessionState) -> No
             continue  # Pipecat calls the application's own handler, routed through the runtime
         llm.register_function(
             name,
-            _handler(runtime, name, session),
+            _attached(_handler(runtime, name, session), runtime, session),
             cancel_on_interruption=binding.policy.cancel_on_interruption,
             timeout_secs=binding.policy.timeout_secs,
         )
-    if _needs_confirm_tool(runtime):
+    if needs_confirm_tool(runtime):
 
         async def confirm(params: FunctionCallParams) -> None:
             args = params.arguments
@@ -108,7 +123,32 @@ def attach(runtime: ActionRuntime, llm: LLMService, session: SessionState) -> No
             )
             await params.result_callback(result)
 
-        llm.register_function(CONFIRM_TOOL, confirm)
+        llm.register_function(CONFIRM_TOOL, _attached(confirm, runtime, session))
+
+
+def attached_to(llm: LLMService, tool: str) -> tuple[ActionRuntime, SessionState] | None:
+    """The runtime and session whose `attach` registered ``llm``'s handler of ``tool``, if any.
+
+    None when ``tool`` has no handler on ``llm``, or one `attach` did not register (the
+    application's own, or none at all: Pipecat then answers the model that the function "is
+    not currently available").
+    """
+    item = llm._functions.get(tool)
+    owner = getattr(item.handler, _ATTACHED, None) if item is not None else None
+    return owner if isinstance(owner, tuple) else None
+
+
+_ATTACHED = "_pipecat_actions_attached"
+"""The attribute of a handler `attach` registered: its runtime and session."""
+
+
+def _attached(
+    handler: Callable[..., Any], runtime: ActionRuntime, session: SessionState
+) -> Callable[..., Any]:
+    setattr(handler, _ATTACHED, (runtime, session))
+    # `instrument` on the same service leaves it alone: it is the runtime's already.
+    handler._pipecat_actions_wrapped = True  # type: ignore[attr-defined]
+    return handler
 
 
 def _announcement(runtime: ActionRuntime, tool: str) -> str | None:
@@ -144,11 +184,17 @@ def _handler(runtime: ActionRuntime, name: str, session: SessionState) -> Callab
     return handler
 
 
-def _needs_confirm_tool(runtime: ActionRuntime) -> bool:
-    return any(
-        b.policy.confirmation.mode is ConfirmationMode.VERBAL
-        or b.policy.on_duplicate is OnDuplicate.CONFIRM
-        for b in runtime.bindings.values()
+def needs_confirm_tool(runtime: ActionRuntime) -> bool:
+    """Whether ``runtime`` offers ``confirm_action`` (verbal confirmations, confirmed repeats)."""
+    return any(asks_for_confirmation(b) for b in runtime.bindings.values())
+
+
+def asks_for_confirmation(binding: Binding) -> bool:
+    """Whether calls of ``binding``'s tool may need ``confirm_action``."""
+    policy = binding.policy
+    return (
+        policy.confirmation.mode is ConfirmationMode.VERBAL
+        or policy.on_duplicate is OnDuplicate.CONFIRM
     )
 
 

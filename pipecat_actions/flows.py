@@ -9,8 +9,10 @@ model) get back is the runtime's truthful result (``status``: ``committed``, ``r
 ``awaiting_approval``, ``unknown``, ``running``, ...), so a flow branches on what really
 happened::
 
+    config = FlowConfig.from_file("flow.yaml")
+    runtime = await ActionRuntime.create(policy, routed=flow_functions(config), ...)
     actions = FlowActions(runtime, session)
-    flow = actions.flow(FlowConfig.from_file("flow.yaml"), handlers=tools)  # a configured flow
+    flow = actions.flow(config, handlers=tools)  # a configured flow
     pipeline, gate = build_pipeline(..., context_aggregator=pair)
     worker = PipelineWorker(pipeline)
     flow_manager = FlowManager(worker=worker, llm=llm, context_aggregator=pair,
@@ -28,7 +30,9 @@ What holds:
 * **Policy governs.** Every function needs a policy entry (or is named in ``unmanaged``, or is
   a config's ``transition_only`` function, which runs no code); its ``mode`` and
   ``timeout_secs`` replace Flows' call options (``mode: blocking`` is Pipecat's
-  ``cancel_on_interruption=True``).
+  ``cancel_on_interruption=True``). The runtime is told the managed names when it is created
+  (``routed=``; `flow_functions` reads them from a config), since Flows registers each
+  function only when its node is set.
 * **Transitions on the truth.** A ``transition_to: {field: status, cases: {...}}`` branch is
   evaluated on the runtime's result (a committed result also shows the handler's own fields
   to the branch, so branches on them keep working). An unconditional ``transition_to`` (or a
@@ -48,7 +52,7 @@ What holds:
 
 from __future__ import annotations
 
-__all__ = ["STATE_KEY", "FlowActions", "FunctionHooks"]
+__all__ = ["STATE_KEY", "FlowActions", "FunctionHooks", "flow_functions"]
 
 import asyncio
 import dataclasses
@@ -83,7 +87,7 @@ from pipecat_actions.actions import (
 )
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.outcomes import EffectNotSent
-from pipecat_actions.results import render_operation
+from pipecat_actions.results import reconcilable, render_operation
 from pipecat_actions.status import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -192,11 +196,26 @@ class FunctionHooks:
 _CURRENT: ContextVar[_FlowCall | None] = ContextVar("pipecat_actions_flow_call", default=None)
 
 
+def flow_functions(config: FlowConfig, *, unmanaged: Iterable[str] = ()) -> list[str]:
+    """The functions of ``config`` `FlowActions` routes, for ``ActionRuntime.create(routed=...)``.
+
+    Every function of its nodes and its global functions, in order and once each, but its
+    ``transition_only`` ones and those named in ``unmanaged`` (as given to `FlowActions`).
+    """
+    left_out = frozenset(unmanaged)
+    functions = [*config.global_functions] + [
+        f for node in config.nodes.values() for f in node.functions
+    ]
+    names = (f.name for f in functions if not f.transition_only and f.name not in left_out)
+    return list(dict.fromkeys(names))
+
+
 class FlowActions:
     """Routes a Flows conversation's functions through ``runtime`` for ``session``.
 
     Args:
-        runtime: The action runtime (its policy has an entry for every managed function).
+        runtime: The action runtime (its policy has an entry for every managed function, and
+            it was created with those names in ``routed``: see `flow_functions`).
         session: The conversation's session state.
         unmanaged: Functions left to Flows as they are (no admission, no ledger), e.g. ones
             that only move the conversation or remember what the user said. A config's
@@ -621,7 +640,7 @@ class FlowActions:
         if op.status in TERMINAL_STATUSES:
             call.operation_id = op.operation_id
             self._settled(call)
-        result = render_operation(op)
+        result = render_operation(op, reconcilable=reconcilable(self._runtime.bindings, op.tool))
         self._remember(call, result)
         if manager._pending_transition is not None:
             # Another call's transition waited for this one (closed by a barge-in, or told

@@ -163,11 +163,15 @@ class OperatorApp:
             record the bot uses (never a fresh in-memory fake: it would find nothing).
         authorizer: The application's authorizer (not asked by reconciliation; default
             `AllowAll`).
+        routed: The tools of the policy the bot routes instead of giving them as actions
+            (``ActionRuntime.create(routed=...)``: handlers it registers on the LLM, Pipecat
+            Flows functions); their operations cannot be reconciled here (no hook is loaded).
     """
 
     policy: PolicySet | str | os.PathLike[str]
     actions: Sequence[ActionDefinition]
     authorizer: Authorizer | None = None
+    routed: Sequence[str] = ()
 
 
 async def load_app(spec: str) -> OperatorApp:
@@ -233,6 +237,7 @@ async def reconcile(
         app.policy,
         authorizer=app.authorizer or AllowAll(),
         actions=app.actions,
+        routed=app.routed,
         ledger=ledger,
         owner=actor,
         recover=False,

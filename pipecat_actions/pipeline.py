@@ -34,8 +34,12 @@ The tracker and the gate keep their places; the realtime adapter on the service
 counts the provider's responses as generations. Without it the provider would be told
 ``CANCELLED`` for an action that goes on, and hear no late outcome at all.
 
-`check_placement` reports a misplacement it can detect before the pipeline starts;
-`build_pipeline` builds the template and checks it.
+`check_placement` reports a misplacement it can detect before the pipeline starts, and what is
+missing: the gate, the tracker, or the handlers of the runtime's actions on the LLM service
+(``runtime.attach(llm, session)`` forgotten: Pipecat would answer every call "The function is
+not currently available"). Handlers the application registers itself (``runtime.instrument``)
+and Pipecat Flows functions (`FlowActions`, which registers them node by node) are not the
+runtime's to attach and are not asked for. `build_pipeline` builds the template and checks it.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from pipecat.processors.aggregators.llm_response_universal import (
 from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.services.llm_service import LLMService
 
+from pipecat_actions.binding import CONFIRM_TOOL, asks_for_confirmation, attached_to
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 from pipecat_actions.realtime import adapt_realtime, adapter_of, is_realtime_service
@@ -140,6 +145,10 @@ def build_pipeline(
 def check_placement(processors: Sequence[FrameProcessor]) -> None:
     """Raise `ConfigurationError` if the tracker, the gate or the reporter cannot work there.
 
+    Also when the tracker or the gate is missing, when they serve different sessions, or when
+    the LLM service lacks the handlers ``runtime.attach(llm, session)`` registers for the
+    gate's runtime and session (the runtime's own actions; not the handlers it routes).
+
     Args:
         processors: The pipeline's processors in order (``Pipeline.processors`` or the list
             given to ``Pipeline``).
@@ -177,7 +186,12 @@ def check_placement(processors: Sequence[FrameProcessor]) -> None:
             "ActionResultGate: it must see the service's function-call frames, cancels included"
         )
     if tracker is None:
-        return
+        raise ConfigurationError(
+            "the pipeline has no ActionTurnTracker: the session would never learn of the "
+            "user's turns and interruptions, so a tool call from a reply the user interrupted "
+            "would run and a verbal confirmation could never count; put "
+            "ActionTurnTracker(session) right after the user aggregator"
+        )
     if user is None or tracker < user:
         raise ConfigurationError(
             "ActionTurnTracker must come after the user aggregator, which broadcasts the "
@@ -187,6 +201,47 @@ def check_placement(processors: Sequence[FrameProcessor]) -> None:
         raise ConfigurationError(
             "ActionTurnTracker must come before the LLM service: after it, an interruption "
             "arrives too late to mark a proposal stale"
+        )
+    gate_processor = processors[gate]
+    assert isinstance(gate_processor, ActionResultGate)
+    tracker_processor = processors[tracker]
+    assert isinstance(tracker_processor, ActionTurnTracker)
+    if tracker_processor.session is not gate_processor.session:
+        raise ConfigurationError(
+            "ActionTurnTracker and ActionResultGate serve different SessionStates: the turns "
+            "the tracker records would not be the ones the calls are checked against; give "
+            "both the conversation's one session"
+        )
+    if llm is not None:
+        _check_attached(processors[llm], gate_processor)
+
+
+def _check_attached(llm: Any, gate: ActionResultGate) -> None:
+    """The runtime's own actions must have the handlers `attach` registered for this session.
+
+    Handlers the runtime routes (``instrument``, Flows: ``app_handler``) are the application's
+    to register, and Flows registers its own when a node is set: they are not asked for.
+    """
+    runtime, session = gate.runtime, gate.session
+    own = [b for b in runtime.bindings.values() if not b.action.app_handler]
+    wanted = [b.action.name for b in own]
+    if any(asks_for_confirmation(b) for b in own):
+        wanted.append(CONFIRM_TOOL)
+    owners = {name: attached_to(llm, name) for name in wanted}
+    missing = [name for name, owner in owners.items() if owner is None or owner[0] is not runtime]
+    kind = type(llm).__name__
+    if missing:
+        raise ConfigurationError(
+            f"{kind} has no handler of this runtime for {', '.join(missing)}: Pipecat would "
+            "answer the model that the function is not currently available; call "
+            "runtime.attach(llm, session) before the pipeline runs (build_pipeline does)"
+        )
+    elsewhere = [name for name, owner in owners.items() if owner and owner[1] is not session]
+    if elsewhere:
+        raise ConfigurationError(
+            f"the handlers of {', '.join(elsewhere)} on {kind} were attached for another "
+            "SessionState than the gate's: calls would be admitted for another conversation's "
+            "principal; attach the runtime with this pipeline's session"
         )
 
 

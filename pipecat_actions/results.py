@@ -3,15 +3,19 @@
 Every result is a non-empty dict with ``status``, ``operation_id`` (when an operation exists)
 and a plain-language ``message`` (a falsy result never triggers inference in Pipecat). The
 words never claim more than the ledger knows: "cancelled" only for CANCELLED, "done" only for
-COMMITTED.
+COMMITTED. An UNKNOWN outcome says what happens next, which depends on the tool: with a
+``reconcile`` hook it "is being checked with the system" (until the checks give up and it is
+escalated); without one, or once escalated, "a person will check it", since nothing else will.
 """
 
 from __future__ import annotations
 
-__all__ = ["refusal_result", "render", "render_operation"]
+__all__ = ["reconcilable", "refusal_result", "render", "render_operation"]
 
+from collections.abc import Mapping
 from typing import Any
 
+from pipecat_actions.actions import Binding
 from pipecat_actions.ledger.records import Operation
 from pipecat_actions.status import ActionStatus
 
@@ -43,8 +47,36 @@ _MESSAGES: dict[ActionStatus, str] = {
 }
 
 
-def render_operation(op: Operation, *, note: str | None = None) -> dict[str, Any]:
-    """Return the tool result that tells the model the truth about ``op``."""
+_UNKNOWN_FOR_A_PERSON = (
+    "It is not yet known whether {tool} happened, and the system cannot tell; a person will "
+    "check it. Do not say it succeeded or failed."
+)
+"""UNKNOWN when no reconcile hook will look (there is none, or it gave up: escalated)."""
+
+_UNKNOWN_UNSAID = "It is not yet known whether {tool} happened. Do not say it succeeded or failed."
+"""UNKNOWN when this process does not know whether anything will check it (tool not loaded)."""
+
+
+def reconcilable(bindings: Mapping[str, Binding], tool: str) -> bool | None:
+    """Whether an UNKNOWN operation of ``tool`` is checked by a reconcile hook here.
+
+    None when ``tool`` is not registered in ``bindings`` (this process cannot say).
+    """
+    binding = bindings.get(tool)
+    return None if binding is None else binding.action.reconcile is not None
+
+
+def render_operation(
+    op: Operation, *, reconcilable: bool | None, note: str | None = None
+) -> dict[str, Any]:
+    """Return the tool result that tells the model the truth about ``op``.
+
+    Args:
+        op: The operation.
+        reconcilable: Whether its tool has a reconcile hook (`reconcilable`); None when that
+            is not known here. An escalated operation is a person's to check either way.
+        note: Said after the status's message.
+    """
     result = render(
         op.status,
         tool=op.tool,
@@ -52,6 +84,7 @@ def render_operation(op: Operation, *, note: str | None = None) -> dict[str, Any
         value=op.result,
         error=op.error,
         note=note,
+        reconcilable=False if op.escalated_at is not None else reconcilable,
     )
     if op.status is ActionStatus.AWAITING_CONFIRMATION:
         result["confirmation_token"] = op.args_hash[:12]
@@ -66,10 +99,18 @@ def render(
     value: Any = None,
     error: str | None = None,
     note: str | None = None,
+    reconcilable: bool | None = None,
 ) -> dict[str, Any]:
-    """Return the tool result for an operation of ``tool`` in ``status``."""
+    """Return the tool result for an operation of ``tool`` in ``status``.
+
+    ``reconcilable`` says who checks an UNKNOWN outcome: a reconcile hook (True), a person
+    (False), or nothing is said about it (None: not known here).
+    """
     reason = (error or "no reason given").rstrip(". ") + "."
-    message = _MESSAGES[status].format(tool=tool, error=reason)
+    template = _MESSAGES[status]
+    if status is ActionStatus.UNKNOWN and reconcilable is not True:
+        template = _UNKNOWN_FOR_A_PERSON if reconcilable is False else _UNKNOWN_UNSAID
+    message = template.format(tool=tool, error=reason)
     result: dict[str, Any] = {
         "status": status.value.lower(),
         "operation_id": operation_id,

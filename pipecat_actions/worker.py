@@ -68,6 +68,7 @@ async def run_worker(
         app.policy,
         authorizer=app.authorizer or AllowAll(),
         actions=app.actions,
+        routed=app.routed,
         ledger_url=ledger_url,
         clock=clock,
         owner=owner or f"worker:{socket.gethostname()}:{os.getpid()}",

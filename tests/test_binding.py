@@ -37,8 +37,12 @@ tools:
 
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[ActionRuntime]:
+    # Every tool here is a handler the tests register on the LLM themselves (instrument).
     opened = await ActionRuntime.create(
-        load_policy_text(POLICY), authorizer=AllowAll(), ledger_url=f"sqlite:///{tmp_path}/l.db"
+        load_policy_text(POLICY),
+        authorizer=AllowAll(),
+        routed=["get_weather", "book_table"],
+        ledger_url=f"sqlite:///{tmp_path}/l.db",
     )
     yield opened
     await opened.close()
@@ -64,15 +68,24 @@ def _tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def test_attached_actions_are_advertised_with_their_argument_schema(
-    runtime: ActionRuntime,
+    tmp_path: Path,
 ) -> None:
     @action
     async def book_table(ctx: ActionContext, time: str, party_size: int = 2) -> dict[str, Any]:
         """Book a table at a time."""
         return {}
 
-    runtime.register(book_table)
-    (schema,) = runtime.tools_schema().standard_tools
+    runtime = await ActionRuntime.create(
+        load_policy_text(POLICY),
+        authorizer=AllowAll(),
+        actions=[book_table],
+        routed=["get_weather"],
+        ledger_url=f"sqlite:///{tmp_path}/l.db",
+    )
+    try:
+        (schema,) = runtime.tools_schema().standard_tools
+    finally:
+        await runtime.close()
     assert schema.name == "book_table"
     assert schema.description == "Book a table at a time."
     assert schema.required == ["time"]

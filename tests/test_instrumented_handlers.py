@@ -51,6 +51,7 @@ async def _runtime(
     return await ActionRuntime.create(
         load_policy_text(POLICY),
         authorizer=authorizer or AllowAll(),
+        routed=["add_note", "refund"],  # handlers the tests register on the LLM
         ledger_url=f"sqlite:///{tmp_path}/l.db",
         clock=clock,
     )

@@ -4,6 +4,11 @@ The status is written **before** the effect is called (RUNNING, attempt n, sent_
 its answer. A lost answer is UNKNOWN and is never retried blindly: the action's ``reconcile``
 hook asks the system of record; without one the operation stays UNKNOWN and is escalated.
 
+An exception the effect raises is logged with its traceback (a bug in the effect, a
+``NameError``, is an error of the application's, and the ledger keeps only its one-line text),
+unless it is one of the `pipecat_actions.execution.outcomes` classes the effect raises to say
+what happened, which is logged as one line.
+
 The effect runs in a task of its own that only the watchdog (deadline) or a confirmed cancel
 may stop. When one of them takes an operation over, this executor stops waiting; if the effect
 still answers later, the answer is recorded as a late event and only settles an operation that
@@ -33,7 +38,14 @@ from pipecat_actions.admission.authorization import (
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import LedgerError, TransitionRefused
 from pipecat_actions.execution.durable import WriteRetry, until_written
-from pipecat_actions.execution.outcomes import Outcome, classify
+from pipecat_actions.execution.outcomes import (
+    EffectFailed,
+    EffectNotSent,
+    EffectOutcomeUnknown,
+    EffectRetryable,
+    Outcome,
+    classify,
+)
 from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.ledger import Ledger, Operation
 from pipecat_actions.ledger.records import canonical_json
@@ -148,6 +160,7 @@ class Executor:
             if error is None:
                 return await self._settle(op, tracked, S.COMMITTED, result=value)
             outcome = classify(error, mutation=mutation)
+            _log_failure(op, error, outcome)
             message = f"{type(error).__name__}: {error}"
             if outcome is Outcome.FINAL:
                 return await self._settle(op, tracked, S.FAILED_FINAL, error=message)
@@ -206,6 +219,13 @@ class Executor:
         if task.cancelled():
             return
         error = task.exception()
+        if error is not None and not isinstance(error, _SAID_BY_THE_EFFECT):
+            logger.bind(operation_id=operation_id).opt(exception=error).error(
+                "operation {}: its effect raised {} after it was taken over: {}",
+                operation_id,
+                type(error).__name__,
+                error,
+            )
         asyncio.get_running_loop().create_task(
             self._record_late(operation_id, tracked, None if error else task.result(), error)
         )
@@ -513,6 +533,42 @@ def retry_delay(
 
 
 _TAKEN_OVER: Any = object()
+
+_SAID_BY_THE_EFFECT = (
+    EffectFailed,
+    EffectNotSent,
+    EffectOutcomeUnknown,
+    EffectRetryable,
+    # What a client raises when the wire failed: classified like a real client's, not a bug.
+    TimeoutError,
+    ConnectionError,
+)
+"""What an effect raises to say what happened: no traceback is logged for them."""
+
+
+def _log_failure(op: Operation, error: BaseException, outcome: Outcome) -> None:
+    """Log an effect's failure: with its traceback, unless the effect classified it itself."""
+    log = operation_logger(op)
+    if isinstance(error, _SAID_BY_THE_EFFECT):
+        log.warning(
+            "operation {}: {} attempt {} failed ({}): {}: {}",
+            op.operation_id,
+            op.tool,
+            op.attempt,
+            outcome.value,
+            type(error).__name__,
+            error,
+        )
+        return
+    log.opt(exception=error).error(
+        "operation {}: the effect of {} raised {} on attempt {} ({}): {}",
+        op.operation_id,
+        op.tool,
+        type(error).__name__,
+        op.attempt,
+        outcome.value,
+        error,
+    )
 
 
 def _recordable(result: Any) -> Any:

@@ -73,13 +73,14 @@ async def closing_result(
             ActionStatus.UNKNOWN,
             tool=cancel.function_name,
             operation_id=operation_id,
+            reconcilable=delivery.reconcilable(cancel.function_name),
             note=f"{waited}; the action was not stopped. Its record could not be read just "
             "now; its outcome will be told here. Do not say it is done or that it failed.",
         )
         return result, None
     terminal = op.status in TERMINAL_STATUSES
     note = None if terminal else f"{waited}; the action was not stopped."
-    return render_operation(op, note=note), op
+    return render_operation(op, reconcilable=delivery.reconcilable(op.tool), note=note), op
 
 
 def stopped_result(runtime: ActionRuntime, cancel: FunctionCallCancelFrame) -> dict[str, Any]:

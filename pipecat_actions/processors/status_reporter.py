@@ -69,7 +69,7 @@ from pipecat_actions._recent import remember
 from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
 from pipecat_actions.ledger import Operation
 from pipecat_actions.policy import ToolKind
-from pipecat_actions.results import render_operation
+from pipecat_actions.results import reconcilable, render_operation
 from pipecat_actions.session import SessionState
 
 if TYPE_CHECKING:
@@ -263,7 +263,7 @@ class ActionStatusReporter(FrameProcessor):
         authoritative: bool = False,
     ) -> None:
         """Send ``op``'s status, unless the client was told as much or more already."""
-        told = render_operation(op)
+        told = render_operation(op, reconcilable=reconcilable(self.runtime.bindings, op.tool))
         status = str(told["status"])
         if not self._is_news(op, status, event, authoritative=authoritative):
             return

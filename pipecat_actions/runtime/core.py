@@ -39,6 +39,7 @@ from pipecat_actions.ledger import Ledger, Operation, SqlLedger
 from pipecat_actions.observability.metrics import ActionMetrics
 from pipecat_actions.observability.redaction import install_log_redaction
 from pipecat_actions.policy import OnInterruption, PolicySet, load_policy
+from pipecat_actions.runtime._coverage import check_coverage, no_policy_entry
 from pipecat_actions.runtime._operations import Listener
 from pipecat_actions.runtime._parts import RuntimeParts, build_parts
 from pipecat_actions.runtime.recovery import RecoverUnsent
@@ -88,6 +89,7 @@ class ActionRuntime:
         self._supersession = parts.supersession
         self.deliveries = parts.deliveries
         self._owns_ledger = owns_ledger
+        self._routed: frozenset[str] = frozenset()
 
     @classmethod
     async def create(
@@ -96,6 +98,7 @@ class ActionRuntime:
         *,
         authorizer: Authorizer,
         actions: Iterable[ActionDefinition] = (),
+        routed: Iterable[str] = (),
         ledger: Ledger | None = None,
         ledger_url: str | None = None,
         clock: Clock | None = None,
@@ -111,6 +114,10 @@ class ActionRuntime:
             policy: A policy file path or a loaded `PolicySet`.
             authorizer: Decides whether the session principal may make each call.
             actions: The effects, with their hooks.
+            routed: Tools of the policy whose handler is not an action here but the
+                application's, registered on the LLM and routed through this runtime
+                (`instrument`), or a Pipecat Flows function (`FlowActions`). Every other
+                entry of the policy needs an action in ``actions``.
             ledger: An open ledger to use (the caller closes it); else one is opened.
             ledger_url: Where to open the ledger (default: `default_ledger_url`).
             clock: Time source; the ledger opened here uses it too.
@@ -125,9 +132,13 @@ class ActionRuntime:
 
         Raises:
             PolicyError: The policy file is invalid.
-            ConfigurationError: An action has no policy, or its policy needs a hook it lacks.
+            ConfigurationError: An action has no policy, or its policy needs a hook it lacks;
+                a policy entry is neither an action nor ``routed`` (its tool would never be
+                offered to the LLM); a ``routed`` name has no entry or is also an action.
             LedgerError: The ledger cannot be opened.
         """
+        if isinstance(routed, str):
+            raise ConfigurationError(f"routed takes a list of tool names, not {routed!r}")
         policies = policy if isinstance(policy, PolicySet) else load_policy(Path(policy))
         # Pipecat logs tool-call arguments at DEBUG before any handler runs: the redaction
         # must be in place, with this policy's redact paths, before the first call.
@@ -146,7 +157,9 @@ class ActionRuntime:
         )
         runtime = cls(parts, owns_ledger=ledger is None)
         try:
+            runtime._routed = frozenset(routed)
             runtime.register(*actions)
+            check_coverage(runtime.policy, runtime.bindings, runtime._routed)
             runtime.watchdog.start()
             runtime._recovery.start(claim=recover)
             if recover:
@@ -162,15 +175,19 @@ class ActionRuntime:
         """Register actions; each needs an entry in the policy.
 
         Raises:
-            ConfigurationError: No policy for the action, or the policy asks for a hook
+            ConfigurationError: No policy for the action; the policy asks for a hook
                 (``request_cancel`` needs ``cancel``, ``compensation.automatic`` needs
-                ``compensate``) that the action lacks.
+                ``compensate``) that the action lacks; or an ``@action`` of a name declared
+                ``routed`` (its handler is the application's or Flows').
         """
         for definition in definitions:
             policy = self.policy.get(definition.name)
             if policy is None:
+                raise no_policy_entry(definition.name, self.policy)
+            if definition.name in self._routed and not definition.app_handler:
                 raise ConfigurationError(
-                    f"action {definition.name} has no entry in the policy {self.policy.source}"
+                    f"action {definition.name} is named in routed=[...] (its handler is the "
+                    "application's, or a Flows function); a tool is one or the other"
                 )
             if policy.on_interruption is OnInterruption.REQUEST_CANCEL and not definition.cancel:
                 raise ConfigurationError(
@@ -190,6 +207,11 @@ class ActionRuntime:
     def bindings(self) -> Mapping[str, Binding]:
         """The registered actions with their policies, by tool name."""
         return self._bindings
+
+    @property
+    def routed(self) -> frozenset[str]:
+        """The tools declared ``routed`` at `create`: the application's or Flows' handlers."""
+        return self._routed
 
     def attach(self, llm: Any, session: SessionState) -> None:
         """Register a handler on a Pipecat ``llm`` for every action, bound to ``session``."""

@@ -220,6 +220,7 @@ class Decisions:
         self, op: Operation, tracked: Tracked, *, actor: str, reason: str, wait: bool
     ) -> dict[str, Any]:
         deadline_at = self._clock.now() + self._runner.deadline_secs(op.tool)
+        checked = tracked.binding.action.reconcile is not None
         try:
             admitted = await self._ledger.transition(
                 op.operation_id,
@@ -231,11 +232,11 @@ class Decisions:
                 changes={"deadline_at": deadline_at},
             )
         except TransitionRefused:
-            return render_operation(await self._ledger.get(op.operation_id))
+            return render_operation(await self._ledger.get(op.operation_id), reconcilable=checked)
         self._watchdog.arm(op.operation_id, deadline_at)
         self._operations.spawn(self._runner.execute(admitted, tracked, take_slot=True))
         if not wait:
-            return render_operation(admitted)
+            return render_operation(admitted, reconcilable=checked)
         # Answered (or the call stopped) when this ends: later outcomes are told as late ones.
         with self._operations.answering(op.session_id, op.operation_id):
             outcome = await asyncio.shield(tracked.done)
@@ -243,7 +244,7 @@ class Decisions:
             # gate: until then the delivery service must not tell it again as a late outcome
             # (a catch-up that read it meanwhile, say).
             self._operations.note_answered(outcome, op.session_id)
-            return render_operation(outcome)
+            return render_operation(outcome, reconcilable=checked)
 
     async def pending_approvals(self) -> list[Operation]:
         """Operations waiting for a person's approval, oldest first."""

@@ -45,7 +45,7 @@ from pipecat_actions.clock import Clock
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
 from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import DeliveryMode, ToolKind
-from pipecat_actions.results import render_operation
+from pipecat_actions.results import reconcilable, render_operation
 from pipecat_actions.runtime._joins import nap
 from pipecat_actions.runtime._operations import RECENT_TOLD, Operations
 from pipecat_actions.runtime.supersession import Supersession
@@ -96,12 +96,23 @@ def compensation_told(op: Operation) -> dict[str, Any]:
                 "stands. Tell the user."
             ),
         }
+    if op.status is S.UNKNOWN or op.escalated_at is not None:
+        # A compensation has no reconcile hook (nothing can look one up): an unknown outcome
+        # is escalated at once, with its original, for a person to check.
+        return {
+            "status": "compensation_unknown",
+            **ids,
+            "message": (
+                f"It is not yet known whether undoing the earlier request {original} worked, "
+                "and the system cannot tell; a person will check it. Do not say it was undone."
+            ),
+        }
     return {
         "status": "compensation_unknown",
         **ids,
         "message": (
-            f"It is not yet known whether undoing the earlier request {original} worked; it "
-            "is being checked. Do not say it was undone."
+            f"Undoing the earlier request {original} is still in progress; it is not yet known "
+            "whether it worked. Do not say it was undone."
         ),
     }
 
@@ -319,6 +330,10 @@ class Deliveries:
         binding = self.bindings.get(tool)
         return binding is not None and binding.policy.kind is ToolKind.READ
 
+    def reconcilable(self, tool: str) -> bool | None:
+        """Whether a reconcile hook checks an UNKNOWN ``tool`` here (None: not registered)."""
+        return reconcilable(self.bindings, tool)
+
 
 def _is_owed(op: Operation, *, compensation_heard: bool) -> bool:
     if op.status in _NEVER_OWED:
@@ -384,6 +399,10 @@ class SessionDelivery:
         self.listen()
         service = self._service
         self._reading(self._resume(before=service.clock.now(), mark=service.operations.call_mark))
+
+    def reconcilable(self, tool: str) -> bool | None:
+        """Whether a reconcile hook checks an UNKNOWN ``tool`` (`Deliveries.reconcilable`)."""
+        return self._service.reconcilable(tool)
 
     def listen(self) -> None:
         """Hear the runtime's outcomes for the session (`start` does it too)."""
@@ -673,7 +692,7 @@ class SessionDelivery:
             content = compensation_told(op)
             text = f"Undoing an earlier request: {json.dumps(content)}"
         else:
-            content = render_operation(op)
+            content = render_operation(op, reconcilable=self._service.reconcilable(op.tool))
             if late.superseded_by is not None:
                 content.update(self._service.supersession.fields(op, late.superseded_by))
             text = f"Outcome of an earlier {op.tool} request: {json.dumps(content)}"

@@ -27,7 +27,7 @@ from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.ledger import Ledger, Operation
 from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import ToolKind
-from pipecat_actions.results import refusal_result, render, render_operation
+from pipecat_actions.results import reconcilable, refusal_result, render, render_operation
 from pipecat_actions.runtime._joins import JoinNotes, SharedWaits
 from pipecat_actions.runtime._operations import Operations
 from pipecat_actions.runtime._runner import Runner
@@ -163,6 +163,7 @@ class Proposals:
             S.UNKNOWN,
             tool=tool,
             operation_id=operation_id,
+            reconcilable=reconcilable(self._bindings, tool),
             note="Its record could not be read just now; the outcome will be told when known.",
         )
 
@@ -217,13 +218,13 @@ class Proposals:
         if on_started is not None:
             await on_started(tracked.operation_id)
         if not wait:
-            return render_operation(await self._ledger.get(tracked.operation_id))
+            return self._render(await self._ledger.get(tracked.operation_id))
         try:
             final = await asyncio.shield(tracked.done)
         except asyncio.CancelledError:
             self._operations.spawn(self._decisions.interrupted(tracked.operation_id))
             raise
-        return await self._told(render_operation(final), final, session)
+        return await self._told(self._render(final), final, session)
 
     async def _admit_and_start(
         self,
@@ -258,7 +259,7 @@ class Proposals:
             self._operations.note_call(tool_call_id, admitted.operation.operation_id)
         tracked = self._runner.start(admitted, session)
         if admitted.operation.status in AWAITING_PERSON_STATUSES:
-            return self._asking(render_operation(admitted.operation), admitted.operation)
+            return self._asking(self._render(admitted.operation), admitted.operation)
         return tracked
 
     async def _joined(self, joined: Joined, session: SessionState, *, wait: bool) -> dict[str, Any]:
@@ -277,7 +278,7 @@ class Proposals:
                 else:
                     op = await self._elsewhere.wait(op)
             note = "This request was already made; this is its outcome."
-            result = self._asking(render_operation(op, note=note), op)
+            result = self._asking(self._render(op, note=note), op)
             return await self._told(result, op, session) if wait else result
         finally:
             # Answered in place (`_told` noted it), or stopped: later outcomes are told late.
@@ -294,6 +295,10 @@ class Proposals:
         """
         self._operations.note_answered(op, session.session_id)
         return await self._supersession.note(result, op)
+
+    def _render(self, op: Operation, *, note: str | None = None) -> dict[str, Any]:
+        """The tool result of ``op`` (an UNKNOWN one says whether a hook or a person checks)."""
+        return render_operation(op, reconcilable=reconcilable(self._bindings, op.tool), note=note)
 
     def _asking(self, result: dict[str, Any], op: Operation) -> dict[str, Any]:
         """Add the policy's ``confirmation.prompt``, filled in, to a needs-confirmation result."""

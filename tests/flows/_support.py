@@ -350,10 +350,12 @@ async def flow_agent(
     sor = FakeSystemOfRecord(clock=clock)
     sor.add_restaurant("r1", tables=3)
     sor.faults.set_latency(LATENCY)
+    loaded = policy(textwrap.dedent(policy_text))
     runtime = await ActionRuntime.create(
-        policy(textwrap.dedent(policy_text)),
+        loaded,
         authorizer=authorizer or AllowAll(),
         actions=[],
+        routed=loaded.names(),  # every entry is a flow function (or an instrumented handler)
         ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
         clock=clock,
     )

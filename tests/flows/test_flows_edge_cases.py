@@ -193,6 +193,7 @@ async def test_an_instrumented_call_is_forgotten_once_its_effect_ran(tmp_path: P
     runtime = await ActionRuntime.create(
         load_policy_text(INSTRUMENT_POLICY),
         authorizer=AllowAll(),
+        routed=load_policy_text(INSTRUMENT_POLICY).names(),
         ledger_url=f"sqlite:///{tmp_path}/l.db",
     )
     try:

@@ -23,6 +23,7 @@ from tests.runtime._execution_support import (
     booking,
     eventually,
     new_session,
+    policy,
     reaches,
     running,
 )
@@ -63,7 +64,14 @@ async def _story(ledger_url: str) -> dict[str, Any]:
 
 
 async def _recent_refusal(ledger_url: str) -> None:
-    async with running(POLICY, [], ledger_url=ledger_url, clock=ManualClock(time.time())) as rt:
+    # Every tool declared routed, and no handler registered for any: an unknown tool.
+    async with running(
+        POLICY,
+        [],
+        ledger_url=ledger_url,
+        clock=ManualClock(time.time()),
+        routed=policy(POLICY).names(),
+    ) as rt:
         await rt.propose("book_table", booking(), new_session())  # no such action: refused
 
 

@@ -69,11 +69,18 @@ REALTIME_SERVICES = pytest.mark.parametrize(
 )
 
 
+@action
+async def noop(ctx: ActionContext) -> dict[str, Any]:
+    """Do nothing."""
+    return {}
+
+
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[ActionRuntime]:
     opened = await ActionRuntime.create(
         load_policy_text("version: 1\ntools:\n  noop:\n    kind: read\n"),
         authorizer=AllowAll(),
+        actions=[noop],
         ledger_url=f"sqlite:///{tmp_path}/l.db",
     )
     yield opened
@@ -254,6 +261,23 @@ async def test_the_same_layout_with_the_adapter_installed_passes(
     adapt_realtime(runtime, llm, session, gate)
     parts = _parts(runtime, session, llm, gate)
     check_placement([parts[name] for name in REALTIME_LAYOUT.split()])
+
+
+@REALTIME_SERVICES
+async def test_a_realtime_layout_without_a_turn_tracker_or_without_attach_is_refused(
+    runtime: ActionRuntime, make_service: Callable[[], LLMService]
+) -> None:
+    session, llm = _session(), make_service()
+    gate = ActionResultGate(runtime, session)
+    adapt_realtime(runtime, llm, session, gate)  # runtime.attach(llm, session) forgotten
+    parts = _parts(runtime, session, llm, gate)
+    with pytest.raises(ConfigurationError) as unattached:
+        check_placement([parts[name] for name in REALTIME_LAYOUT.split()])
+    assert f"{type(llm).__name__} has no handler of this runtime for noop" in str(unattached.value)
+    runtime.attach(llm, session)
+    without_tracker = [parts[name] for name in REALTIME_LAYOUT.split() if name != "tracker"]
+    with pytest.raises(ConfigurationError, match="no ActionTurnTracker"):
+        check_placement(without_tracker)
 
 
 @REALTIME_SERVICES

@@ -865,24 +865,28 @@ async def test_two_bookings_of_one_response_on_one_resource_do_not_supersede_eac
     assert agent.developer() == []
 
 
-@pytest.mark.parametrize("undo_works", [True, False], ids=["undone", "undo_failed"])
+@pytest.mark.parametrize("undo", ["undone", "undo_failed", "undo_unknown"])
 async def test_a_compensation_of_a_booking_is_told_to_its_conversation(
-    tmp_path: Path, undo_works: bool
+    tmp_path: Path, undo: str
 ) -> None:
     # The application undid the booking (the model had offered to): the context still said
     # "booked" and nobody was told; nor when the undo failed and the booking still stood.
+    # A compensation has no reconcile hook: when its outcome is unknown (a bug in the hook),
+    # it is escalated, and the model is told a person will check, not "it is being checked".
     from pipecat_actions.execution.outcomes import EffectFailed
 
     clock = ScriptClock()
     sor = FakeSystemOfRecord(clock=clock)
     sor.add_restaurant("r1", tables=3)
 
-    async def undo(ctx: ActionContext) -> dict[str, Any]:
-        if not undo_works:
+    async def undo_it(ctx: ActionContext) -> dict[str, Any]:
+        if undo == "undo_failed":
             raise EffectFailed("the restaurant no longer accepts cancellations today")
+        if undo == "undo_unknown":
+            return {"cancelled": cancellation_reference}  # noqa: F821
         return {"cancelled": True}
 
-    @action(compensate=undo)
+    @action(compensate=undo_it)
     async def book_table(
         ctx: ActionContext, restaurant_id: str, date: str, time: str, party_size: int
     ) -> dict[str, Any]:
@@ -921,11 +925,15 @@ async def test_a_compensation_of_a_booking_is_told_to_its_conversation(
 
     (told,) = agent.developer()
     assert original.operation_id in told
-    if undo_works:
+    if undo == "undone":
         assert '"compensated"' in told and original.status is ActionStatus.COMPENSATED
-    else:
+    elif undo == "undo_failed":
         assert '"compensation_failed"' in told and "still stands" in told
         assert original.status is ActionStatus.COMMITTED
+    else:
+        assert '"compensation_unknown"' in told and "a person will check it" in told
+        assert "being checked" not in told
+        assert original.status is ActionStatus.COMPENSATING and original.escalated_at is not None
 
 
 async def test_a_background_action_waiting_for_approval_is_announced_too(

@@ -497,6 +497,7 @@ async def test_a_policy_tool_registered_later_is_left_to_the_reporter_too(tmp_pa
     runtime = await ActionRuntime.create(
         load_policy_text("version: 1\ntools:\n  book_table:\n    kind: mutation\n"),
         authorizer=AllowAll(),
+        routed=["book_table"],
         ledger_url=f"sqlite:///{tmp_path}/later.db",
     )
     try:

@@ -150,8 +150,10 @@ async def test_an_earlier_booking_that_commits_after_the_newer_one_is_undone_whe
     sor = fake(clock)
     bookings = Bookings(sor)
     policy_text = AUTOMATIC if undo_tool is None else AUTOMATIC_WITH_TOOL
+    # The undo tool the policy names for the model is an action of the app.
+    undo = [] if undo_tool is None else [action(name=undo_tool)(_cancel_booking)]
     async with running(
-        policy_text, [bookings.action(compensate=True)], ledger_url=ledger_url, clock=clock
+        policy_text, [bookings.action(compensate=True), *undo], ledger_url=ledger_url, clock=clock
     ) as runtime:
         session = new_session()
         sor.faults.set_latency(5.0, kind="book")  # the nine o'clock booking is slow

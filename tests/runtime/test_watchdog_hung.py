@@ -178,7 +178,7 @@ async def test_a_late_answer_settles_an_unknown_operation_without_a_reconcile_ho
     bookings = Bookings(sor)
     async with running(
         HUNG,
-        [bookings.action(reconcile=None)],
+        [bookings.action(reconcile=None), refund_action(sor)],
         ledger_url=ledger_url,
         clock=clock,
         lease_secs=LONG_LEASE,
@@ -227,14 +227,14 @@ async def test_a_late_answer_never_overwrites_a_terminal_status(
     async with (
         running(
             HUNG,
-            [bookings.action(reconcile="lookup")],
+            [bookings.action(reconcile="lookup"), refund_action(sor)],
             ledger_url=ledger_url,
             clock=clock,
             lease_secs=LONG_LEASE,
         ) as runtime,
         running(
             HUNG,
-            [bookings.action(reconcile="lookup")],
+            [bookings.action(reconcile="lookup"), refund_action(sor)],
             ledger_url=ledger_url,
             clock=clock,
             lease_secs=LONG_LEASE,

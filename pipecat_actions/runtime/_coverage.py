@@ -1,0 +1,70 @@
+"""Every policy entry is a tool the LLM can be offered: an action, or a handler routed later.
+
+A policy entry with nothing behind it used to vanish silently from ``tools_schema()``: the LLM
+was never offered the tool and nobody was told. `ActionRuntime.create` therefore checks, once
+its actions are registered, that each entry is either one of them or a name the application
+declares as **routed** (``routed=[...]``): a handler it registers on the LLM itself and routes
+through the runtime (``runtime.instrument``), or a Pipecat Flows function (`FlowActions`).
+Those are registered later (``instrument`` at registration or the first inference, Flows when
+a node is set), when no single moment knows the whole set, so they are declared up front
+instead of being guessed at.
+"""
+
+from __future__ import annotations
+
+__all__ = ["check_coverage", "no_policy_entry"]
+
+import difflib
+from collections.abc import Collection, Mapping
+
+from pipecat_actions.actions import Binding
+from pipecat_actions.errors import ConfigurationError
+from pipecat_actions.policy import PolicySet
+
+ROUTED_HINT = (
+    "for a handler registered on the LLM (runtime.instrument) or a Pipecat Flows function "
+    "(FlowActions), name it in ActionRuntime.create(routed=[...])"
+)
+
+
+def no_policy_entry(name: str, policy: PolicySet) -> ConfigurationError:
+    """The error for an action ``name`` that ``policy`` has no entry for (with a close one)."""
+    close = difflib.get_close_matches(name, policy.names(), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return ConfigurationError(f"action {name} has no entry in the policy {policy.source}{hint}")
+
+
+def check_coverage(
+    policy: PolicySet, bindings: Mapping[str, Binding], routed: Collection[str]
+) -> None:
+    """Refuse a policy entry that is neither a registered action nor declared ``routed``.
+
+    Raises:
+        ConfigurationError: Such an entry (each is named, with the registered actions), or a
+            routed name the policy has no entry for, or one that is also an action.
+    """
+    strays = sorted(set(routed) - set(policy.names()))
+    if strays:
+        raise ConfigurationError(
+            f"routed names tools the policy {policy.source} has no entry for: "
+            f"{', '.join(strays)}; every routed handler runs under its policy entry"
+        )
+    both = sorted(name for name in routed if name in bindings)
+    if both:
+        raise ConfigurationError(
+            f"{', '.join(both)}: named in routed=[...] and also given as an @action; a tool is "
+            "one or the other"
+        )
+    missing = [name for name in policy.names() if name not in bindings and name not in routed]
+    if not missing:
+        return
+    registered = ", ".join(sorted(bindings)) or "none"
+    named = []
+    for name in missing:
+        close = difflib.get_close_matches(name, list(bindings), n=1)
+        named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    raise ConfigurationError(
+        f"the policy {policy.source} has entries for tools with no action: {', '.join(named)}; "
+        f"the LLM would never be offered them (registered actions: {registered}). Give an "
+        f"@action for each in ActionRuntime.create(actions=[...]), or, {ROUTED_HINT}"
+    )
