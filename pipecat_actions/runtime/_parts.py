@@ -31,6 +31,7 @@ from pipecat_actions.runtime.automatic_compensation import AutomaticCompensation
 from pipecat_actions.runtime.compensation import Compensator
 from pipecat_actions.runtime.decisions import Decisions
 from pipecat_actions.runtime.deliveries import Deliveries
+from pipecat_actions.runtime.progress import Progress
 from pipecat_actions.runtime.proposals import Proposals
 from pipecat_actions.runtime.reads import Reads
 from pipecat_actions.runtime.recovery import RecoverUnsent, Recovery
@@ -66,6 +67,7 @@ class RuntimeParts:
     elsewhere: SharedWaits
     supersession: Supersession
     deliveries: Deliveries
+    progress: Progress
 
 
 def build_parts(
@@ -102,6 +104,8 @@ def build_parts(
         telemetry=telemetry,
         on_late_outcome=told_late,
         on_unrecorded=told_late,
+        # Effects report progress to the part built below, with the registry it needs.
+        reporter=lambda op, tracked: progress.reporter(op, tracked),
     )
     expiry: Expiry
 
@@ -112,6 +116,7 @@ def build_parts(
 
     watchdog = Watchdog(clock, on_expiry)
     operations = Operations(observed, watchdog, actor=actor)
+    progress = Progress(ledger=observed, operations=operations, now=clock.now, actor=actor)
     reads = Reads(
         ledger=observed,
         clock=clock,
@@ -214,6 +219,7 @@ def build_parts(
         telemetry=telemetry,
         supersession=supersession,
         operations=operations,
+        progress=progress,
     )
     return RuntimeParts(
         policy=policy,
@@ -239,4 +245,5 @@ def build_parts(
         elsewhere=elsewhere,
         supersession=supersession,
         deliveries=deliveries,
+        progress=progress,
     )

@@ -87,6 +87,7 @@ class ActionRuntime:
         self._elsewhere = parts.elsewhere
         self._supersession = parts.supersession
         self.deliveries = parts.deliveries
+        self._progress = parts.progress
         self._owns_ledger = owns_ledger
 
     @classmethod
@@ -313,6 +314,10 @@ class ActionRuntime:
         return await self._decisions.cancel(
             operation_id, reason=reason, only_if_not_started=only_if_not_started
         )
+
+    def has_outcome(self, operation_id: str) -> bool:
+        """Whether the outcome of ``operation_id`` is known (or this process does not run it)."""
+        return self._progress.has_outcome(operation_id)
 
     async def confirm(
         self,
