@@ -32,7 +32,8 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 
 from pipecat_actions.actions import ActionContext, ActionDefinition, open_arguments, running_as
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.policy import ConfirmationMode, ExecutionMode, OnDuplicate
+from pipecat_actions.filler import Filler
+from pipecat_actions.policy import ConfirmationMode, ExecutionMode, FillerPolicy, OnDuplicate
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES, ActionStatus
 
@@ -118,26 +119,90 @@ def _announcement(runtime: ActionRuntime, tool: str) -> str | None:
     return policy.announce if policy and policy.mode is ExecutionMode.BACKGROUND else None
 
 
+def _filler_policy(runtime: ActionRuntime, tool: str) -> FillerPolicy | None:
+    """The ``delivery.filler`` of a blocking ``tool``, if it has one."""
+    binding = runtime.bindings.get(tool)
+    policy = binding.policy if binding is not None else None
+    if policy is None or policy.mode is not ExecutionMode.BLOCKING:
+        return None
+    return policy.delivery.filler
+
+
+class _Lines:
+    """What the bot says while a call of the runtime's is under way: ``announce``, the filler.
+
+    Both go through the normal TTS path (a ``TTSSpeakFrame`` pushed by the LLM service). The
+    filler runs from the moment the action started until `stop`, which the handler awaits
+    before it hands the call's result to Pipecat: a line is either ahead of the result in the
+    pipeline or not said at all (see `pipecat_actions.filler`).
+    """
+
+    def __init__(
+        self,
+        runtime: ActionRuntime,
+        tool: str,
+        session: SessionState,
+        llm: LLMService,
+        *,
+        announce: bool = True,
+    ) -> None:
+        self._runtime = runtime
+        self._session = session
+        self._llm = llm
+        self.announcement = _announcement(runtime, tool) if announce else None
+        self._filler = _filler_policy(runtime, tool)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def needed(self) -> bool:
+        """Whether anything is said while a call of this tool runs."""
+        return bool(self.announcement) or self._filler is not None
+
+    async def say(self, line: str) -> None:
+        """Say ``line`` now."""
+        await self._llm.push_frame(TTSSpeakFrame(line))
+
+    async def started(self, operation_id: str) -> None:
+        """The call's action started: say its announcement, and start its filler."""
+        if self.announcement:
+            # Said when a background action starts, so the user does not fill the silence
+            # and ask again; the policy checks it claims no outcome.
+            await self.say(self.announcement)
+        if self._filler is not None:
+            filler = Filler(
+                self._filler,
+                clock=self._runtime.clock,
+                session=self._session,
+                outcome_known=lambda: self._runtime.has_outcome(operation_id),
+                say=self.say,
+            )
+            self._tasks.append(asyncio.get_running_loop().create_task(filler.run()))
+
+    async def stop(self) -> None:
+        """Stop the filler, and wait until it has stopped."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _handler(runtime: ActionRuntime, name: str, session: SessionState) -> Callable[..., Any]:
-    announcement = _announcement(runtime, name)
-
     async def handler(params: FunctionCallParams) -> None:
-        async def announce(_: str) -> None:
-            # Said through the normal TTS path when a background action starts, so the user
-            # does not fill the silence and ask again; the policy checks it claims no outcome.
-            await params.llm.push_frame(TTSSpeakFrame(announcement or ""))
-
-        result = await runtime.propose(
-            name,
-            dict(params.arguments),
-            session,
-            tool_call_id=params.tool_call_id,
-            on_started=announce if announcement else None,
-        )
-        if announcement and result.get("status") == "awaiting_approval":
+        lines = _Lines(runtime, name, session, params.llm)
+        try:
+            result = await runtime.propose(
+                name,
+                dict(params.arguments),
+                session,
+                tool_call_id=params.tool_call_id,
+                on_started=lines.started if lines.needed else None,
+            )
+        finally:
+            await lines.stop()  # before the result: a filler line never follows the outcome
+        if lines.announcement and result.get("status") == "awaiting_approval":
             # It waits for a person: the user hears the line too, and waits without asking
             # again (it claims no outcome; the approval's outcome is told later).
-            await announce(str(result.get("operation_id", "")))
+            await lines.say(lines.announcement)
         await params.result_callback(result)
 
     handler.__name__ = f"pipecat_actions_{name}"
@@ -327,15 +392,23 @@ async def _answer(
     calls: _Calls,
 ) -> None:
     call = calls.open(name, invoke, params)
+    # The application's handler says what it says; the runtime adds only the filler.
+    lines = _Lines(runtime, name, session, params.llm, announce=False)
     try:
         result = await runtime.propose(
-            name, dict(params.arguments), session, tool_call_id=params.tool_call_id
+            name,
+            dict(params.arguments),
+            session,
+            tool_call_id=params.tool_call_id,
+            on_started=lines.started if lines.needed else None,
         )
     except asyncio.CancelledError:
         raise  # its operation may still start later: the call is kept for its effect
     except BaseException:
         calls.close(params.tool_call_id, call, None)
         raise
+    finally:
+        await lines.stop()  # before the result: a filler line never follows the outcome
     calls.close(params.tool_call_id, call, result)
     committed_here = (
         call.ran

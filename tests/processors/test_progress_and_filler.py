@@ -1,4 +1,4 @@
-"""What the user hears while an action runs: its progress reports.
+"""What the user hears while an action runs: its progress reports, and a blocking tool's filler.
 
 A real cascade (Pipecat's aggregators, `FakeTTS`, the offline output transport, the tracker and
 the gate) around `ScriptedLLM`; the provider and the runtime run on a `ScriptClock`, so the
@@ -40,6 +40,7 @@ from tests.runtime._execution_support import annotations, booking, running
 pytestmark = pytest.mark.timeout(60)
 
 S = ActionStatus
+FILLER = "Still working on it, one moment."
 
 
 @asynccontextmanager
@@ -126,6 +127,110 @@ def outcome(runtime: ActionRuntime, status: S) -> Call:
 
 
 BOOK = ToolCalls([("book_table", booking())])
+
+
+# --- the filler line ---------------------------------------------------------------------
+
+
+async def test_the_filler_is_said_once_after_the_silence_and_before_the_outcome(
+    tmp_path: Path,
+) -> None:
+    filler = f"    delivery: {{filler: {{after_secs: 4, text: '{FILLER}'}}}}\n"
+    async with restaurant(tmp_path, filler, latency_secs=10.0) as (rt, sor, clock):
+        talk = Talk(rt, [BOOK, Say("Your table is booked.")])
+        result = await talk.run(
+            [
+                UserSays("A table for two at nine, please."),
+                Call(lambda: clock.asked(10.0)),  # at the provider
+                WaitUntilIdle(function_calls=False),
+                talk.idle,
+                Call(lambda: clock.asked(4.0)),  # the filler counts the silence
+                advance(clock, 3.5),
+                WaitUntilIdle(function_calls=False),
+                Call(lambda: _not_said(talk)),  # not yet: 3.5 s of silence
+                advance(clock, 0.5),
+                talk.spoken(FILLER),
+                WaitUntilIdle(function_calls=False),  # the line was heard
+                advance(clock, 4.0),  # silence again: at most once (times: 1)
+                WaitUntilIdle(function_calls=False),
+                advance(clock, 2.0),  # the provider answers
+                outcome(rt, S.COMMITTED),
+            ]
+        )
+
+    assert talk.tts.spoken.count(FILLER) == 1
+    assert result.heard_texts == [FILLER, "Your table is booked."]  # neither cut off
+    assert sor.side_effects["book"] == 1
+
+
+async def _not_said(talk: Talk) -> None:
+    assert FILLER not in talk.tts.spoken
+
+
+async def test_the_filler_is_not_said_when_the_outcome_comes_first_and_at_most_as_often_as_set(
+    tmp_path: Path,
+) -> None:
+    filler = f"    delivery: {{filler: {{after_secs: 4, text: '{FILLER}', times: 2}}}}\n"
+    async with restaurant(tmp_path, filler, latency_secs=3.0) as (rt, sor, clock):
+        later = ToolCalls([("book_table", booking("21:30"))])
+        talk = Talk(rt, [BOOK, Say("Booked."), later, Say("Booked too.")])
+
+        async def slower() -> None:
+            sor.faults.set_latency(16.0)
+
+        result = await talk.run(
+            [
+                # A quick booking: its outcome comes before 4 s of silence.
+                UserSays("A table for two at nine, please."),
+                Call(lambda: clock.asked(3.0)),
+                WaitUntilIdle(function_calls=False),
+                talk.idle,
+                Call(lambda: clock.asked(4.0)),
+                advance(clock, 3.0),
+                outcomes(rt, 1),
+                talk.spoken("Booked."),
+                WaitUntilIdle(),
+                advance(clock, 8.0),  # long after its outcome: no line for it, ever
+                WaitUntilIdle(),
+                Call(lambda: _not_said(talk)),
+                # A slow one: the line after each 4 s of silence, twice at most.
+                Call(slower),
+                UserSays("And one at half past nine."),
+                Call(lambda: clock.asked(16.0)),
+                WaitUntilIdle(function_calls=False),
+                talk.idle,
+                advance(clock, 4.0),
+                talk.spoken(FILLER),
+                WaitUntilIdle(function_calls=False),
+                talk.idle,
+                advance(clock, 4.0),
+                talk.spoken(FILLER, times=2),
+                WaitUntilIdle(function_calls=False),
+                talk.idle,
+                advance(clock, 4.0),  # a third stretch of silence: nothing more is said
+                WaitUntilIdle(function_calls=False),
+                advance(clock, 4.0),  # the provider answers
+                outcomes(rt, 2),
+                talk.spoken("Booked too."),
+            ]
+        )
+
+    assert talk.tts.spoken.count(FILLER) == 2
+    assert result.heard_texts == ["Booked.", FILLER, FILLER, "Booked too."]
+    assert sor.side_effects["book"] == 2
+
+
+def outcomes(runtime: ActionRuntime, committed: int) -> Call:
+    """Wait until ``committed`` bookings have committed."""
+
+    async def step() -> None:
+        async def check() -> bool:
+            ops = await runtime.ledger.list()
+            return sum(op.status is S.COMMITTED for op in ops) >= committed
+
+        await until(check, what=f"{committed} bookings committed")
+
+    return Call(step)
 
 
 # --- progress reports --------------------------------------------------------------------
