@@ -31,6 +31,7 @@ from pipecat_actions.runtime.automatic_compensation import AutomaticCompensation
 from pipecat_actions.runtime.compensation import Compensator
 from pipecat_actions.runtime.decisions import Decisions
 from pipecat_actions.runtime.deliveries import Deliveries
+from pipecat_actions.runtime.model_cancels import ModelCancels
 from pipecat_actions.runtime.progress import Progress
 from pipecat_actions.runtime.proposals import Proposals
 from pipecat_actions.runtime.reads import Reads
@@ -68,6 +69,7 @@ class RuntimeParts:
     supersession: Supersession
     deliveries: Deliveries
     progress: Progress
+    model_cancels: ModelCancels
 
 
 def build_parts(
@@ -221,6 +223,9 @@ def build_parts(
         operations=operations,
         progress=progress,
     )
+    model_cancels = ModelCancels(
+        ledger=observed, bindings=bindings, operations=operations, decisions=decisions
+    )
     return RuntimeParts(
         policy=policy,
         ledger=observed,
@@ -246,4 +251,5 @@ def build_parts(
         supersession=supersession,
         deliveries=deliveries,
         progress=progress,
+        model_cancels=model_cancels,
     )
