@@ -36,6 +36,7 @@ __all__ = [
     "CancelOutcome",
     "Reconciliation",
     "Refused",
+    "Reporter",
     "action",
     "action_context",
     "open_arguments",
@@ -49,12 +50,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar, overload
 
+from loguru import logger
 from pydantic import BaseModel, ConfigDict, create_model
 
 from pipecat_actions._arguments import argument_schema, arguments_of
 from pipecat_actions.errors import PipecatActionsError
 from pipecat_actions.ledger.records import Operation
 from pipecat_actions.policy import ToolPolicy
+
+Reporter = Callable[[str, Mapping[str, Any]], Awaitable[None]]
+"""Where an effect's progress reports go: ``(message, details)``; see `ActionContext.report`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,8 @@ class ActionContext:
         operation: The ledger record, for hooks that run on an existing operation.
         tool_call_id: The provider's id of the call that proposed it, if any (never a key:
             the same intent may come with another id).
+        reporter: Where `report` sends progress; set by the runtime for a running effect
+            (None in hooks, reads and contexts built by hand: `report` then does nothing).
     """
 
     operation_id: str
@@ -87,9 +94,10 @@ class ActionContext:
     deadline_at: float | None = None
     operation: Operation | None = None
     tool_call_id: str | None = None
+    reporter: Reporter | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(cls, op: Operation) -> ActionContext:
+    def of(cls, op: Operation, *, reporter: Reporter | None = None) -> ActionContext:
         """Return the context of ``op`` for its effect or a hook (``operation`` is ``op``)."""
         return cls(
             operation_id=op.operation_id,
@@ -103,7 +111,27 @@ class ActionContext:
             deadline_at=op.deadline_at,
             operation=op,
             tool_call_id=op.provider_call_id,
+            reporter=reporter,
         )
+
+    async def report(self, message: str, **details: Any) -> None:
+        """Tell the conversation how the operation is getting on, before its outcome.
+
+        For a long effect: ``await ctx.report("Found a table, confirming it", step=2)``. The
+        report is written to the operation's audit trail, then told per the tool's
+        ``delivery.intermediate`` (silent by default: the model knows, the bot does not
+        speak). It is never told once the outcome is known, and it never fails the effect:
+        a report that cannot be written or told is logged and dropped. ``details`` must be
+        plain data (anything else is recorded as its text).
+        """
+        if self.reporter is None:
+            return
+        try:
+            await self.reporter(str(message), details)
+        except Exception as exc:  # progress must never turn an effect into a failure
+            logger.bind(operation_id=self.operation_id).warning(
+                "operation {}: progress report dropped: {}", self.operation_id, exc
+            )
 
 
 _RUNNING: ContextVar[ActionContext | None] = ContextVar("pipecat_actions_running", default=None)

@@ -19,6 +19,7 @@ __all__ = [
     "asks_for_confirmation",
     "attach",
     "attached_to",
+    "cancel_target",
     "instrument",
     "needs_confirm_tool",
     "owns_tool",
@@ -47,7 +48,9 @@ from pipecat_actions.actions import (
     running_as,
 )
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.policy import ConfirmationMode, ExecutionMode, OnDuplicate
+from pipecat_actions.filler import Filler
+from pipecat_actions.policy import ConfirmationMode, ExecutionMode, FillerPolicy, OnDuplicate
+from pipecat_actions.policy.fields import CANCEL_TOOL_PREFIX, cancel_tool_name
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES, ActionStatus
 
@@ -58,8 +61,10 @@ CONFIRM_TOOL = "confirm_action"
 
 
 def owns_tool(runtime: ActionRuntime, tool: str) -> bool:
-    """Whether calls of ``tool`` are the runtime's: a registered action, or ``confirm_action``."""
-    return tool in runtime.bindings or tool == CONFIRM_TOOL
+    """Whether calls of ``tool`` are the runtime's: an action, ``confirm_action``, a cancel."""
+    return (
+        tool in runtime.bindings or tool == CONFIRM_TOOL or cancel_target(runtime, tool) is not None
+    )
 
 
 def tools_schema(runtime: ActionRuntime) -> ToolsSchema:
@@ -73,6 +78,11 @@ def tools_schema(runtime: ActionRuntime) -> ToolsSchema:
         for binding in runtime.bindings.values()
         if not binding.action.app_handler  # advertised by the application (or Flows)
     ]
+    tools.extend(
+        _cancel_schema(name)
+        for name in _cancel_tools(runtime)
+        if runtime.bindings[name].policy.cancellable_by_llm
+    )
     if needs_confirm_tool(runtime):
         tools.append(
             FunctionSchema(
@@ -92,17 +102,57 @@ def tools_schema(runtime: ActionRuntime) -> ToolsSchema:
     return ToolsSchema(standard_tools=tools)
 
 
+def _cancel_schema(tool: str) -> FunctionSchema:
+    """The schema of ``cancel_<tool>``: what the model is told about stopping ``tool``."""
+    return FunctionSchema(
+        name=cancel_tool_name(tool),
+        description=(
+            f"Stop a {tool} request the user no longer wants (they say to drop it, or ask for "
+            "something that replaces it). Only this call stops it: saying so does not. With no "
+            f"arguments it stops the one {tool} request still pending; if several are, give "
+            "the operation_id of the one to stop. Its answer is what really happened: "
+            "cancelled (nothing happened), cancel requested (the outcome follows), or that it "
+            "had already happened (then ask the user whether to undo it, if the answer names "
+            "an undo_tool). Tell the user exactly that."
+        ),
+        properties={
+            "operation_id": {
+                "type": "string",
+                "description": f"Which {tool} request to stop, as its result named it. Needed "
+                "only when several are pending.",
+            },
+            "tool_call_id": {
+                "type": "string",
+                "description": f"Or the tool_call_id of the {tool} call to stop.",
+            },
+        },
+        required=[],
+    )
+
+
 def attach(runtime: ActionRuntime, llm: LLMService, session: SessionState) -> None:
-    """Register a handler on ``llm`` for every action of ``runtime``, bound to ``session``."""
+    """Register a handler on ``llm`` for every action of ``runtime``, bound to ``session``.
+
+    Each mutation also gets ``cancel_<name>`` (unless that is a tool of its own): the model's
+    request to stop it, answered by `ActionRuntime.cancel_for_model`; advertised by
+    `tools_schema` only when the policy sets ``cancellable_by_llm``.
+    """
     for name, binding in runtime.bindings.items():
         if binding.action.app_handler:
             continue  # Pipecat calls the application's own handler, routed through the runtime
+        # cancellable_by_llm is the runtime's (cancel_<name>, below), never Pipecat's own:
+        # Pipecat's answers {"cancelled": ...} whatever became of the action.
         llm.register_function(
             name,
             _attached(_handler(runtime, name, session), runtime, session),
             cancel_on_interruption=binding.policy.cancel_on_interruption,
             timeout_secs=binding.policy.timeout_secs,
+            cancellable_by_llm=False,
         )
+    for name in _cancel_tools(runtime):
+        # Also for a tool whose policy does not allow it (not advertised then): a model that
+        # calls it anyway is refused in words, and the action goes on.
+        _register_cancel_tool(runtime, llm, name, session)
     if needs_confirm_tool(runtime):
 
         async def confirm(params: FunctionCallParams) -> None:
@@ -158,30 +208,148 @@ def _announcement(runtime: ActionRuntime, tool: str) -> str | None:
     return policy.announce if policy and policy.mode is ExecutionMode.BACKGROUND else None
 
 
+def _filler_policy(runtime: ActionRuntime, tool: str) -> FillerPolicy | None:
+    """The ``delivery.filler`` of a blocking ``tool``, if it has one."""
+    binding = runtime.bindings.get(tool)
+    policy = binding.policy if binding is not None else None
+    if policy is None or policy.mode is not ExecutionMode.BLOCKING:
+        return None
+    return policy.delivery.filler
+
+
+class _Lines:
+    """What the bot says while a call of the runtime's is under way: ``announce``, the filler.
+
+    Both go through the normal TTS path (a ``TTSSpeakFrame`` pushed by the LLM service). The
+    filler runs from the moment the action started until `stop`, which the handler awaits
+    before it hands the call's result to Pipecat: a line is either ahead of the result in the
+    pipeline or not said at all (see `pipecat_actions.filler`).
+    """
+
+    def __init__(
+        self,
+        runtime: ActionRuntime,
+        tool: str,
+        session: SessionState,
+        llm: LLMService,
+        *,
+        announce: bool = True,
+    ) -> None:
+        self._runtime = runtime
+        self._session = session
+        self._llm = llm
+        self.announcement = _announcement(runtime, tool) if announce else None
+        self._filler = _filler_policy(runtime, tool)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def needed(self) -> bool:
+        """Whether anything is said while a call of this tool runs."""
+        return bool(self.announcement) or self._filler is not None
+
+    async def say(self, line: str) -> None:
+        """Say ``line`` now."""
+        await self._llm.push_frame(TTSSpeakFrame(line))
+
+    async def started(self, operation_id: str) -> None:
+        """The call's action started: say its announcement, and start its filler."""
+        if self.announcement:
+            # Said when a background action starts, so the user does not fill the silence
+            # and ask again; the policy checks it claims no outcome.
+            await self.say(self.announcement)
+        if self._filler is not None:
+            filler = Filler(
+                self._filler,
+                clock=self._runtime.clock,
+                session=self._session,
+                outcome_known=lambda: self._runtime.has_outcome(operation_id),
+                say=self.say,
+            )
+            self._tasks.append(asyncio.get_running_loop().create_task(filler.run()))
+
+    async def stop(self) -> None:
+        """Stop the filler, and wait until it has stopped."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _handler(runtime: ActionRuntime, name: str, session: SessionState) -> Callable[..., Any]:
-    announcement = _announcement(runtime, name)
-
     async def handler(params: FunctionCallParams) -> None:
-        async def announce(_: str) -> None:
-            # Said through the normal TTS path when a background action starts, so the user
-            # does not fill the silence and ask again; the policy checks it claims no outcome.
-            await params.llm.push_frame(TTSSpeakFrame(announcement or ""))
-
-        result = await runtime.propose(
-            name,
-            dict(params.arguments),
-            session,
-            tool_call_id=params.tool_call_id,
-            on_started=announce if announcement else None,
-        )
-        if announcement and result.get("status") == "awaiting_approval":
+        lines = _Lines(runtime, name, session, params.llm)
+        try:
+            result = await runtime.propose(
+                name,
+                dict(params.arguments),
+                session,
+                tool_call_id=params.tool_call_id,
+                on_started=lines.started if lines.needed else None,
+            )
+        finally:
+            await lines.stop()  # before the result: a filler line never follows the outcome
+        if lines.announcement and result.get("status") == "awaiting_approval":
             # It waits for a person: the user hears the line too, and waits without asking
             # again (it claims no outcome; the approval's outcome is told later).
-            await announce(str(result.get("operation_id", "")))
+            await lines.say(lines.announcement)
         await params.result_callback(result)
 
     handler.__name__ = f"pipecat_actions_{name}"
     return handler
+
+
+def _cancel_handler(runtime: ActionRuntime, tool: str, session: SessionState) -> Any:
+    """The handler of ``cancel_<tool>``: the runtime's truthful cancel, never Pipecat's."""
+
+    async def handler(params: FunctionCallParams) -> None:
+        result = await runtime.cancel_for_model(
+            tool, dict(params.arguments or {}), session, tool_call_id=params.tool_call_id
+        )
+        await params.result_callback(result)
+
+    handler.__name__ = f"pipecat_actions_{cancel_tool_name(tool)}"
+    handler._pipecat_actions_wrapped = True  # type: ignore[attr-defined]  # not the app's
+    return handler
+
+
+def cancel_target(runtime: ActionRuntime, tool: str) -> str | None:
+    """The mutation whose calls ``tool`` stops, if ``tool`` is the runtime's ``cancel_<name>``.
+
+    A name that is a tool of its own (registered, or in the policy) is never a cancel tool.
+    """
+    if not tool.startswith(CANCEL_TOOL_PREFIX) or tool in runtime.policy or tool == CONFIRM_TOOL:
+        return None
+    target = tool[len(CANCEL_TOOL_PREFIX) :]
+    binding = runtime.bindings.get(target)
+    if binding is None or not binding.policy.is_mutation or tool in runtime.bindings:
+        return None
+    return target
+
+
+def _cancel_tools(runtime: ActionRuntime) -> list[str]:
+    """The mutations that get a ``cancel_<name>`` tool (see `cancel_target`)."""
+    return [
+        name for name in runtime.bindings if cancel_target(runtime, cancel_tool_name(name)) == name
+    ]
+
+
+def _register_cancel_tool(
+    runtime: ActionRuntime, llm: LLMService, tool: str, session: SessionState
+) -> None:
+    """Register the runtime's ``cancel_<tool>`` on ``llm``, in place of Pipecat's own."""
+    name = cancel_tool_name(tool)
+    if cancel_target(runtime, name) != tool:
+        return
+    builtin: Any = getattr(llm, "_cancel_tool_names", set())
+    if name in builtin:
+        # Pipecat made its own (the application registered the tool with
+        # cancellable_by_llm=True before it was routed here): it would answer
+        # {"cancelled": ...} whatever became of the action.
+        builtin.discard(name)
+        llm._adapter.builtin_tools.pop(name, None)
+        llm._functions.pop(name, None)
+    # A barge-in on the cancel call itself stops only the waiting: the request runs on.
+    llm.register_function(name, _cancel_handler(runtime, tool, session))
 
 
 def needs_confirm_tool(runtime: ActionRuntime) -> bool:
@@ -224,9 +392,17 @@ def instrument(runtime: ActionRuntime, llm: LLMService, session: SessionState) -
     calls = _Calls(llm)
 
     def register_function(function_name: str | None, handler: Any, **options: Any) -> None:
-        if function_name is not None and not _is_ours(handler):
+        routed = function_name is not None and not _is_ours(handler)
+        if routed:
+            assert function_name is not None
             handler = _wrap_handler(runtime, function_name, handler, session, calls)
+            # The policy's cancellable_by_llm decides (cancel_<name>, the runtime's); an
+            # explicit False also overrides a @tool_options value the wrapper carries.
+            options["cancellable_by_llm"] = False
         original_register(function_name, handler, **options)
+        if routed:
+            assert function_name is not None
+            _register_cancel_tool(runtime, llm, function_name, session)
 
     def register_direct(handler: Any, **options: Any) -> None:
         original_direct(handler, **options)
@@ -234,8 +410,11 @@ def instrument(runtime: ActionRuntime, llm: LLMService, session: SessionState) -
 
     llm.register_function = register_function  # type: ignore[method-assign]
     llm._register_direct_function = register_direct  # type: ignore[method-assign]
+    # Pipecat's own cancel_<tool> handlers are not the application's: the runtime's replace
+    # them below, as their tools are routed.
+    builtin = set(getattr(llm, "_cancel_tool_names", ()))
     for name, item in list(llm._functions.items()):
-        if name is None or _is_ours(item.handler):
+        if name is None or name in builtin or _is_ours(item.handler):
             continue
         if isinstance(item.handler, DirectFunctionWrapper):
             _admit_direct(runtime, llm, item.handler.function, session, calls)
@@ -245,8 +424,9 @@ def instrument(runtime: ActionRuntime, llm: LLMService, session: SessionState) -
                 _wrap_handler(runtime, name, item.handler, session, calls),
                 cancel_on_interruption=item.cancel_on_interruption,
                 timeout_secs=item.timeout_secs,
-                cancellable_by_llm=item.cancellable_by_llm,
+                cancellable_by_llm=False,
             )
+            _register_cancel_tool(runtime, llm, name, session)
 
 
 def _is_ours(handler: Any) -> bool:
@@ -373,15 +553,23 @@ async def _answer(
     calls: _Calls,
 ) -> None:
     call = calls.open(name, invoke, params)
+    # The application's handler says what it says; the runtime adds only the filler.
+    lines = _Lines(runtime, name, session, params.llm, announce=False)
     try:
         result = await runtime.propose(
-            name, dict(params.arguments), session, tool_call_id=params.tool_call_id
+            name,
+            dict(params.arguments),
+            session,
+            tool_call_id=params.tool_call_id,
+            on_started=lines.started if lines.needed else None,
         )
     except asyncio.CancelledError:
         raise  # its operation may still start later: the call is kept for its effect
     except BaseException:
         calls.close(params.tool_call_id, call, None)
         raise
+    finally:
+        await lines.stop()  # before the result: a filler line never follows the outcome
     calls.close(params.tool_call_id, call, result)
     committed_here = (
         call.ran
@@ -459,4 +647,7 @@ def _admit_direct(
     admitted = _AdmittedDirectFunction(function, runtime, session, calls)
     _register_effect(runtime, admitted.name, admitted.description, calls)
     calls.latest[admitted.name] = admitted.call
-    llm._functions[admitted.name].handler = admitted
+    item = llm._functions[admitted.name]
+    item.handler = admitted
+    item.cancellable_by_llm = False  # the policy decides, through the runtime's cancel tool
+    _register_cancel_tool(runtime, llm, admitted.name, session)

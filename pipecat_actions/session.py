@@ -19,6 +19,9 @@ __all__ = ["SessionState", "turn_number"]
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
+
+_SPEECH = frozenset({"user_speaking", "bot_speaking"})
 
 
 def turn_number(turn_id: str | None) -> int | None:
@@ -43,6 +46,7 @@ class SessionState:
         generation: Counter of LLM generations (see the module docstring).
         user_speaking: Whether the user is speaking now.
         bot_speaking: Whether the bot is speaking now.
+        speech_changes: How many times either of them changed (see `speech_changed`).
     """
 
     session_id: str
@@ -53,9 +57,29 @@ class SessionState:
     generation: int = 0
     user_speaking: bool = False
     bot_speaking: bool = False
+    speech_changes: int = field(default=0, compare=False)
     _interrupted: set[int] = field(default_factory=set, repr=False)
     _settled: set[int] = field(default_factory=set, repr=False)
     _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set an attribute; a change of who speaks is counted and wakes `speech_changed`."""
+        changed = name in _SPEECH and getattr(self, name, value) != value
+        super().__setattr__(name, value)
+        if changed and "_changed" in self.__dict__:
+            super().__setattr__("speech_changes", self.speech_changes + 1)
+            self._notify()
+
+    @property
+    def silent(self) -> bool:
+        """Whether neither the user nor the bot is speaking now."""
+        return not (self.user_speaking or self.bot_speaking)
+
+    async def speech_changed(self, since: int) -> None:
+        """Wait until someone starts or stops speaking after ``speech_changes`` was ``since``."""
+        while self.speech_changes == since:
+            self._changed.clear()
+            await self._changed.wait()
 
     def start_user_turn(self) -> int:
         """Record that the user started a new turn; return its number."""

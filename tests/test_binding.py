@@ -171,3 +171,32 @@ async def test_a_handler_for_a_tool_without_policy_is_refused_and_never_runs(
     with pytest.raises(Exception, match="no entry in the policy"):
         llm.register_function("transfer_money", transfer_money)
     assert ran == []
+
+
+async def test_a_handler_cancellable_by_the_llm_gets_the_runtimes_cancel_tool_not_pipecats(
+    runtime: ActionRuntime,
+) -> None:
+    # The application asks Pipecat for cancel_book_table (which would answer
+    # {"cancelled": <call>} whatever became of the booking); routed through the runtime, the
+    # tool's policy decides, and the model's cancel is the runtime's truthful one.
+    @tool_options(cancel_on_interruption=False, cancellable_by_llm=True)
+    async def book_table(params: FunctionCallParams) -> None:
+        await params.result_callback({"booked": params.arguments["time"]})
+
+    llm = ScriptedLLM([])
+    llm.register_function("book_table", book_table)
+    session = SessionState(session_id="s1", principal="alice")
+    llm._sync_cancel_tools()  # what Pipecat does at each inference: its cancel tool is made
+    assert "cancel_book_table" in llm._cancel_tool_names
+    runtime.instrument(llm, session)
+    llm._sync_cancel_tools()
+
+    assert llm._functions["book_table"].cancellable_by_llm is False
+    assert "cancel_book_table" not in llm._cancel_tool_names
+    assert "cancel_book_table" not in llm._adapter.builtin_tools
+    handler = llm._functions["cancel_book_table"].handler
+    assert getattr(handler, "__name__", "") == "pipecat_actions_cancel_book_table"
+    answer = await runtime.cancel_for_model("book_table", {}, session)
+    # The policy (no cancellable_by_llm) does not let the model cancel it: refused in words.
+    assert answer["status"] == "refused"
+    assert answer["reason"] == "cancel_not_allowed"

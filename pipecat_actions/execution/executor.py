@@ -28,7 +28,13 @@ from typing import Any
 
 from loguru import logger
 
-from pipecat_actions.actions import ActionContext, Binding, ReconcileState, Reconciliation
+from pipecat_actions.actions import (
+    ActionContext,
+    Binding,
+    ReconcileState,
+    Reconciliation,
+    Reporter,
+)
 from pipecat_actions.admission.authorization import (
     AuthorizationRequest,
     Authorizer,
@@ -95,6 +101,8 @@ class Executor:
             ledger is unavailable; the write is tried again until it lands): the operation as
             it will be recorded, so that its caller is answered truthfully meanwhile.
         write_retry: The backoff of outcome writes that fail because the ledger is unavailable.
+        reporter: Gives each attempt's effect where its progress reports go
+            (`ActionContext.report`); none: reports are dropped.
     """
 
     def __init__(
@@ -110,6 +118,7 @@ class Executor:
         on_late_outcome: Callable[[Tracked, Operation], None] | None = None,
         on_unrecorded: Callable[[Tracked, Operation], None] | None = None,
         write_retry: WriteRetry | None = None,
+        reporter: Callable[[Operation, Tracked], Reporter] | None = None,
     ) -> None:
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self._on_late_outcome = on_late_outcome
@@ -121,6 +130,7 @@ class Executor:
         self.actor = actor
         self.schedule = schedule or ReconcileSchedule()
         self.rand = rand
+        self._reporter = reporter
 
     # --- running ---------------------------------------------------------------------------
 
@@ -192,7 +202,8 @@ class Executor:
 
     async def _call_effect(self, op: Operation, tracked: Tracked) -> Any:
         binding = tracked.binding
-        ctx = ActionContext.of(op)
+        reporter = self._reporter(op, tracked) if self._reporter is not None else None
+        ctx = ActionContext.of(op, reporter=reporter)
         with logger.contextualize(**operation_ids(op)):
             # The effect's task copies this context: the application's own log lines in the
             # effect carry the operation's correlation ids.

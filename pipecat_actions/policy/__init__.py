@@ -18,6 +18,7 @@ __all__ = [
     "DeliveryMode",
     "DeliveryPolicy",
     "ExecutionMode",
+    "FillerPolicy",
     "IdempotencyPolicy",
     "IdempotencyScope",
     "LimitsPolicy",
@@ -64,6 +65,7 @@ from pipecat_actions.policy.model import (
     CompensationPolicy,
     ConfirmationPolicy,
     DeliveryPolicy,
+    FillerPolicy,
     IdempotencyPolicy,
     ToolPolicy,
 )

@@ -96,6 +96,15 @@ def tool_policy_violations(policy: ToolPolicy) -> list[Violation]:
                 "remove announce",
             )
         )
+    if policy.delivery.filler is not None and policy.mode is ExecutionMode.BACKGROUND:
+        found.append(
+            Violation(
+                ("delivery", "filler"),
+                "fills the silence while the bot waits for a blocking action; a background "
+                "action does not keep the conversation waiting (use announce), or set "
+                "mode: blocking",
+            )
+        )
     return found + _argument_violations(policy)
 
 
@@ -130,6 +139,13 @@ def _read_violations(policy: ToolPolicy) -> list[Violation]:
                 ("on_interruption",),
                 "request_cancel needs kind: mutation; a read has nothing to cancel "
                 "(use continue or cancel_if_not_started)",
+            )
+        )
+    if policy.cancellable_by_llm:
+        found.append(
+            Violation(
+                ("cancellable_by_llm",),
+                "needs kind: mutation; a read changes nothing, and it stops with its call",
             )
         )
     if policy.on_duplicate is OnDuplicate.REPLACE:

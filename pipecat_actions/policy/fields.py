@@ -8,6 +8,7 @@ reported at the key where it was written.
 from __future__ import annotations
 
 __all__ = [
+    "CANCEL_TOOL_PREFIX",
     "OUTCOME_WORDS",
     "AgentName",
     "AgentNames",
@@ -21,6 +22,7 @@ __all__ = [
     "RedactPaths",
     "Template",
     "ToolName",
+    "cancel_tool_name",
     "check_approver_name",
     "redact_root",
     "render_template",
@@ -56,9 +58,17 @@ OUTCOME_WORDS: tuple[str, ...] = (
     "successful",
     "successfully",
 )
-"""Words an ``announce`` text may not contain: it is spoken before the outcome is known."""
+"""Words an ``announce`` or filler text may not contain: it is spoken before the outcome."""
+
+CANCEL_TOOL_PREFIX = "cancel_"
+"""The model stops a call of ``book_table`` with ``cancel_book_table`` (Pipecat's naming)."""
 
 _OUTCOME = re.compile(r"\b(" + "|".join(OUTCOME_WORDS) + r")\b", re.IGNORECASE)
+
+
+def cancel_tool_name(tool: str) -> str:
+    """The name of the tool the model calls to stop a call of ``tool`` (``cancel_<tool>``)."""
+    return f"{CANCEL_TOOL_PREFIX}{tool}"
 
 
 def _check_tool_name(value: str) -> str:
@@ -195,7 +205,7 @@ def _check_template(value: str) -> str:
 
 def _check_announcement(value: str) -> str:
     if not value.strip():
-        raise ValueError("must not be empty; leave announce out to say nothing")
+        raise ValueError("must not be empty; leave it out to say nothing")
     claim = _OUTCOME.search(value)
     if claim is not None:
         raise ValueError(
@@ -288,7 +298,7 @@ Template = Annotated[str, AfterValidator(_check_template)]
 """Text with ``{argument_name}`` placeholders, filled in from a call's arguments."""
 
 Announcement = Annotated[str, AfterValidator(_check_announcement)]
-"""What the bot says when a background action starts; it never claims an outcome."""
+"""What the bot says while an action runs (``announce``, a filler line); it claims no outcome."""
 
 PlainData = Annotated[dict[str, Any], AfterValidator(_check_plain_data)]
 """A mapping of plain data (text, finite numbers, booleans, null, lists, mappings)."""

@@ -41,6 +41,7 @@ from pipecat_actions.policy._yaml import (
     too_large,
 )
 from pipecat_actions.policy.document import PolicyFile, PolicySet
+from pipecat_actions.policy.fields import cancel_tool_name
 from pipecat_actions.policy.model import ToolPolicy
 
 
@@ -229,6 +230,7 @@ def _check_document(
     if document is not None and isinstance(tools, Mapping):
         names = [name for name in tools if isinstance(name, str)]
         problems.extend(_compensation_problems(document, names, source))
+        problems.extend(_cancel_tool_problems(document, names, source))
     return list(dict.fromkeys(problems)), policies
 
 
@@ -278,4 +280,24 @@ def _compensation_problems(
         problems.append(
             PolicyProblem(source, key_path(("tools", name, "compensation", "tool")), reason)
         )
+    return problems
+
+
+def _cancel_tool_problems(
+    document: PolicyFile, tool_names: Sequence[str], source: str
+) -> list[PolicyProblem]:
+    """A tool the model may cancel needs its ``cancel_<name>`` free for the runtime's tool."""
+    problems: list[PolicyProblem] = []
+    for name in document.names():
+        if document.settings_for(name).get("cancellable_by_llm") is not True:
+            continue
+        cancel = cancel_tool_name(name)
+        if cancel in tool_names:
+            reason = (
+                f"the model stops {name} with the tool {cancel!r}, which is already a tool in "
+                "this file; rename one of them, or set cancellable_by_llm: false"
+            )
+            problems.append(
+                PolicyProblem(source, key_path(("tools", name, "cancellable_by_llm")), reason)
+            )
     return problems

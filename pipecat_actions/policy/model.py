@@ -12,6 +12,7 @@ __all__ = [
     "CompensationPolicy",
     "ConfirmationPolicy",
     "DeliveryPolicy",
+    "FillerPolicy",
     "IdempotencyPolicy",
     "ToolPolicy",
 ]
@@ -154,6 +155,40 @@ class ConfirmationPolicy(BaseModel):
         return data
 
 
+class FillerPolicy(BaseModel):
+    """A line the bot says while it waits for a blocking action, so the user does not ask again.
+
+    It is said only after ``after_secs`` of silence (nobody speaking) while the outcome is still
+    unknown, at most ``times`` times per call, never once the outcome is known, and always
+    before the outcome is told (never over it).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    after_secs: float = Field(
+        gt=0,
+        description=(
+            "Required. Seconds of silence (neither the user nor the bot speaking) while the "
+            "bot waits for the outcome, before the line is said."
+        ),
+    )
+    text: Announcement = Field(
+        description=(
+            "Required. What the bot says, e.g. 'Still working on it, one moment.'. It must not "
+            "claim an outcome (no 'booked', 'done')."
+        ),
+    )
+    times: int = Field(
+        default=1,
+        ge=1,
+        le=10,
+        description=(
+            "How many times at most the line is said during one wait, each after another "
+            "after_secs of silence."
+        ),
+    )
+
+
 class DeliveryPolicy(BaseModel):
     """How a result reaches the conversation when it is not simply on time.
 
@@ -178,7 +213,20 @@ class DeliveryPolicy(BaseModel):
     )
     intermediate: Annotated[DeliveryMode, _LAX] = Field(
         default=DeliveryMode.SILENT,
-        description="A progress update sent by a long-running tool before its final result.",
+        description=(
+            "A progress update sent by a long-running tool before its final result (the "
+            "effect's ctx.report): silent puts it in the conversation without making the bot "
+            "speak; when_idle, in_place or interrupt make the bot tell the user; suppress only "
+            "records it in the audit trail. Never told once the outcome is known."
+        ),
+    )
+    filler: FillerPolicy | None = Field(
+        default=None,
+        description=(
+            "A line the bot says while it waits for a blocking action, e.g. {after_secs: 4, "
+            "text: 'Still working on it.'}. mode: blocking only. Left out: the bot waits in "
+            "silence."
+        ),
     )
 
 
@@ -290,6 +338,17 @@ class ToolPolicy(BaseModel):
             "cancel_if_not_started (cancel only if nothing was sent yet) or request_cancel (ask "
             "the system of record to cancel; mutations only, and the tool must provide a cancel "
             "hook, which the runtime checks)."
+        ),
+    )
+    cancellable_by_llm: bool = Field(
+        default=False,
+        description=(
+            "True: the model may stop a call of this tool the user no longer wants, with the "
+            "tool cancel_<name> (Pipecat's cancel_<tool>, LiveKit's ToolFlag.CANCELLABLE). It "
+            "is told the truth: cancelled when nothing was sent yet; cancel requested, outcome "
+            "to follow, when it runs (the cancel hook asks the system of record; without one "
+            "it goes on); already happened when it committed (with the undo offered when "
+            "compensation.tool is set). False: such a request is refused. Mutations only."
         ),
     )
     confirmation: ConfirmationPolicy = Field(

@@ -66,9 +66,10 @@ from pipecat.processors.frameworks.rtvi.observer import (
 )
 
 from pipecat_actions._recent import remember
-from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
+from pipecat_actions.binding import CONFIRM_TOOL, cancel_target, owns_tool
 from pipecat_actions.ledger import Operation
 from pipecat_actions.policy import ToolKind
+from pipecat_actions.policy.fields import cancel_tool_name
 from pipecat_actions.results import reconcilable, render_operation
 from pipecat_actions.session import SessionState
 
@@ -108,8 +109,12 @@ def rtvi_observer_params(
     """
     made = copy.copy(params) if params is not None else RTVIObserverParams()
     levels = dict(made.function_call_report_level)
+    cancels = [cancel_tool_name(name) for name in runtime.bindings]
     for name in [*runtime.bindings, *runtime.policy.names(), CONFIRM_TOOL]:
         levels[name] = RTVIFunctionCallReportLevel.DISABLED
+    for name in cancels:
+        if cancel_target(runtime, name) is not None:  # the runtime's cancel_<tool>
+            levels[name] = RTVIFunctionCallReportLevel.DISABLED
     made.function_call_report_level = levels
     return made
 
@@ -165,6 +170,8 @@ class ActionStatusReporter(FrameProcessor):
     ) -> None:
         call = frame.tool_call_id
         if isinstance(frame, FunctionCallInProgressFrame):
+            if cancel_target(self.runtime, frame.function_name) is not None:
+                return  # about an operation that exists already: told when the cancel answers
             if frame.function_name == CONFIRM_TOOL:
                 # About an operation that exists already: told when the confirmation answers.
                 confirmed = (frame.arguments or {}).get("operation_id")
@@ -199,7 +206,10 @@ class ActionStatusReporter(FrameProcessor):
         operation_id = result.get("operation_id")
         # The operation the runtime answered with is what this session's model was told (a
         # duplicate may join another session's); any other is told only if it is this one's.
-        ours_only = frame.function_name == CONFIRM_TOOL
+        ours_only = (
+            frame.function_name == CONFIRM_TOOL
+            or cancel_target(self.runtime, frame.function_name) is not None
+        )
         if not isinstance(operation_id, str):
             operation_id = self.runtime.operation_for_call(call)
             ours_only = True

@@ -361,6 +361,10 @@ class GeminiLiveAdapter(RealtimeAdapter):
 
     async def _tell(self, told: Told) -> None:
         llm: Any = self.llm
+        if told.progress:
+            # Not the outcome: the provider's open call stays open for it; told as text.
+            await super()._tell(told)
+            return
         calls = self._open.pop(told.operation.operation_id, [])
         calls = [(cid, name) for cid, name in calls if cid in llm._tool_call_id_to_name]
         if not calls:

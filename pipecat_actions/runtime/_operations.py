@@ -17,7 +17,7 @@ __all__ = ["RECENT_CALLS", "RECENT_TOLD", "Listener", "Operations"]
 
 import asyncio
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -184,11 +184,14 @@ class Operations:
         finish: bool = False,
         *,
         error: str | None = None,
+        actor: str | None = None,
+        detail: Mapping[str, Any] | None = None,
     ) -> Operation:
         """Move ``op`` under its owner's fence; if it moved meanwhile, return it as it is now.
 
         A terminal status records ``error`` (default: ``reason``) as the operation's error.
         With ``finish``, a successful move is told to waiters and listeners (`finish`).
+        ``actor`` is who asked (default: this runtime); ``detail`` adds to the audit event.
         """
         try:
             moved = await self._ledger.transition(
@@ -196,8 +199,8 @@ class Operations:
                 expected=op.status,
                 to=to,
                 fence=tracked.fence,
-                actor=self._actor,
-                detail={"reason": reason},
+                actor=actor or self._actor,
+                detail={"reason": reason, **(detail or {})},
                 changes={"error": error or reason} if to in TERMINAL_STATUSES else None,
             )
         except TransitionRefused:
@@ -206,10 +209,20 @@ class Operations:
             self.finish(tracked, moved)
         return moved
 
-    async def cancel_not_started(self, op: Operation, tracked: Tracked, reason: str) -> Operation:
+    async def cancel_not_started(
+        self,
+        op: Operation,
+        tracked: Tracked,
+        reason: str,
+        *,
+        actor: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> Operation:
         """Withdraw ``op`` before anything was sent: take it over and move it to CANCELLED."""
         tracked.takeover.set()
-        return await self.move(op, tracked, ActionStatus.CANCELLED, reason, finish=True)
+        return await self.move(
+            op, tracked, ActionStatus.CANCELLED, reason, finish=True, actor=actor, detail=detail
+        )
 
     async def wait(self, operation_id: str) -> Operation:
         """Wait for the outcome of an operation tracked here; else return its record."""

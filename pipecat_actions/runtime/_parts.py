@@ -31,6 +31,8 @@ from pipecat_actions.runtime.automatic_compensation import AutomaticCompensation
 from pipecat_actions.runtime.compensation import Compensator
 from pipecat_actions.runtime.decisions import Decisions
 from pipecat_actions.runtime.deliveries import Deliveries
+from pipecat_actions.runtime.model_cancels import ModelCancels
+from pipecat_actions.runtime.progress import Progress
 from pipecat_actions.runtime.proposals import Proposals
 from pipecat_actions.runtime.reads import Reads
 from pipecat_actions.runtime.recovery import RecoverUnsent, Recovery
@@ -66,6 +68,8 @@ class RuntimeParts:
     elsewhere: SharedWaits
     supersession: Supersession
     deliveries: Deliveries
+    progress: Progress
+    model_cancels: ModelCancels
 
 
 def build_parts(
@@ -102,6 +106,8 @@ def build_parts(
         telemetry=telemetry,
         on_late_outcome=told_late,
         on_unrecorded=told_late,
+        # Effects report progress to the part built below, with the registry it needs.
+        reporter=lambda op, tracked: progress.reporter(op, tracked),
     )
     expiry: Expiry
 
@@ -112,6 +118,7 @@ def build_parts(
 
     watchdog = Watchdog(clock, on_expiry)
     operations = Operations(observed, watchdog, actor=actor)
+    progress = Progress(ledger=observed, operations=operations, now=clock.now, actor=actor)
     reads = Reads(
         ledger=observed,
         clock=clock,
@@ -214,6 +221,10 @@ def build_parts(
         telemetry=telemetry,
         supersession=supersession,
         operations=operations,
+        progress=progress,
+    )
+    model_cancels = ModelCancels(
+        ledger=observed, bindings=bindings, operations=operations, decisions=decisions
     )
     return RuntimeParts(
         policy=policy,
@@ -239,4 +250,6 @@ def build_parts(
         elsewhere=elsewhere,
         supersession=supersession,
         deliveries=deliveries,
+        progress=progress,
+        model_cancels=model_cancels,
     )

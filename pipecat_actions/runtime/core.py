@@ -88,6 +88,8 @@ class ActionRuntime:
         self._elsewhere = parts.elsewhere
         self._supersession = parts.supersession
         self.deliveries = parts.deliveries
+        self._progress = parts.progress
+        self._model_cancels = parts.model_cancels
         self._owns_ledger = owns_ledger
         self._routed: frozenset[str] = frozenset()
 
@@ -335,6 +337,31 @@ class ActionRuntime:
         return await self._decisions.cancel(
             operation_id, reason=reason, only_if_not_started=only_if_not_started
         )
+
+    async def cancel_for_model(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        session: SessionState,
+        *,
+        tool_call_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Answer the model's ``cancel_<tool>`` call: stop ``tool``'s operation if the truth allows.
+
+        Allowed only when the tool's policy sets ``cancellable_by_llm`` (else a refusal that
+        says the action goes on). The operation is the one ``arguments`` names
+        (``operation_id`` or ``tool_call_id``), else the session's one pending operation of
+        ``tool``, else its latest. The cancel is the one a barge-in makes under
+        ``request_cancel`` (`cancel`), recorded with ``model:<session>`` as the actor, and the
+        answer says what the ledger then holds: cancelled (nothing happened), cancel
+        requested (the outcome follows), or already committed (the undo offered when the
+        policy names ``compensation.tool``). See `pipecat_actions.runtime.model_cancels`.
+        """
+        return await self._model_cancels.cancel(tool, arguments, session, tool_call_id=tool_call_id)
+
+    def has_outcome(self, operation_id: str) -> bool:
+        """Whether the outcome of ``operation_id`` is known (or this process does not run it)."""
+        return self._progress.has_outcome(operation_id)
 
     async def confirm(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ["Decisions"]
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pipecat_actions.actions import ActionContext, CancelOutcome
@@ -80,27 +80,57 @@ class Decisions:
         )
 
     async def cancel(
-        self, operation_id: str, *, reason: str, only_if_not_started: bool = False
+        self,
+        operation_id: str,
+        *,
+        reason: str,
+        only_if_not_started: bool = False,
+        actor: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+        wait_for_provider: bool = True,
     ) -> Operation:
-        """Cancel an operation as far as the truth allows; see `ActionRuntime.cancel`."""
+        """Cancel an operation as far as the truth allows; see `ActionRuntime.cancel`.
+
+        ``actor`` is who asked (default: this runtime), recorded with ``detail`` on each
+        transition. Without ``wait_for_provider``, an operation already sent is returned as
+        CANCEL_REQUESTED once that is written, and the provider's answer is awaited (and
+        recorded) in a task of the runtime; its outcome reaches the listeners as usual.
+        """
         op = await self._ledger.get(operation_id)
         tracked = self._operations.get(operation_id)
         if tracked is None or op.status in TERMINAL_STATUSES:
             return op
         if op.status in UNSENT_STATUSES:
-            return await self._operations.cancel_not_started(op, tracked, reason)
+            return await self._operations.cancel_not_started(
+                op, tracked, reason, actor=actor, detail=detail
+            )
         if op.status in AWAITING_PERSON_STATUSES:
-            return await self._operations.move(op, tracked, S.REJECTED, reason, finish=True)
+            return await self._operations.move(
+                op, tracked, S.REJECTED, reason, finish=True, actor=actor, detail=detail
+            )
         hook = tracked.binding.action.cancel
         if op.status is not S.RUNNING or only_if_not_started or hook is None:
             return op
-        requested = await self._operations.move(op, tracked, S.CANCEL_REQUESTED, reason)
+        requested = await self._operations.move(
+            op, tracked, S.CANCEL_REQUESTED, reason, actor=actor, detail=detail
+        )
         if requested.status is not S.CANCEL_REQUESTED:
             return requested
+        asking = self._ask_provider(requested, tracked, hook)
+        if not wait_for_provider:
+            self._operations.spawn(asking)
+            return requested
+        return await asking
+
+    async def _ask_provider(self, requested: Operation, tracked: Tracked, hook: Any) -> Operation:
+        """Ask the ``cancel`` hook; CANCELLED only when the provider confirms it."""
+        operation_id = requested.operation_id
         try:
             answer = await hook(ActionContext.of(requested))
         except Exception as exc:
-            operation_logger(op).warning("operation {}: cancel hook failed: {}", operation_id, exc)
+            operation_logger(requested).warning(
+                "operation {}: cancel hook failed: {}", operation_id, exc
+            )
             answer = CancelOutcome.UNKNOWN
         if answer is CancelOutcome.CANCELLED:
             tracked.takeover.set()

@@ -48,6 +48,7 @@ from pipecat_actions.policy import DeliveryMode, ToolKind
 from pipecat_actions.results import reconcilable, render_operation
 from pipecat_actions.runtime._joins import nap
 from pipecat_actions.runtime._operations import RECENT_TOLD, Operations
+from pipecat_actions.runtime.progress import Progress, ProgressReport
 from pipecat_actions.runtime.supersession import Supersession
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import (
@@ -130,6 +131,8 @@ class Told:
         superseded_by: The newer operation that replaced this one, if any.
         mode: The delivery mode it was decided under (a provider that schedules results
             itself, such as Gemini Live, is told it too).
+        progress: A progress report of an operation still under way, not its outcome (an
+            adapter must not answer the operation's call with it).
     """
 
     operation: Operation
@@ -139,6 +142,7 @@ class Told:
     interrupt: bool = False
     superseded_by: str | None = None
     mode: DeliveryMode = DeliveryMode.WHEN_IDLE
+    progress: bool = False
 
 
 class Speaker(Protocol):
@@ -183,6 +187,7 @@ class Deliveries:
         telemetry: Delivery spans and counters.
         supersession: Which newer operation replaces an older one.
         operations: The registry whose outcomes sessions listen to.
+        progress: The effects' progress reports, which sessions listen to as well.
     """
 
     def __init__(
@@ -194,8 +199,10 @@ class Deliveries:
         telemetry: Telemetry,
         supersession: Supersession,
         operations: Operations,
+        progress: Progress,
     ) -> None:
         self.ledger = ledger
+        self.progress = progress
         self.bindings = bindings
         self.clock = clock
         self.telemetry = telemetry
@@ -319,10 +326,14 @@ class Deliveries:
         allowed = binding.policy.visible_to if binding else ()
         return not allowed or agent in allowed
 
+    def intermediate_mode(self, tool: str) -> DeliveryMode:
+        """How progress of ``tool`` reaches the conversation (``delivery.intermediate``)."""
+        binding = self.bindings.get(tool)
+        return binding.policy.delivery.intermediate if binding else DeliveryMode.SILENT
+
     def intermediate_runs_llm(self, tool: str) -> bool:
         """Whether an intermediate result of ``tool`` should make the model answer."""
-        binding = self.bindings.get(tool)
-        mode = binding.policy.delivery.intermediate if binding else DeliveryMode.SILENT
+        mode = self.intermediate_mode(tool)
         return mode not in (DeliveryMode.SILENT, DeliveryMode.SUPPRESS)
 
     def is_read(self, tool: str) -> bool:
@@ -367,6 +378,8 @@ class _SessionState:
     interrupted: bool = False
     watched: set[str] = field(default_factory=set)
     """Awaited operations run elsewhere, re-read by a `SessionDelivery._watch` task."""
+    progress_held: dict[str, ProgressReport] = field(default_factory=dict)
+    """The latest progress report of each operation, waiting for nobody to speak."""
 
 
 class SessionDelivery:
@@ -408,6 +421,7 @@ class SessionDelivery:
         """Hear the runtime's outcomes for the session (`start` does it too)."""
         if not self._listening:
             self._service.operations.listen(self.session.session_id, self.on_outcome)
+            self._service.progress.listen(self.session.session_id, self.on_progress)
             self._listening = True
 
     def close(self) -> list[Any]:
@@ -420,6 +434,7 @@ class SessionDelivery:
         """
         if self._listening:
             self._service.operations.unlisten(self.session.session_id, self.on_outcome)
+            self._service.progress.unlisten(self.session.session_id, self.on_progress)
             self._listening = False
         reading, self._reads = [t for t in self._reads if not t.done()], set()
         return reading
@@ -502,7 +517,12 @@ class SessionDelivery:
     def release(self) -> None:
         """Tell what waits for the user and the bot to be quiet, if they are."""
         state = self._state
-        if self.session.user_speaking or self.session.bot_speaking or not state.held:
+        if self.session.user_speaking or self.session.bot_speaking:
+            return
+        held_progress, state.progress_held = list(state.progress_held.values()), {}
+        for report in held_progress:
+            self._outlet.spawn(self._tell_progress(report, DeliveryMode.WHEN_IDLE))
+        if not state.held:
             return
         ready = [late for late in state.held if self._visible(late.operation)]
         for late in ready:
@@ -551,6 +571,59 @@ class SessionDelivery:
             return
         state.delivering.add(op.operation_id)
         self._outlet.spawn(self._deliver(op))
+
+    def on_progress(self, report: ProgressReport) -> None:
+        """An operation of the session reported progress (a runtime listener; never awaits).
+
+        Told per its tool's ``delivery.intermediate``: ``suppress`` not at all (the audit
+        trail has it), ``silent`` into the conversation without making the bot speak,
+        ``when_idle`` once nobody speaks (only the latest report of an operation waits),
+        ``in_place`` and ``interrupt`` now (``interrupt`` cuts the bot off). Never to an agent
+        that may not hear the tool, and never once the outcome is known.
+        """
+        op = report.operation
+        mode = self._service.intermediate_mode(op.tool)
+        if mode is DeliveryMode.SUPPRESS or not self._visible(op):
+            return
+        busy = self.session.user_speaking or self.session.bot_speaking
+        if mode is DeliveryMode.WHEN_IDLE and busy:
+            self._state.progress_held[op.operation_id] = report
+            return
+        self._outlet.spawn(self._tell_progress(report, mode))
+
+    async def _tell_progress(self, report: ProgressReport, mode: DeliveryMode) -> None:
+        op = report.operation
+        if self._service.progress.has_outcome(op.operation_id):
+            return  # the outcome is known: it is what the conversation hears, not this
+        content: dict[str, Any] = {
+            "status": "in_progress",
+            "operation_id": op.operation_id,
+            "tool": op.tool,
+            "progress": report.message,
+        }
+        if report.details:
+            content["details"] = dict(report.details)
+        text = (
+            f"Progress of the {op.tool} request still under way (not its outcome; do not say "
+            f"it is done): {json.dumps(content)}"
+        )
+        told = Told(
+            operation=op,
+            content=content,
+            text=text,
+            run_llm=mode is not DeliveryMode.SILENT,
+            interrupt=mode is DeliveryMode.INTERRUPT and self.session.bot_speaking,
+            mode=mode,
+            progress=True,
+        )
+        try:
+            if told.interrupt:
+                await self._outlet.interrupt()
+            await self._outlet.tell(told)
+        except Exception as exc:  # progress is news of a moment: dropped, never owed
+            logger.bind(session_id=self.session.session_id, operation_id=op.operation_id).warning(
+                "{}: progress of {} not told: {}", self, op.operation_id, exc
+            )
 
     def _await(self, operation_id: str, group: str | None) -> None:
         state = self._state

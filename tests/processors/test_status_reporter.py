@@ -452,6 +452,7 @@ async def test_the_observer_parameters_turn_off_pipecats_reports_of_the_runtimes
         "*": RTVIFunctionCallReportLevel.NAME,
         "book_table": disabled,
         "confirm_action": disabled,
+        "cancel_book_table": disabled,  # the runtime's own cancel_<tool>, reported by it
     }
     assert mine.function_call_report_level["book_table"] is RTVIFunctionCallReportLevel.FULL
 

@@ -20,7 +20,14 @@ from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing.fake_gemini_live import FakeGeminiServer, Message, field
 from tests._waiting import HANG_GUARD_SECS, guarded
 from tests.processors._clocked import until
-from tests.realtime._support import Agent, agent_on, booking, restaurant, running_pipeline
+from tests.realtime._support import (
+    POLICY,
+    Agent,
+    agent_on,
+    booking,
+    restaurant,
+    running_pipeline,
+)
 
 S = ActionStatus
 GEMINI_25 = "models/gemini-2.5-flash-native-audio-preview-09-2025"
@@ -337,3 +344,33 @@ async def test_after_a_reconnect_no_earlier_result_is_sent_again(tmp_path: Path)
         ]
 
     assert [r["id"] for r in on_the_new_session] == [second]
+
+
+async def test_the_models_cancel_answers_what_the_ledger_says_never_pipecats_cancelled(
+    tmp_path: Path,
+) -> None:
+    cancellable = POLICY.replace(
+        "        on_interruption: request_cancel\n",
+        "        on_interruption: request_cancel\n        cancellable_by_llm: true\n",
+    )
+    async with (
+        FakeGeminiServer() as fake,
+        agent_on(gemini(fake), tmp_path, policy_text=cancellable) as agent,
+    ):
+        await fake.wait_for_connections(2, HANG_GUARD_SECS)
+        booking_call = await fake.call("book_or_cancel", booking())
+        await agent.at_the_provider()
+        cancel_call = await fake.call("cancel_book_or_cancel", {})
+        await fake.wait_for(_response_for(cancel_call), HANG_GUARD_SECS)
+        op = await agent.settled("book_or_cancel", S.CANCELLED)
+        await fake.wait_for(_response_for(booking_call), HANG_GUARD_SECS)
+
+    (answer,) = fake.tool_responses(cancel_call)
+    assert _status(answer) == "cancel_requested"
+    assert answer["response"]["operation_id"] == op.operation_id
+    assert [_status(r) for r in fake.tool_responses(booking_call)] == ["cancelled"]
+    sent = json.dumps(fake.tool_responses())
+    assert "CANCELLED" not in sent
+    assert '"cancelled": "' not in sent
+    assert "cancel_book_or_cancel" in _declared(fake)
+    assert agent.side_effects() == 0

@@ -24,6 +24,7 @@ from pipecat_actions.testing.fake_openai_realtime import realtime_response as re
 from tests._waiting import guarded
 from tests.processors._clocked import until
 from tests.realtime._support import (
+    POLICY,
     Agent,
     HeldAuthorizer,
     HeldEnds,
@@ -413,3 +414,41 @@ async def test_a_handoff_brief_reaches_the_provider(tmp_path: Path) -> None:
         await server.wait_for(_message_saying("You are now handling", "book_table"))
         agent.commit()
         await agent.settled("book_table", S.COMMITTED)
+
+
+CANCELLABLE = POLICY.replace(
+    "        on_interruption: request_cancel\n",
+    "        on_interruption: request_cancel\n        cancellable_by_llm: true\n",
+)
+
+
+async def test_the_models_cancel_tells_the_provider_cancel_requested_then_the_real_outcome(
+    tmp_path: Path,
+) -> None:
+    # The model stops a booking it started (cancel_<tool>): the provider hears what the ledger
+    # says (requested, then cancelled once the system of record confirmed), never Pipecat's
+    # {"cancelled": <call>} answer.
+    async with openai_agent(tmp_path, policy_text=CANCELLABLE) as (agent, server):
+        booking_call = await server.call("book_or_cancel", booking())
+        await agent.at_the_provider()
+        cancel_call = await server.call("cancel_book_or_cancel", {})
+        await server.wait_for(_output_for(cancel_call))
+        op = await agent.settled("book_or_cancel", S.CANCELLED)
+        await server.wait_for(_output_for(booking_call))
+        trail = await agent.runtime.ledger.events(op.operation_id)
+
+    (answer,) = server.function_outputs(cancel_call)
+    assert json.loads(answer)["status"] == "cancel_requested"
+    assert json.loads(answer)["operation_id"] == op.operation_id
+    assert _outputs(server, booking_call) == ["cancelled"]  # once it was true
+    heard = server.function_outputs(cancel_call) + server.function_outputs(booking_call)
+    assert not any('"cancelled": "' in text or "CANCELLED" in text for text in heard)
+    assert any(e.actor == "model:call-1" for e in trail)
+    assert agent.side_effects() == 0
+    advertised = {
+        tool.get("name")
+        for event in server.received
+        if event.get("type") == "session.update"
+        for tool in event.get("session", {}).get("tools", [])
+    }
+    assert "cancel_book_or_cancel" in advertised
