@@ -99,7 +99,10 @@ def _directory(path: Path) -> None:
 async def _runtime_ledger(path: Path) -> None:
     """A ledger as an agent leaves it: made by a runtime, one operation in it, closed."""
     runtime = await ActionRuntime.create(
-        load_policy_text(POLICY), authorizer=AllowAll(), ledger_url=f"sqlite:///{path}"
+        load_policy_text(POLICY),
+        authorizer=AllowAll(),
+        routed=["book_table"],  # no action runs here: the runtime only makes the ledger
+        ledger_url=f"sqlite:///{path}",
     )
     await runtime.close()
     async with await SqlLedger.create(f"sqlite:///{path}") as ledger:
