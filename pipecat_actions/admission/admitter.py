@@ -19,6 +19,7 @@ from typing import Any
 
 from loguru import logger
 
+from pipecat_actions._printable import bounded
 from pipecat_actions.actions import ActionContext, Binding, Refused
 from pipecat_actions.admission._call import Audit, draft_operation
 from pipecat_actions.admission.authorization import (
@@ -104,7 +105,7 @@ class Admitter:
         binding = self._bindings.get(tool)
         if binding is None:
             return await self._refuse(
-                base, "unknown_tool", f"There is no tool named {tool!r}; nothing was done."
+                base, "unknown_tool", f"There is no tool named '{bounded(tool)}'; nothing was done."
             )
         policy = binding.policy
         base.kind = policy.kind.value
@@ -464,6 +465,9 @@ class Admitter:
         operation_id: str | None = None,
         detail: Mapping[str, Any] | None = None,
     ) -> Refusal:
+        # The message is the model's answer and the record's error: whatever it quotes (an
+        # application's reason naming an argument, say) is shown escaped and bounded.
+        message = bounded(message, MAX_MESSAGE_CHARS)
         refused = await self._ledger.record_refusal(
             NewOperation(
                 tool=base.tool[:64],
@@ -490,6 +494,9 @@ class Admitter:
             refused,
         )
 
+
+MAX_MESSAGE_CHARS = 1000
+"""The longest refusal message told to the model (and recorded as the refusal's error)."""
 
 _MAX_CHANGES = 8
 """How many times one request may be changed by later user turns (each change is a new key)."""
