@@ -107,6 +107,23 @@ class Admitter:
             return await self._refuse(
                 base, "unknown_tool", f"There is no tool named '{bounded(tool)}'; nothing was done."
             )
+        decision = await self._decide(base, binding, raw_args, session, generation)
+        if not isinstance(decision, Refusal):
+            # From here on the values at the policy's redact paths are masked in every log
+            # line. Only an admitted call's (validated) values: a refused call's may be
+            # anything the model made up, such as words that would blank every later line.
+            log_redactor().arm(binding.policy.redact, base.args)
+        return decision
+
+    async def _decide(
+        self,
+        base: Audit,
+        binding: Binding,
+        raw_args: Mapping[str, Any] | str,
+        session: SessionState,
+        generation: int,
+    ) -> Decision:
+        tool = base.tool
         policy = binding.policy
         base.kind = policy.kind.value
         mutation = policy.kind is ToolKind.MUTATION
@@ -122,8 +139,6 @@ class Admitter:
             if parsed.recorded is not None:
                 base.args = parsed.recorded
             return await self._refuse(base, parsed.code, parsed.message)
-        # From here on the values at the policy's redact paths are masked in every log line.
-        log_redactor().arm(policy.redact, parsed)
         base.args = parsed
         args = validate_arguments(binding.action, parsed, coerce=policy.coerce_arguments)
         if isinstance(args, Invalid):
