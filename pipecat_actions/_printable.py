@@ -9,13 +9,16 @@ than it is stored. `printable` shows each such character as an escape a person c
 as the four characters ``\x1b``) and every other character as it is. Every text output of
 the operator's tools goes through it; JSON needs nothing (``json.dumps`` escapes them).
 
+`bounded` is `printable` for text quoted back to whoever sent it (a refusal naming the tool or
+the argument key the model sent): a short prefix and a note of the length, never all of it.
+
 It is a way of showing, not an encoding: a value that holds the characters ``\x1b`` is shown
 as one that holds an ESC is. The exact value is what ``--json`` prints.
 """
 
 from __future__ import annotations
 
-__all__ = ["printable", "printable_json", "printable_lines"]
+__all__ = ["bounded", "printable", "printable_json", "printable_lines", "quoted"]
 
 import json
 import unicodedata
@@ -51,6 +54,33 @@ def printable(text: str) -> str:
         _escape(char) if unicodedata.category(char) in _ESCAPED_CATEGORIES else char
         for char in text
     )
+
+
+def bounded(text: str, limit: int = 60) -> str:
+    r"""Return ``text`` `printable` in at most ``limit`` characters, with a note when it is cut.
+
+    For text someone else chose (a tool name or an argument key the model sent) quoted back in
+    a message: ``bounded("x" * 10_000_000)`` is 60 ``x`` and ``… (10000000 characters)``, never
+    the whole of it. Only the part shown is escaped, so a huge ``text`` costs no more than a
+    short one; an escape cut at the limit is shown in part.
+    """
+    if len(text) <= limit and text.isprintable():
+        return text
+    shown = printable(text[:limit])
+    if len(text) <= limit and len(shown) <= limit:
+        return shown
+    return f"{shown[:limit]}… ({len(text)} characters)"
+
+
+def quoted(text: str, limit: int = 60) -> str:
+    """Return ``text`` quoted as ``repr`` quotes it, cut after ``limit`` characters.
+
+    For a name quoted inside a sentence (``unknown key 'x'``): ``repr`` escapes what a
+    terminal would obey, and a long one is shown in part, with a note of its length.
+    """
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"
 
 
 def printable_lines(text: str) -> str:

@@ -41,17 +41,28 @@ __all__ = [
     "action_context",
     "open_arguments",
     "running_as",
+    "signature_arguments",
 ]
 
+import inspect
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar, overload
+from typing import Any, ClassVar, TypeVar, get_type_hints, overload
 
 from loguru import logger
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PydanticUserError,
+    TypeAdapter,
+    create_model,
+    model_validator,
+)
 
 from pipecat_actions._arguments import argument_schema, arguments_of
 from pipecat_actions.errors import PipecatActionsError
@@ -359,9 +370,116 @@ def action(
 
 
 def open_arguments(name: str) -> type[BaseModel]:
-    """The argument model of an action whose handler is the application's (``app_handler``).
+    """The argument model of an application's handler that takes ``params`` only.
 
-    The handler validates its own arguments; the runtime still applies the payload cap and
-    records them.
+    Such a handler (``register_function``, a Flows handler) reads ``params.arguments`` and
+    validates them itself; the runtime still reads them as JSON data under the payload cap
+    (finite numbers, text keys) and records them.
     """
     return create_model(f"{name}_arguments", __config__=ConfigDict(extra="allow", frozen=True))
+
+
+class _SignatureArguments(BaseModel):
+    """The model of a handler that takes ``**kwargs``: unknown keys pass, with exceptions.
+
+    A key that names a parameter the call cannot fill by keyword (the ``params`` the handler
+    is given, a positional-only one) is refused.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
+    reserved: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_reserved(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            taken = sorted(cls.reserved.intersection(data))
+            if taken:
+                raise ValueError(f"{taken[0]} is not an argument of this tool")
+        return data
+
+
+def signature_arguments(function: Callable[..., Any], name: str) -> type[BaseModel]:
+    """The argument model of a handler whose arguments are its own parameters.
+
+    A Pipecat direct function (``async def add_note(params: FunctionCallParams, text: str)``)
+    is called with the call's ``params`` and each argument as a keyword; a Flows one with its
+    ``flow_manager`` first. Its model has one
+    field per parameter after the first, with the parameter's annotation (``Any`` without one,
+    or when pydantic cannot check the type) and default: an unknown key, a missing one, one
+    named like the first parameter, or a value of the wrong type is refused before anything
+    runs. With ``**kwargs`` unknown keys are accepted, except the first parameter's name.
+
+    Args:
+        function: The handler; its first parameter is the one Pipecat fills (``params``,
+            ``flow_manager``). A wrapper made with ``functools.wraps`` is read as the function
+            it wraps.
+        name: The tool name, for the model's name.
+
+    Returns:
+        The model; validating with it gives the keyword arguments the handler accepts.
+    """
+    known = _SIGNATURE_MODELS.get(function, {}).get(name)
+    if known is not None:
+        return known
+    own = inspect.unwrap(function)  # a wrapper made with functools.wraps: the function's own
+    parameters = list(inspect.signature(own).parameters.values())
+    try:
+        hints = get_type_hints(own)
+    except Exception:  # an annotation that names what cannot be found: checked as Any
+        hints = {}
+    fields: dict[str, Any] = {}
+    reserved = {parameters[0].name} if parameters else set()
+    extra = False
+    for index, parameter in enumerate(parameters[1:]):
+        if parameter.kind is parameter.VAR_KEYWORD:
+            extra = True
+        elif parameter.kind is parameter.POSITIONAL_ONLY:
+            reserved.add(parameter.name)
+        elif parameter.kind is not parameter.VAR_POSITIONAL:
+            hint = _checkable(hints.get(parameter.name, Any))
+            fields.update(_field(index, parameter, hint))
+    model: type[BaseModel]
+    if extra:
+        open_model: type[_SignatureArguments] = create_model(
+            f"{name}_arguments", __base__=_SignatureArguments, **fields
+        )
+        open_model.reserved = frozenset(reserved)
+        model = open_model
+    else:
+        model = create_model(
+            f"{name}_arguments",
+            __config__=ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False),
+            **fields,
+        )
+    _SIGNATURE_MODELS.setdefault(function, {})[name] = model
+    return model
+
+
+_SIGNATURE_MODELS: weakref.WeakKeyDictionary[Any, dict[str, type[BaseModel]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The models `signature_arguments` made, by function: Pipecat registers a context's direct
+functions again on every inference."""
+
+
+def _checkable(hint: Any) -> Any:
+    """``hint`` if pydantic can validate it, else ``Any`` (the handler takes what it is given)."""
+    try:
+        TypeAdapter(hint)
+    except (PydanticUserError, TypeError, ValueError, NameError):
+        return Any
+    return hint
+
+
+def _field(index: int, parameter: inspect.Parameter, hint: Any) -> dict[str, Any]:
+    """The model field of one parameter, under its own name where pydantic allows it.
+
+    pydantic keeps names starting with ``_`` as private attributes and refuses or shadows its
+    own (``model_dump``, ``json``): such a parameter is a field under another name, with its
+    own as the alias (validated and dumped by alias).
+    """
+    default = ... if parameter.default is parameter.empty else parameter.default
+    if parameter.name.startswith(("_", "model_")) or hasattr(BaseModel, parameter.name):
+        return {f"argument_{index}": (hint, Field(default, alias=parameter.name))}
+    return {parameter.name: (hint, default)}

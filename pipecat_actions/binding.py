@@ -39,6 +39,7 @@ from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.frames.frames import FunctionCallResultProperties, TTSSpeakFrame
 from pipecat.services.llm_service import FunctionCallParams, LLMService
+from pydantic import BaseModel
 
 from pipecat_actions.actions import (
     ActionContext,
@@ -46,6 +47,7 @@ from pipecat_actions.actions import (
     Binding,
     open_arguments,
     running_as,
+    signature_arguments,
 )
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.filler import Filler
@@ -583,24 +585,53 @@ async def _answer(
 
 
 def _register_effect(
-    runtime: ActionRuntime, name: str, description: str | None, calls: _Calls
+    runtime: ActionRuntime,
+    name: str,
+    description: str | None,
+    calls: _Calls,
+    args_model: type[BaseModel],
 ) -> None:
-    if name in runtime.bindings:
-        if not runtime.bindings[name].action.app_handler:
+    """Register (or keep) the action of an instrumented tool, with the model of its handler.
+
+    A handler registered again under the same name may take other arguments: the action
+    keeps its effect and takes the new handler's argument model.
+    """
+    binding = runtime.bindings.get(name)
+    if binding is not None:
+        if not binding.action.app_handler:
             raise ConfigurationError(
                 f"{name} is an @action of the runtime and also a handler registered on the "
                 "LLM; give the handler another name or drop one of them"
             )
+        if binding.action.args_model is not args_model:
+            runtime.register(dataclasses.replace(binding.action, args_model=args_model))
         return
     runtime.register(
         ActionDefinition(
             name=name,
             effect=_effect(name, calls),
-            args_model=open_arguments(name),
+            args_model=args_model,
             description=description or name,
             app_handler=True,
         )
     )
+
+
+@functools.cache
+def _open_model(name: str) -> type[BaseModel]:
+    """The argument model of a ``handler(params)`` of this name (it reads its own arguments)."""
+    return open_arguments(name)
+
+
+def _signature_model(function: Any, name: str) -> type[BaseModel]:
+    """The argument model of a direct function, from its own signature.
+
+    Pipecat calls a direct function as ``function(params=params, **arguments)``: a key it does
+    not take, a missing one or one named ``params`` would fail that call (a ``TypeError`` once
+    the operation is running, so its outcome unknown), and a value of another type would run.
+    Validated against this model at admission, such a call is refused and nothing runs.
+    """
+    return signature_arguments(function, name)
 
 
 def _wrap_handler(
@@ -611,7 +642,7 @@ def _wrap_handler(
     async def invoke(params: FunctionCallParams, arguments: dict[str, Any]) -> Any:
         return await handler(params)
 
-    _register_effect(runtime, name, getattr(handler, "__doc__", None), calls)
+    _register_effect(runtime, name, getattr(handler, "__doc__", None), calls, _open_model(name))
     calls.latest[name] = invoke
 
     @functools.wraps(handler)
@@ -645,7 +676,8 @@ def _admit_direct(
     runtime: ActionRuntime, llm: LLMService, function: Any, session: SessionState, calls: _Calls
 ) -> None:
     admitted = _AdmittedDirectFunction(function, runtime, session, calls)
-    _register_effect(runtime, admitted.name, admitted.description, calls)
+    model = _signature_model(function, admitted.name)
+    _register_effect(runtime, admitted.name, admitted.description, calls, model)
     calls.latest[admitted.name] = admitted.call
     item = llm._functions[admitted.name]
     item.handler = admitted

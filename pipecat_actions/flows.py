@@ -77,6 +77,7 @@ from pipecat.flows import (
 from pipecat.flows.config import case_key
 from pipecat.flows.types import FlowsDirectFunctionWrapper
 from pipecat.frames.frames import FunctionCallResultProperties
+from pydantic import BaseModel
 
 from pipecat_actions.actions import (
     ActionContext,
@@ -84,6 +85,7 @@ from pipecat_actions.actions import (
     Hook,
     open_arguments,
     running_as,
+    signature_arguments,
 )
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.outcomes import EffectNotSent
@@ -252,6 +254,8 @@ class FlowActions:
         self._ran: OrderedDict[str, Any] = OrderedDict()
         """The next node each operation's handler returned, by operation id."""
         self._names: set[str] = set()
+        self._models: dict[str, type[BaseModel]] = {}
+        """The argument model of each configured direct function, from its signature."""
 
     # --- wiring ----------------------------------------------------------------------------
 
@@ -353,7 +357,13 @@ class FlowActions:
                 f"flow function {name} has no entry in the policy {self._runtime.policy.source}; "
                 "add one, or name it in FlowActions(unmanaged=...)"
             )
-        self._register(name, tool.to_function_schema().description)
+        if isinstance(tool, FlowsDirectFunctionWrapper):
+            model = signature_arguments(tool.function, name)
+        elif configured is not None and name in self._models:
+            model = self._models[name]
+        else:
+            model = _open_model(name)  # a handler(args, flow_manager) reads its own arguments
+        self._register(name, tool.to_function_schema().description, model)
         if configured is None:
             tool = self._admitted_tool(tool)  # a flow built in Python: its handler is the effect
         schema = await original(tool)
@@ -382,10 +392,20 @@ class FlowActions:
             handler=routed,
         )
 
-    def _register(self, name: str, description: str) -> None:
+    def _register(self, name: str, description: str, args_model: type[BaseModel]) -> None:
+        """Register the action of ``name``, with the argument model of the node being set.
+
+        A direct function's model is its signature: a call that does not fit it (an unknown
+        key, a missing one, a wrong type) is refused before its handler could fail on it. A
+        name reused by another node's handler takes that handler's model.
+        """
         binding = self._runtime.bindings.get(name)
         if binding is not None:
             if name in self._names:
+                if binding.action.args_model is not args_model:
+                    self._runtime.register(
+                        dataclasses.replace(binding.action, args_model=args_model)
+                    )
                 return
             raise ConfigurationError(
                 f"flow function {name} has the name of an action the runtime already has; "
@@ -396,7 +416,7 @@ class FlowActions:
             ActionDefinition(
                 name=name,
                 effect=self._effect(name),
-                args_model=open_arguments(name),
+                args_model=args_model,
                 description=description or name,
                 reconcile=hooks.reconcile,
                 compensate=hooks.compensate,
@@ -451,6 +471,7 @@ class FlowActions:
         known = self._admitted.get((name, id(function)))
         if known is not None:
             return known  # one callable reachable through two namespaces stays one tool
+        self._models[name] = signature_arguments(function, name)
 
         @functools.wraps(function)
         async def admitted(flow_manager: FlowManager, **arguments: Any) -> Any:
@@ -676,6 +697,11 @@ class FlowActions:
 def _kept_to_itself(call: _FlowCall, result: Mapping[str, Any]) -> bool:
     """Whether the handler, run in this call and committed, asked for no bot turn."""
     return result.get("status") == "committed" and call.ran and call.next_node is NO_RESPONSE
+
+
+@functools.cache
+def _open_model(name: str) -> type[BaseModel]:
+    return open_arguments(name)
 
 
 def _view(result: Mapping[str, Any]) -> dict[str, Any]:

@@ -263,3 +263,139 @@ async def test_an_operation_run_without_its_call_gets_a_clear_error_for_what_it_
 
     assert done.status is not S.COMMITTED
     assert "params.context is not available to refund" in (done.error or "")
+
+
+# --- direct functions: their signature is their argument model ------------------------------
+
+MISFITS = {
+    "unknown key": {"text": "x", "colour": "red"},
+    "missing key": {"pinned": True},
+    "a key named params": {"text": "x", "params": {"llm": None}},
+    "wrong type": {"text": 5},
+    "bool for a whole number": {"text": "x", "priority": True},
+}
+
+
+@pytest.mark.parametrize("arguments", list(MISFITS.values()), ids=list(MISFITS))
+async def test_a_direct_function_call_that_does_not_fit_its_signature_is_refused_unrun(
+    runtime: ActionRuntime, arguments: dict[str, Any]
+) -> None:
+    ran: list[str] = []
+
+    async def add_note(
+        params: FunctionCallParams, text: str, pinned: bool = False, priority: int = 0
+    ) -> None:
+        """Add a note to the booking."""
+        ran.append(text)
+        await params.result_callback({"noted": True})
+
+    llm = ScriptedLLM([ToolCalls([("add_note", arguments)]), Say("That did not work.")])
+    runtime.instrument(llm, _session())
+    context = LLMContext(messages=[{"role": "user", "content": "Note it."}], tools=[add_note])
+    await _converse(llm, context)
+
+    (result,) = _tool_results(context)
+    assert (result["status"], result["reason"]) == ("refused", "invalid_arguments"), result
+    assert "not yet known" not in result["message"]
+    assert ran == []
+    await runtime.flush()
+    (op,) = await runtime.ledger.list()
+    assert op.status is S.REJECTED
+    assert op.escalated_at is None
+    trail = await runtime.ledger.events(op.operation_id)
+    assert trail[-1].detail["reason"] == "invalid_arguments"
+
+
+async def test_a_direct_function_gets_what_the_model_sent_checked_against_its_types(
+    runtime: ActionRuntime,
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def add_note(
+        params: FunctionCallParams, text: str, pinned: bool = False, **tags: Any
+    ) -> None:
+        """Add a note."""
+        seen.append({"text": text, "pinned": pinned, **tags})
+        await params.result_callback({"noted": True})
+
+    llm = ScriptedLLM(
+        [
+            ToolCalls([("add_note", {"text": "window seat", "colour": "red"})]),
+            Say("Noted."),
+            ToolCalls([("add_note", {"text": "x", "params": 1})]),
+            Say("That did not work."),
+        ]
+    )
+    runtime.instrument(llm, _session())
+    context = LLMContext(messages=[{"role": "user", "content": "Note it."}], tools=[add_note])
+    await _converse(llm, context)
+    context.add_message({"role": "user", "content": "And that."})
+    await _converse(llm, context, calls=2)
+
+    # **tags takes an unknown key; never the name of the params Pipecat passes.
+    assert seen == [{"text": "window seat", "pinned": False, "colour": "red"}]
+    assert [r["status"] for r in _tool_results(context)] == ["committed", "refused"]
+
+
+async def test_a_direct_function_registered_again_is_checked_against_its_new_signature(
+    runtime: ActionRuntime,
+) -> None:
+    ran: list[Any] = []
+
+    async def first(params: FunctionCallParams, text: str) -> None:
+        ran.append(("first", text))
+        await params.result_callback({"noted": True})
+
+    async def second(params: FunctionCallParams, text: str, count: int) -> None:
+        ran.append(("second", text, count))
+        await params.result_callback({"noted": True})
+
+    first.__name__ = second.__name__ = "add_note"
+    llm = ScriptedLLM(
+        [
+            ToolCalls([("add_note", {"text": "a"})]),
+            Say("Noted."),
+            ToolCalls([("add_note", {"text": "b"})]),
+            Say("That did not work."),
+        ]
+    )
+    runtime.instrument(llm, _session())
+    context = LLMContext(messages=[{"role": "user", "content": "Note a."}], tools=[first])
+    await _converse(llm, context)
+    context.set_tools([second])
+    context.add_message({"role": "user", "content": "Note b."})
+    await _converse(llm, context, calls=2)
+
+    assert ran == [("first", "a")]
+    assert [r["status"] for r in _tool_results(context)] == ["committed", "refused"]
+
+
+async def test_a_direct_functions_parameters_of_any_name_are_checked_and_passed(
+    runtime: ActionRuntime,
+) -> None:
+    seen: list[tuple[Any, ...]] = []
+
+    # Names pydantic keeps for itself (_private, model_*, json) and an unannotated one.
+    async def add_note(
+        params: FunctionCallParams, _ref: int, json: str, model_kind: bool = False, units=None
+    ) -> None:
+        """Add a note."""
+        seen.append((_ref, json, model_kind, units))
+        await params.result_callback({"noted": True})
+
+    llm = ScriptedLLM(
+        [
+            ToolCalls([("add_note", {"_ref": 7, "json": "Bergen", "units": ["C"]})]),
+            Say("Noted."),
+            ToolCalls([("add_note", {"_ref": "7", "json": "Bergen"})]),
+            Say("Hm."),
+        ]
+    )
+    runtime.instrument(llm, _session())
+    context = LLMContext(messages=[{"role": "user", "content": "?"}], tools=[add_note])
+    await _converse(llm, context)
+    context.add_message({"role": "user", "content": "Again?"})
+    await _converse(llm, context, calls=2)
+
+    assert seen == [(7, "Bergen", False, ["C"])]
+    assert [r["status"] for r in _tool_results(context)] == ["committed", "refused"]

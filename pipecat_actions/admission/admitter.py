@@ -13,15 +13,13 @@ from __future__ import annotations
 __all__ = ["Admitter"]
 
 import asyncio
-import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from loguru import logger
-from pydantic import ValidationError
 
+from pipecat_actions._printable import bounded
 from pipecat_actions.actions import ActionContext, Binding, Refused
 from pipecat_actions.admission._call import Audit, draft_operation
 from pipecat_actions.admission.authorization import (
@@ -40,11 +38,12 @@ from pipecat_actions.admission.decisions import (
 )
 from pipecat_actions.admission.idempotency import intent_key
 from pipecat_actions.admission.limits import Behind, Coalesced, Degraded, Limiter, Slot
+from pipecat_actions.admission.validation import Invalid, read_arguments, validate_arguments
 from pipecat_actions.approvals import APPROVAL_RULE, ApprovalRule
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import IdempotencyMismatch
 from pipecat_actions.ledger import Ledger, NewOperation, Operation
-from pipecat_actions.ledger.records import canonical_json, hash_arguments
+from pipecat_actions.ledger.records import hash_arguments
 from pipecat_actions.observability.redaction import log_redactor
 from pipecat_actions.policy import AdmitWhen, ConfirmationMode, OnDuplicate, ToolKind, ToolPolicy
 from pipecat_actions.results import refusal_result
@@ -106,8 +105,25 @@ class Admitter:
         binding = self._bindings.get(tool)
         if binding is None:
             return await self._refuse(
-                base, "unknown_tool", f"There is no tool named {tool!r}; nothing was done."
+                base, "unknown_tool", f"There is no tool named '{bounded(tool)}'; nothing was done."
             )
+        decision = await self._decide(base, binding, raw_args, session, generation)
+        if not isinstance(decision, Refusal):
+            # From here on the values at the policy's redact paths are masked in every log
+            # line. Only an admitted call's (validated) values: a refused call's may be
+            # anything the model made up, such as words that would blank every later line.
+            log_redactor().arm(binding.policy.redact, base.args)
+        return decision
+
+    async def _decide(
+        self,
+        base: Audit,
+        binding: Binding,
+        raw_args: Mapping[str, Any] | str,
+        session: SessionState,
+        generation: int,
+    ) -> Decision:
+        tool = base.tool
         policy = binding.policy
         base.kind = policy.kind.value
         mutation = policy.kind is ToolKind.MUTATION
@@ -118,24 +134,15 @@ class Admitter:
                 "The user interrupted before this was settled, so nothing was done; ask the "
                 "user again if they still want it.",
             )
-        parsed = self._parse(raw_args, policy.max_payload_bytes, base)
-        if isinstance(parsed, _Refuse):
+        parsed = read_arguments(raw_args, policy.max_payload_bytes)
+        if isinstance(parsed, Invalid):
+            if parsed.recorded is not None:
+                base.args = parsed.recorded
             return await self._refuse(base, parsed.code, parsed.message)
-        # From here on the values at the policy's redact paths are masked in every log line.
-        log_redactor().arm(policy.redact, parsed)
         base.args = parsed
-        try:
-            args = binding.action.args_model.model_validate(parsed).model_dump(mode="json")
-            canonical_json(args)  # what cannot be stored or hashed is refused here
-        except ValidationError as exc:
-            return await self._refuse(base, "invalid_arguments", _describe(exc))
-        except (ValueError, TypeError, RecursionError):
-            return await self._refuse(
-                base,
-                "invalid_arguments",
-                "The arguments are nested too deeply or hold values that are not plain data; "
-                "nothing was done.",
-            )
+        args = validate_arguments(binding.action, parsed, coerce=policy.coerce_arguments)
+        if isinstance(args, Invalid):
+            return await self._refuse(base, args.code, args.message)
         base.args = args
         try:
             resource_key = policy.resource_key(args)
@@ -443,30 +450,6 @@ class Admitter:
             return Admission(admitted.operation, binding, None, generation)
         return Admission(admitted.operation, binding, slot, generation, waits_for_slot=slot is None)
 
-    def _parse(
-        self, raw_args: Mapping[str, Any] | str, cap: int, base: Audit
-    ) -> dict[str, Any] | _Refuse:
-        try:
-            text = raw_args if isinstance(raw_args, str) else json.dumps(raw_args)
-        except (TypeError, ValueError, RecursionError):
-            return _Refuse("invalid_arguments", "The arguments are not valid JSON data.")
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > cap:
-            base.args = {"oversized_arguments_bytes": size}
-            return _Refuse(
-                "payload_too_large",
-                f"The arguments are too large ({size} bytes, at most {cap}); nothing was done.",
-            )
-        if not isinstance(raw_args, str):
-            return dict(raw_args)
-        try:
-            parsed = json.loads(text)
-        except (ValueError, RecursionError):
-            return _Refuse("invalid_arguments", "The arguments are not valid JSON.")
-        if not isinstance(parsed, dict):
-            return _Refuse("invalid_arguments", "The arguments must be a JSON object.")
-        return parsed
-
     async def _hook_failed(
         self, base: Audit, what: str, error: Exception | str, *, code: str
     ) -> Refusal:
@@ -497,6 +480,9 @@ class Admitter:
         operation_id: str | None = None,
         detail: Mapping[str, Any] | None = None,
     ) -> Refusal:
+        # The message is the model's answer and the record's error: whatever it quotes (an
+        # application's reason naming an argument, say) is shown escaped and bounded.
+        message = bounded(message, MAX_MESSAGE_CHARS)
         refused = await self._ledger.record_refusal(
             NewOperation(
                 tool=base.tool[:64],
@@ -524,6 +510,9 @@ class Admitter:
         )
 
 
+MAX_MESSAGE_CHARS = 1000
+"""The longest refusal message told to the model (and recorded as the refusal's error)."""
+
 _MAX_CHANGES = 8
 """How many times one request may be changed by later user turns (each change is a new key)."""
 
@@ -547,12 +536,6 @@ def _changed_by_user(
         return False
     ours, theirs = turn_number(base.turn_id), turn_number(existing.turn_id)
     return ours is not None and theirs is not None and ours > theirs
-
-
-@dataclass(frozen=True)
-class _Refuse:
-    code: str
-    message: str
 
 
 _ADMISSION_REASONS = {
@@ -587,11 +570,3 @@ def _capped(policy: ToolPolicy) -> bool:
         or limits.per_principal is not None
         or limits.rate_per_minute is not None
     )
-
-
-def _describe(exc: ValidationError) -> str:
-    problems = []
-    for error in exc.errors(include_url=False, include_input=False)[:5]:
-        where = ".".join(str(p) for p in error["loc"]) or "arguments"
-        problems.append(f"{where}: {error['msg']}")
-    return "The arguments are not valid (" + "; ".join(problems) + "); nothing was done."

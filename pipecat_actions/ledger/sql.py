@@ -518,11 +518,9 @@ class SqlLedger(Ledger):
         # A refusal records what was proposed even when it is not valid JSON: whatever part
         # cannot be encoded is kept as its repr, the rest as it is.
         if not _encodes(refused.args):
-            refused = replace(
-                refused, args={"unencodable_arguments": repr(dict(refused.args))[:4096]}
-            )
+            refused = replace(refused, args={"unencodable_arguments": _shown(dict(refused.args))})
         if not _encodes(refused.detail):
-            refused = replace(refused, detail={"unencodable_detail": repr(refused.detail)[:4096]})
+            refused = replace(refused, detail={"unencodable_detail": _shown(refused.detail)})
         if not _encodes(refused.before_state):
             refused = replace(refused, before_state=None)
         return await self._insert_unbound(EncodedOperation.of(refused))
@@ -996,6 +994,15 @@ def _refusal(
 
 def _no_check() -> None:
     return None
+
+
+def _shown(value: Any) -> str:
+    """The repr of what a refusal could not encode, bounded; never an error of its own."""
+    try:
+        return repr(value)[:4096]
+    except (ValueError, RecursionError):
+        # A whole number past Python's digit limit, or nesting too deep, has no repr.
+        return f"({type(value).__name__} that cannot be shown)"
 
 
 def _encodes(value: Any) -> bool:

@@ -12,14 +12,20 @@ the text of an attached exception. It masks with three nets:
    with arguments {...}``, and every inference logs the whole context (``Generating LLM
    response [...]``), tool-call arguments included. A key may hide more than its path (every
    ``number`` value, not only the card's): hiding too much is the safe side.
-2. **Values.** The runtime arms the values found at the redact paths of each call it sees
-   (`Redactor.arm`); they are masked wherever they appear afterwards, e.g. when the model reads
-   a phone number back and Pipecat logs the text it sends to TTS. Values shorter than
-   `Redactor.min_value_chars` are not armed (they would mask unrelated text); the most recent
+2. **Values.** The runtime arms the values found at the redact paths of each call it admits
+   (`Redactor.arm`, after validation: a refused call's values may be anything the model made
+   up); they are masked wherever they appear afterwards, e.g. when the model reads a phone
+   number back and Pipecat logs the text it sends to TTS. Only a value that could be a secret
+   of the kind redacted is armed: text or a whole number of at least
+   `Redactor.min_value_chars` characters holding a digit or an ``@`` (a phone, a card, an
+   e-mail address, a reference). A plain word (``escalated``, a name) is not: it would blank
+   that word out of every later line, and it stays masked by key. The most recent
    `Redactor.max_values` are kept.
-3. **Patterns.** Card numbers that pass the Luhn check; bearer and basic credentials; JWTs;
-   API keys (``sk-…``, ``sk_live_…``, ``ghp_…``, ``xoxb-…``, ``AIza…``); AWS access key ids;
-   passwords, secrets and tokens written ``key=value`` or ``"key": "value"``; passwords in URLs.
+3. **Patterns.** Card numbers that pass the Luhn check and phone numbers, in the notations
+   people write them (see `pipecat_actions.observability._numbers`); bearer and basic
+   credentials; JWTs; API keys (``sk-…``, ``sk_live_…``, ``ghp_…``, ``xoxb-…``, ``AIza…``); AWS
+   access key ids; passwords, secrets and tokens written ``key=value`` or ``"key": "value"``;
+   passwords in URLs.
 
 Every quantifier is bounded and every scan is linear, so a huge or deeply nested argument
 costs time in proportion to its length and cannot blow the stack. An exception attached to a
@@ -50,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from pipecat_actions.observability._numbers import number_spans
 from pipecat_actions.observability.correlation import correlation_text
 
 if TYPE_CHECKING:
@@ -101,34 +108,11 @@ _API_KEY_TRIGGERS = (
 """Substrings one of which a text must hold before `_API_KEY` is run on it."""
 
 _URL_PASSWORD = re.compile(r"(?P<url>://[^:/@\s]{1,256}:)(?P<urlval>[^@/\s]{1,256})(?=@)")
-_CARD = re.compile(r"[2-6](?<!\w[2-6])(?:[ \-]?\d){12,18}(?!\w)")
-"""13 to 19 digits, spaces or dashes allowed, not inside a longer number nor glued to a word
-(an operation id's hex holds runs of digits that pass Luhn); Luhn is checked by `_mask_card`.
-It starts with a character class, not the look-behind, so that the regex engine can skip ahead
-fast to the digits that could start a card."""
-
 _KEY_VALUE_SEPARATOR = re.compile(r"\\{0,8}[\"']\s*:\s*")
 _KEYWORD_SEPARATOR = re.compile(r"\s*=(?!=)\s*")
 _QUOTED_VALUE = {
     quote: re.compile(rf"{quote}(?:[^{quote}\\]|\\.)*{quote}", re.S) for quote in "\"'"
 }
-
-
-_PHONE = re.compile(r"(?<![\w+])\+[1-9](?:[ \-.()]{0,2}\d){7,14}(?!\d)")
-"""A phone number in international form (``+44 20 7946 0000``): callers read theirs out
-before any tool is called, so no redact path has armed its value yet."""
-
-
-def _luhn(digits: str) -> bool:
-    total = 0
-    for index, char in enumerate(reversed(digits)):
-        value = ord(char) - 48
-        if index % 2:
-            value *= 2
-            if value > 9:
-                value -= 9
-        total += value
-    return total % 10 == 0
 
 
 def _replace_named(match: re.Match[str]) -> str:
@@ -139,36 +123,6 @@ def _replace_named(match: re.Match[str]) -> str:
     if value.startswith("\\"):
         quote = value[: value.index('"') + 1]
     return f"{match.group('kv')}{quote}{MASK}{quote}"
-
-
-def _has_card_digits(text: str) -> bool:
-    # str.count runs in C; far cheaper than running the card pattern on text without digits.
-    count = 0
-    for digit in "0123456789":
-        count += text.count(digit)
-        if count >= 13:
-            return True
-    return False
-
-
-def _mask_card(match: re.Match[str]) -> str:
-    """Mask a card number in a run of 13 to 19 digits (spaces or dashes between them).
-
-    The whole run is tried first; else every window of it (a card after another number).
-    """
-    candidate = match.group()
-    positions = [i for i, char in enumerate(candidate) if char.isdigit()]
-    digits = "".join(candidate[i] for i in positions)
-    if _luhn(digits):
-        return MASK
-    for first in range(len(digits) - 12):
-        if digits[first] not in "23456":
-            continue
-        for length in range(min(19, len(digits) - first), 12, -1):
-            if _luhn(digits[first : first + length]):
-                end = positions[first + length - 1] + 1
-                return f"{candidate[: positions[first]]}{MASK}{candidate[end:]}"
-    return candidate
 
 
 class Redactor:
@@ -206,9 +160,11 @@ class Redactor:
     def arm(self, paths: Sequence[str], arguments: Mapping[str, Any]) -> None:
         """Mask, from now on, the values found at ``paths`` in one call's ``arguments``.
 
+        Only values that could be a secret are armed (see `plausible_secret`).
+
         Args:
             paths: Redact paths (``card.number``, ``guests[*].phone``).
-            arguments: The call's arguments as the model sent them.
+            arguments: An admitted call's validated arguments.
         """
         if not paths:
             return
@@ -216,7 +172,7 @@ class Redactor:
         for path in paths:
             for value in _values_at(arguments, path):
                 _scalars(value, found)
-        fresh = [v for v in found if len(v) >= self.min_value_chars and v not in self._values]
+        fresh = [v for v in found if self.plausible_secret(v) and v not in self._values]
         if not fresh:
             return
         with self._lock:
@@ -228,6 +184,18 @@ class Redactor:
             while len(self._values) > self.max_values:
                 del self._values[next(iter(self._values))]
             self._values_dirty = True
+
+    def plausible_secret(self, value: str) -> bool:
+        """Whether ``value`` (text, or a number as text) is worth masking wherever it appears.
+
+        It must be at least `min_value_chars` long and hold a digit or an ``@``: what the model
+        may read back (a phone, a card, an e-mail address, a booking reference). A plain word
+        would mask that word in every later line: a call that put ``escalated`` at a redact
+        path would hide every escalation from the logs.
+        """
+        return len(value) >= self.min_value_chars and (
+            "@" in value or any(char.isdigit() for char in value)
+        )
 
     @property
     def armed_values(self) -> int:
@@ -251,10 +219,9 @@ class Redactor:
             text = _API_KEY.sub(MASK, text)
         if "://" in text:
             text = _URL_PASSWORD.sub(lambda m: f"{m.group('url')}{MASK}", text)
-        if _has_card_digits(text):
-            text = _CARD.sub(_mask_card, text)
-        if "+" in text:
-            text = _PHONE.sub(MASK, text)
+        spans = number_spans(text)
+        if spans:
+            text = _masked(text, spans)
         return text
 
     def redact_value(self, value: Any, *, _depth: int = 0) -> Any:
@@ -340,6 +307,16 @@ class Redactor:
             position = end
         parts.append(text[position:])
         return "".join(parts)
+
+
+def _masked(text: str, spans: list[tuple[int, int]]) -> str:
+    parts: list[str] = []
+    position = 0
+    for start, end in spans:
+        parts += [text[position:start], MASK]
+        position = end
+    parts.append(text[position:])
+    return "".join(parts)
 
 
 def _last_name(path: str) -> str:
@@ -445,7 +422,8 @@ def find_secrets(text: str, secrets: Iterable[str]) -> dict[str, int]:
     """Count the planted ``secrets`` that appear in ``text``; return only those found.
 
     For a test harness that captured log output: a secret counts when it appears as written,
-    JSON-escaped, or (for a card number) as its digits with other separators.
+    JSON-escaped, or (for a card number) as its digits with other separators (spaces,
+    dashes, dots, slashes, any one character that is not a letter or digit).
 
     Args:
         text: The captured log text.
@@ -457,10 +435,10 @@ def find_secrets(text: str, secrets: Iterable[str]) -> dict[str, int]:
     found: dict[str, int] = {}
     for secret in secrets:
         forms = {secret, json.dumps(secret)[1:-1]}
-        digits = re.sub(r"[ \-]", "", secret)
+        digits = re.sub(r"[\W_]", "", secret)
         count = sum(text.count(form) for form in forms if form)
         if digits.isdigit() and len(digits) >= 12:
-            spaced = r"[ \-]?".join(digits)
+            spaced = r"[\W_]?".join(digits)
             count = max(count, len(re.findall(rf"(?<!\d){spaced}(?!\d)", text)))
         if count:
             found[secret] = count

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from pipecat_actions._printable import bounded, quoted
 from pipecat_actions.errors import PolicyProblem
 from pipecat_actions.policy._rules import RULE_ERROR_TYPE, Violation
 from pipecat_actions.policy.document import PolicyFile, nested_model_type
@@ -23,6 +24,8 @@ from pipecat_actions.policy.model import ToolPolicy
 Loc = tuple[str | int, ...]
 
 _MAX_SHOWN_CHARS = 60
+_MAX_KEY_CHARS = 100
+_SHOWN_INT_LIMIT = 10**_MAX_SHOWN_CHARS
 
 _BOOLEAN_HINT = (
     "; YAML reads unquoted yes/no/on/off/true/false as a boolean, so put the value in quotes"
@@ -65,14 +68,17 @@ def key_path(loc: Iterable[str | int]) -> str:
         loc: Keys and list indexes from the document root.
 
     Returns:
-        The key path; empty for the document itself.
+        The key path; empty for the document itself. Each key is `bounded`: escaped, and
+        cut to its first 100 characters with a note of its length.
     """
     path = ""
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
         else:
-            path = f"{path}.{part}" if path else part
+            # A key is the file's text: shown escaped, and a long one only in part.
+            name = bounded(part, _MAX_KEY_CHARS)
+            path = f"{path}.{name}" if path else name
     return path
 
 
@@ -90,6 +96,9 @@ def shown(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int) and not -_SHOWN_INT_LIMIT < value < _SHOWN_INT_LIMIT:
+        # Python will not even write a number of more than 4300 digits; none is worth reading.
+        return f"a number of more than {_MAX_SHOWN_CHARS} digits"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, Mapping):
@@ -174,7 +183,7 @@ def _allowed_values(expected: str) -> str:
 def _unknown_key(loc: Loc) -> str:
     key = str(loc[-1]) if loc else ""
     allowed = _keys_at(loc[:-1])
-    reason = f"unknown key {key!r}"
+    reason = f"unknown key {quoted(key)}"
     if not allowed:
         return reason
     close = difflib.get_close_matches(key, allowed, n=1)

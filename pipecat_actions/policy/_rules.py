@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from pydantic_core import PydanticCustomError
 
+from pipecat_actions._printable import bounded
 from pipecat_actions.policy.enums import (
     ConfirmationMode,
     DeliveryMode,
@@ -24,7 +25,7 @@ from pipecat_actions.policy.enums import (
     Overflow,
     Risk,
 )
-from pipecat_actions.policy.fields import redact_root, template_placeholders
+from pipecat_actions.policy.fields import number_text, redact_root, template_placeholders
 
 if TYPE_CHECKING:
     from pipecat_actions.policy.model import ToolPolicy
@@ -180,10 +181,11 @@ def _mutation_violations(policy: ToolPolicy) -> list[Violation]:
             )
         )
     if policy.retry.max_attempts > 1 and not policy.idempotency.provider_dedupes:
+        attempts = number_text(policy.retry.max_attempts)
         found.append(
             Violation(
                 ("retry", "max_attempts"),
-                f"a mutation may be retried (max_attempts {policy.retry.max_attempts}) only "
+                f"a mutation may be retried (max_attempts {attempts}) only "
                 "when the system of record honours our idempotency key: set "
                 "idempotency.provider_dedupes: true, or max_attempts: 1",
             )
@@ -239,7 +241,7 @@ def _argument_violations(policy: ToolPolicy) -> list[Violation]:
     if policy.arguments is None:
         return []
     known = set(policy.arguments)
-    listed = ", ".join(policy.arguments) if policy.arguments else "it declares none"
+    listed = bounded(", ".join(policy.arguments), 300) if policy.arguments else "it declares none"
     not_an_argument = f"is not one of the tool's arguments ({listed})"
     found = [
         Violation(("idempotency", "key_fields", index), f"{name!r} {not_an_argument}")

@@ -25,6 +25,8 @@ from yaml.events import AliasEvent, Event, StreamEndEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.reader import ReaderError
 
+from pipecat_actions._printable import bounded, quoted
+
 if TYPE_CHECKING:
     from yaml._yaml import Mark as CMark
     from yaml.error import Mark
@@ -129,10 +131,14 @@ def parse_policy_yaml(text: str) -> object:
         if node is None:
             raise YamlRefused([((), "file is empty: it holds only comments or blank lines")])
         problems: list[tuple[tuple[str | int, ...], str]] = []
-        _check_keys(node, (), problems)
+        _check_keys(loader, node, (), problems)
         if problems:
             raise YamlRefused(problems)
-        return loader.construct_document(node)
+        try:
+            return loader.construct_document(node)
+        except _CONSTRUCTION_ERRORS as exc:
+            # Every scalar was read above; what is left is a tag on a list or mapping.
+            raise YamlRefused([((), f"cannot be read: {_complaint(exc)}")]) from None
     except _RefusedNode as exc:
         raise YamlRefused([((), exc.reason)]) from None
     except ReaderError as exc:
@@ -177,13 +183,64 @@ def _single_node(loader: _StrictLoader) -> Node | None:
     return node
 
 
+_CONSTRUCTION_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError)
+"""What PyYAML's constructors raise for a scalar they cannot read, besides its own errors:
+``!!int abc``, ``2026-13-45`` (read as a date), a number of more digits than Python reads
+(``ValueError: Exceeds the limit (4300 digits)``), ``!!bool maybe`` (a KeyError), ``!!int ''``
+(an IndexError), ``!!timestamp nope`` (an AttributeError)."""
+
+_SCALAR_WORDS = {
+    **_TAG_WORDS,
+    "tag:yaml.org,2002:binary": "base64 data",
+    "tag:yaml.org,2002:str": "text",
+}
+
+
+def _check_scalar(
+    loader: _StrictLoader,
+    node: ScalarNode,
+    loc: tuple[str | int, ...],
+    problems: list[tuple[tuple[str | int, ...], str]],
+) -> None:
+    """Read one scalar now, so that a value YAML cannot read is a problem at its key."""
+    try:
+        loader.construct_object(node)
+    except (yaml.YAMLError, *_CONSTRUCTION_ERRORS) as exc:
+        what = _SCALAR_WORDS.get(node.tag, f"a value tagged {quoted(node.tag)}")
+        problems.append(
+            (
+                loc,
+                f"{quoted(node.value)}{_at(node.start_mark)} cannot be read as {what}: "
+                f"{_complaint(exc)}",
+            )
+        )
+
+
+def _complaint(exc: BaseException) -> str:
+    """What a constructor said, in a reader's words where Python's are about Python."""
+    text = str(getattr(exc, "problem", None) or exc)
+    if "Exceeds the limit" in text and "digits" in text:
+        return "it has more digits than the 4300 a number may have"
+    if isinstance(exc, KeyError):
+        return "it is not one of the values of that type"
+    if isinstance(exc, IndexError | AttributeError):
+        return "it is not written as that type is"
+    return bounded(text, 120)
+
+
 def _check_keys(
-    node: Node, loc: tuple[str | int, ...], problems: list[tuple[tuple[str | int, ...], str]]
+    loader: _StrictLoader,
+    node: Node,
+    loc: tuple[str | int, ...],
+    problems: list[tuple[tuple[str | int, ...], str]],
 ) -> None:
     # Recursion is bounded by MAX_DEPTH, enforced while composing.
     if isinstance(node, SequenceNode):
         for index, item in enumerate(node.value):
-            _check_keys(item, (*loc, index), problems)
+            _check_keys(loader, item, (*loc, index), problems)
+        return
+    if isinstance(node, ScalarNode):
+        _check_scalar(loader, node, loc, problems)
         return
     if not isinstance(node, MappingNode):
         return
@@ -209,8 +266,8 @@ def _check_keys(
             problems.append(
                 (
                     loc,
-                    f"key {key_node.value!r} at line {line} is read by YAML as {what}, not as "
-                    f"text; put it in quotes ('{key_node.value}':)",
+                    f"key {quoted(key_node.value)} at line {line} is read by YAML as "
+                    f"{what}, not as text; put it in quotes ({quoted(key_node.value)}:)",
                 )
             )
             continue
@@ -219,10 +276,11 @@ def _check_keys(
             problems.append(
                 (
                     (*loc, key),
-                    f"duplicate key {key!r} (line {first_line[key]} and again at line {line}); "
+                    f"duplicate key {quoted(key)} (line {first_line[key]} and again at "
+                    f"line {line}); "
                     "YAML would silently keep only the last one",
                 )
             )
         else:
             first_line[key] = line
-        _check_keys(value_node, (*loc, key), problems)
+        _check_keys(loader, value_node, (*loc, key), problems)

@@ -24,6 +24,7 @@ __all__ = [
     "ToolName",
     "cancel_tool_name",
     "check_approver_name",
+    "number_text",
     "redact_root",
     "render_template",
     "template_placeholders",
@@ -36,6 +37,8 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Strict
+
+from pipecat_actions._printable import bounded, quoted
 
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -71,11 +74,25 @@ def cancel_tool_name(tool: str) -> str:
     return f"{CANCEL_TOOL_PREFIX}{tool}"
 
 
+_SHOWN_NUMBER_LIMIT = 10**40
+
+
+def number_text(value: int) -> str:
+    """A whole number from a policy as a problem shows it: written out, unless it is huge.
+
+    Python will not even write a number of more than 4300 digits, and none of 40 is worth
+    reading in a problem line.
+    """
+    if -_SHOWN_NUMBER_LIMIT < value < _SHOWN_NUMBER_LIMIT:
+        return str(value)
+    return "a number of more than 40 digits"
+
+
 def _check_tool_name(value: str) -> str:
     if not _TOOL_NAME.fullmatch(value):
         raise ValueError(
-            f"{value!r} is not a valid tool name: use letters, digits and underscores, "
-            "start with a letter or underscore, at most 64 characters"
+            f"{quoted(value, 100)} is not a valid tool name: use letters, digits and "
+            "underscores, start with a letter or underscore, at most 64 characters"
         )
     return value
 
@@ -83,8 +100,8 @@ def _check_tool_name(value: str) -> str:
 def _check_argument_name(value: str) -> str:
     if not _TOOL_NAME.fullmatch(value):
         raise ValueError(
-            f"{value!r} is not a valid argument name: use letters, digits and underscores, "
-            "start with a letter or underscore, at most 64 characters"
+            f"{quoted(value, 100)} is not a valid argument name: use letters, digits and "
+            "underscores, start with a letter or underscore, at most 64 characters"
         )
     return value
 
@@ -92,7 +109,8 @@ def _check_argument_name(value: str) -> str:
 def _check_agent_name(value: str) -> str:
     if not value.strip() or value != value.strip():
         raise ValueError(
-            f"{value!r} is not an agent name: use non-blank text without leading or trailing spaces"
+            f"{quoted(value)} is not an agent name: use non-blank text without leading or "
+            "trailing spaces"
         )
     return value
 
@@ -121,7 +139,7 @@ def _check_redact_path(value: str) -> str:
         raise ValueError("a redact path must not be empty")
     if not _REDACT_PATH.fullmatch(value):
         raise ValueError(
-            f"{value!r} is not a redact path: write argument names joined by dots, "
+            f"{quoted(value)} is not a redact path: write argument names joined by dots, "
             "with [*] or [0] for list items, e.g. card.number or guests[*].phone"
         )
     return value
@@ -131,7 +149,7 @@ def _no_duplicates(values: tuple[str, ...]) -> tuple[str, ...]:
     seen: set[str] = set()
     for value in values:
         if value in seen:
-            raise ValueError(f"lists {value!r} more than once")
+            raise ValueError(f"lists {quoted(value)} more than once")
         seen.add(value)
     return values
 
@@ -154,20 +172,21 @@ def template_placeholders(template: str) -> tuple[str, ...]:
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise ValueError(f"{template!r} is not a valid template: {exc}") from None
+        raise ValueError(f"{quoted(template)} is not a valid template: {exc}") from None
     for _literal, field, conversion, spec in parsed:
         if field is None:
             continue
         if not _IDENTIFIER.fullmatch(field):
-            shown = "{" + field + "}"
+            shown = bounded("{" + field + "}", 40)
             raise ValueError(
-                f"placeholder {shown} in {template!r} must be a plain argument name, "
+                f"placeholder {shown} in {quoted(template)} must be a plain argument name, "
                 "like {restaurant_id}"
             )
         if conversion or spec:
+            name = bounded(field, 40)
             raise ValueError(
-                f"placeholder {{{field}}} in {template!r} must not carry a conversion (!r) or "
-                "format spec (:...); write just {" + field + "}"
+                f"placeholder {{{name}}} in {quoted(template)} must not carry a conversion (!r) "
+                "or format spec (:...); write just {" + name + "}"
             )
         names.append(field)
     return tuple(names)
@@ -238,7 +257,7 @@ def _check_plain(value: object, where: str) -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise ValueError(f"key {key!r} at {where or 'the top'} must be text")
+                raise ValueError(f"key {quoted(str(key))} at {where or 'the top'} must be text")
             _check_plain(item, f"{where}.{key}" if where else key)
         return
     raise ValueError(

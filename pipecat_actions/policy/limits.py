@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 from pipecat_actions.policy._rules import Violation, raise_violations
 from pipecat_actions.policy.enums import Overflow
-from pipecat_actions.policy.fields import PlainData
+from pipecat_actions.policy.fields import PlainData, number_text
 
 
 class LimitsPolicy(BaseModel):
@@ -103,7 +103,7 @@ class LimitsPolicy(BaseModel):
                     Violation(
                         ("max_queued",),
                         "overflow: queue needs max_queued of at least 1 "
-                        f"(got {self.max_queued}), or no call could ever wait",
+                        f"(got {number_text(self.max_queued)}), or no call could ever wait",
                     )
                 )
         raise_violations(violations)

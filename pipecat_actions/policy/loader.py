@@ -202,7 +202,8 @@ def _non_text_keys(value: object, loc: Loc, source: str) -> list[PolicyProblem]:
             if isinstance(key, str):
                 problems.extend(_non_text_keys(item, (*loc, key), source))
             else:
-                problems.append(PolicyProblem(source, key_path(loc), f"key {key!r} is not text"))
+                reason = f"key {shown(key)} is not text"
+                problems.append(PolicyProblem(source, key_path(loc), reason))
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             problems.extend(_non_text_keys(item, (*loc, index), source))

@@ -297,6 +297,16 @@ class ToolPolicy(BaseModel):
             "must use one of them."
         ),
     )
+    coerce_arguments: bool = Field(
+        default=False,
+        description=(
+            "False: each argument must have the JSON type its parameter declares: the number "
+            "2 for a whole number (not 2.0, '2' or true), text for text, a date as its text "
+            "('2026-12-03'). True: values are converted where they can be ('2' and 2.0 become "
+            "2, 'yes' becomes true), for a model that writes numbers as text. NaN and "
+            "infinity are refused either way."
+        ),
+    )
     mode: Annotated[ExecutionMode, _LAX] = Field(
         default=ExecutionMode.BLOCKING,
         description=(

@@ -287,3 +287,36 @@ async def test_one_callable_under_two_config_names_runs_as_the_name_called(
     told = [json.loads(m["content"]) for m in result.context_messages if m.get("role") == "tool"]
     assert told and told[0].get("status") == "committed", told
     assert a.nodes == ["greet", "confirm"]
+
+
+MISFITS = {
+    "text for a whole number": {**DETAILS, "party_size": "2"},
+    "unknown key": {**DETAILS, "table": 4},
+    "missing key": {"date": DETAILS["date"], "party_size": 2},
+}
+
+
+@pytest.mark.parametrize("details", list(MISFITS.values()), ids=list(MISFITS))
+async def test_a_configured_direct_function_call_that_misfits_its_signature_is_refused_unrun(
+    tmp_path: Path, details: dict[str, Any]
+) -> None:
+    """A Flows direct function is called ``function(flow_manager=..., **arguments)``.
+
+    A key it does not take, a missing one or a wrong type is refused at admission: the handler
+    never runs, so its outcome is never unknown. (A key named ``flow_manager`` fails Flows' own
+    call, before any handler of ours is reached.)
+    """
+    script = [
+        Say("Hello, what can I book for you?"),
+        ToolCalls([("book_table", details)]),
+        Say("I could not book that."),
+    ]
+    async with flow_agent(tmp_path, script, kind="configured") as a:
+        result = await a.converse([WaitUntilIdle(), UserSays("Two at nine."), WaitUntilIdle()])
+        (op,) = await a.operations()
+
+    assert a.nodes == ["greet"]
+    assert a.handled == [] and a.bookings() == 0
+    (told,) = [json.loads(m["content"]) for m in result.context_messages if m["role"] == "tool"]
+    assert (told["status"], told["reason"]) == ("refused", "invalid_arguments")
+    assert op.status is S.REJECTED and op.escalated_at is None

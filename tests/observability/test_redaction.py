@@ -270,3 +270,142 @@ def test_find_secrets_counts_json_escaped_and_reseparated_forms() -> None:
     quoted = json.dumps({"a": 'x"y'})
     text = f"{quoted} 4111-1111-1111-1111 {CARD}"
     assert find_secrets(text, ['x"y', CARD, "absent"]) == {'x"y': 1, CARD: 2}
+
+
+# --- which values are armed ------------------------------------------------------------------
+
+
+@settings(max_examples=300)
+@given(st.lists(st.text(st.characters(categories=["L"]), min_size=1, max_size=20), max_size=6))
+def test_plain_words_are_never_armed_whatever_path_holds_them(words: list[str]) -> None:
+    r = Redactor()
+    r.arm(["phone", "guests[*].phone"], {"phone": words, "guests": [{"phone": w} for w in words]})
+    r.arm(["phone"], {"phone": " ".join(words)})
+    assert r.armed_values == 0
+    line = f"operation escalated: status UNKNOWN {' '.join(words)}"
+    assert r.redact_text(line) == line
+
+
+@pytest.mark.parametrize(
+    "value", ["020 7946 0958", "ana@example.com", "BK-4471", "12/2031", 44207946, "4471"]
+)
+def test_values_that_could_be_a_secret_are_armed(value: object) -> None:
+    r = Redactor()
+    r.arm(["contact"], {"contact": value})
+    assert r.armed_values == 1
+    assert MASK in r.redact_text(f"the model read back {value} to the caller")
+
+
+def _in_digits(text: str, *, zero: int) -> str:
+    """``text`` with its digits written in the script whose zero is ``zero``."""
+    return text.translate({ord("0") + d: zero + d for d in range(10)})
+
+
+# --- numbers in the notations people write them -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "card",
+    [
+        "5105.1051.0510.5100",
+        "5105/1051/0510/5100",
+        "5105_1051_0510_5100",
+        "5105\u00a01051\u00a00510\u00a05100",  # no-break spaces
+        "5105\u202f1051\u202f0510\u202f5100",  # narrow no-break spaces
+        "3782.822463.10005",  # Amex, 4-6-5
+        _in_digits("5105105105105100", zero=0xFF10),  # fullwidth digits
+        _in_digits("5105 1051 0510 5100", zero=0x0660),  # Arabic-Indic digits
+    ],
+    ids=[
+        "dots",
+        "slashes",
+        "underscores",
+        "nbsp",
+        "narrow-nbsp",
+        "amex-dots",
+        "fullwidth",
+        "arabic",
+    ],
+)
+def test_card_numbers_in_other_notations_are_masked(card: str) -> None:
+    assert Redactor().redact_text(f"card {card}, expiry soon") == f"card {MASK}, expiry soon"
+
+
+@pytest.mark.parametrize(
+    "phone",
+    [
+        "(415) 555-0199",
+        "(415)555-0199",
+        "415-555-0199",
+        "415.555.0199",
+        "07700 900123",
+        "020 7946 0958",
+        "0161-496-0000",
+        "+44 7700 900123",
+        "+1 (415) 555-0199",
+    ],
+)
+def test_phone_numbers_in_national_and_international_form_are_masked(phone: str) -> None:
+    assert Redactor().redact_text(f"call me on {phone}, thanks") == f"call me on {MASK}, thanks"
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("call +44 20 7946 0958 2 guests", f"call {MASK} 2 guests"),
+        ("+1 415 555 0199 and 3 more", f"{MASK} and 3 more"),
+        ("+33612345678 12 people", f"{MASK} 12 people"),
+        ("+86 138 0013 8000 at 9", f"{MASK} at 9"),
+    ],
+)
+def test_an_international_number_is_masked_to_its_own_end_not_into_the_next(
+    text: str, masked: str
+) -> None:
+    assert Redactor().redact_text(text) == masked
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Pipecat 1.14.0 on Python 3.11.7",
+        "pi is 3.14159265358979 roughly",
+        "host 192.168.100.200 port 8080",
+        "at 2026-12-03 17:10:12.851",
+        "took 0.123 s for 1234 frames",
+        "order 1234.5678 of 12",
+        "4111.1111.1111.1112",  # grouped but fails Luhn
+    ],
+)
+def test_decimals_versions_addresses_and_dates_are_not_numbers_to_mask(text: str) -> None:
+    assert Redactor().redact_text(text) == text
+
+
+def test_find_secrets_sees_a_card_written_with_dots() -> None:
+    assert find_secrets("card 5105.1051.0510.5100", ["5105 1051 0510 5100"]) != {}
+
+
+def _luhn_completed(prefix: str) -> str:
+    """``prefix`` with the check digit that makes it pass Luhn."""
+    for check in "0123456789":
+        digits = prefix + check
+        total = sum(
+            (d * 2 - 9 if d * 2 > 9 else d * 2) if i % 2 else d
+            for i, d in enumerate(int(c) for c in reversed(digits))
+        )
+        if total % 10 == 0:
+            return digits
+    raise AssertionError("unreachable")
+
+
+@settings(max_examples=300)
+@given(
+    prefix=st.text("0123456789", min_size=14, max_size=14).map(lambda rest: "4" + rest),
+    separator=st.sampled_from([" ", "-", ".", "/", "_", "\u00a0", "\u2009", "\u202f", ""]),
+    zero=st.sampled_from([0x30, 0xFF10, 0x0660, 0x06F0, 0x0966]),
+)
+def test_any_luhn_valid_card_in_groups_of_four_is_masked(
+    prefix: str, separator: str, zero: int
+) -> None:
+    card = _luhn_completed(prefix)
+    written = _in_digits(separator.join(card[i : i + 4] for i in range(0, 16, 4)), zero=zero)
+    assert Redactor().redact_text(f"pay with {written} today") == f"pay with {MASK} today"
