@@ -19,6 +19,7 @@ from typing import Any
 
 from loguru import logger
 
+from pipecat_actions._printable import bounded
 from pipecat_actions.actions import Binding
 from pipecat_actions.admission.admitter import Admitter
 from pipecat_actions.admission.decisions import Admission, Joined, ReadAdmission, Refusal, Shared
@@ -38,6 +39,9 @@ from pipecat_actions.session import SessionState
 from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES, ActionStatus
 
 S = ActionStatus
+
+UNKNOWN_TOOL_LABEL = "(unknown tool)"
+"""The tool label of the metrics and spans of calls of a tool the runtime does not have."""
 
 _Started = dict[str, Any] | ReadAdmission | Shared | Joined | Tracked
 """What admitting a mutation leads to: an answer, a read or shared answer, a join, or a run."""
@@ -116,21 +120,23 @@ class Proposals:
         on_started: Callable[[str], Awaitable[None]] | None,
     ) -> dict[str, Any]:
         """Admit a proposed call and answer it; see `ActionRuntime.propose`."""
+        # A tool name the model made up is the model's text: logged bounded and escaped.
+        named = tool if tool in self._bindings else bounded(tool, 64)
         with logger.contextualize(
             session_id=session.session_id,
             turn_id=str(session.user_turn),
             generation=session.generation,
             tool_call_id=tool_call_id,
-            tool=tool,
+            tool=named,
         ):
             try:
                 result = await self._propose(
                     tool, arguments, session, tool_call_id, wait=wait, on_started=on_started
                 )
             except LedgerError as exc:
-                result = self._ledger_failed(tool, tool_call_id, exc)
+                result = self._ledger_failed(named, tool_call_id, exc)
             logger.bind(operation_id=result.get("operation_id")).debug(
-                "tool call {} of {}: {}", tool_call_id, tool, result.get("status")
+                "tool call {} of {}: {}", tool_call_id, named, result.get("status")
             )
             return result
 
@@ -233,7 +239,10 @@ class Proposals:
         session: SessionState,
         tool_call_id: str | None,
     ) -> _Started:
-        with self._telemetry.admission(tool, session, tool_call_id) as scope:
+        # Metrics and spans are per tool: a name the model made up is counted under one label,
+        # never kept (one series per made-up name would grow without end).
+        label = tool if tool in self._bindings else UNKNOWN_TOOL_LABEL
+        with self._telemetry.admission(label, session, tool_call_id) as scope:
             admitted = await self._admitter.admit(
                 tool, arguments, session, tool_call_id=tool_call_id
             )

@@ -23,6 +23,7 @@ from pipecat_actions.admission.authorization import AuthorizationRequest, Decisi
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
+from pipecat_actions.testing import capture_logs
 
 from ._admission_support import assert_refusal_audited, policy, sqlite_url
 
@@ -89,13 +90,17 @@ async def test_a_10_mb_tool_name_is_quoted_back_as_a_short_prefix_and_its_length
         policy(TOOLS), authorizer=EchoingAuthorizer(), actions=_actions(), ledger_url=ledger_url
     )
     try:
-        result = await runtime.propose(name, {}, SessionState("s", principal="alice"))
+        with capture_logs("DEBUG") as lines:
+            result = await runtime.propose(name, {}, SessionState("s", principal="alice"))
 
         op = await assert_refusal_audited(runtime, result, "unknown_tool")
         assert f"({len(name)} characters)" in result["message"]
         assert len(result["message"]) < 200
         assert op.error == result["message"]
         assert len(op.tool) <= 64
+        # Neither the log nor the metrics keep the name: one label for every unknown tool.
+        assert lines and all(len(line) < 2000 for line in lines)
+        assert all(len(tool) <= 64 for tool in runtime.metrics.snapshot()["tools"])
     finally:
         await runtime.close(grace_secs=0)
 
