@@ -59,27 +59,30 @@ async def test_the_clinic_example_runs_its_own_app_and_system_of_record(path: Pa
     assert report.passed, failed(report)
 
 
-async def test_a_fault_on_a_reconcile_hook_answers_pending_then_the_next_probe_finds_it() -> None:
-    text = restaurant(
-        D("""\
-        - user: A table for two at nine, please.
-        - fault: {fault: lose_response_after_commit, kind: book}
-        - fault: {target: book_table.reconcile, fault: pending}
-        """)
+def lost_answer(hook_faults: str, probing: str, reconciles: int) -> str:
+    """A booking whose answer is lost: UNKNOWN, then ``probing`` until the (faulted) reconcile
+    hook finds it; it must commit, be told once, and the hook be asked ``reconciles`` times."""
+    return restaurant(
+        "- user: A table for two at nine, please.\n"
+        "- fault: {fault: lose_response_after_commit, kind: book}\n"
+        + D(hook_faults)
         + BOOK
+        + "- until: {op: booking, status: [UNKNOWN]}\n"
+        + D(probing)
         + D("""\
-        - until: {op: booking, status: [UNKNOWN]}
-        - advance: 30
         - until: {op: booking, status: [COMMITTED], delivered: true}
         - llm: You are booked at nine.
         - idle: {quiet_secs: 0.5, calls: true}
         """),
-        D("""\
-        operations:
-          - {op: booking, status: COMMITTED, told: 1}
-        requests: {book_table: 1, book_table.reconcile: 2}
-        side_effects: {book: 1}
-        """),
+        "operations:\n  - {op: booking, status: COMMITTED, told: 1}\n"
+        f"requests: {{book_table: 1, book_table.reconcile: {reconciles}}}\n"
+        "side_effects: {book: 1}\n",
+    )
+
+
+async def test_a_fault_on_a_reconcile_hook_answers_pending_then_the_next_probe_finds_it() -> None:
+    text = lost_answer(
+        "- fault: {target: book_table.reconcile, fault: pending}\n", "- advance: 30\n", 2
     )
     report = await run_text(text)
     assert report.passed, failed(report)
@@ -415,29 +418,13 @@ async def test_a_second_caller_cannot_cancel_the_first_callers_booking(tmp_path:
 
 
 async def test_a_reconcile_hook_that_raises_then_hangs_is_asked_again_until_it_answers() -> None:
-    text = restaurant(
+    text = lost_answer(
         D("""\
-        - user: A table for two at nine, please.
-        - fault: {fault: lose_response_after_commit, kind: book}
         - fault: {target: book_table.reconcile, fault: raise}
         - fault: {target: book_table.reconcile, fault: hang}
-        """)
-        + BOOK
-        + D("""\
-        - until: {op: booking, status: [UNKNOWN]}
-        - advance: 30
-        - release_hung
-        - advance: 30
-        - until: {op: booking, status: [COMMITTED], delivered: true}
-        - llm: You are booked at nine.
-        - idle: {quiet_secs: 0.5, calls: true}
         """),
-        D("""\
-        operations:
-          - {op: booking, status: COMMITTED, told: 1}
-        requests: {book_table: 1, book_table.reconcile: 3}
-        side_effects: {book: 1}
-        """),
+        "- advance: 30\n- release_hung\n- advance: 30\n",
+        3,
     )
     report = await run_text(text)
     assert report.passed, failed(report)
