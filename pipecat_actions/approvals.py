@@ -237,19 +237,24 @@ async def _refuse_if_expired(
     Checked before anything else about the decision: whoever asks, and with whatever
     arguments, a request whose window closed is EXPIRED, and the ledger says so.
     """
-    if op.status is not S.AWAITING_APPROVAL or op.deadline_at is None or now < op.deadline_at:
+    # Whether the runtime's own timer or this decision finds the window closed first is a
+    # race; the approver is told the same either way.
+    if op.status is S.AWAITING_APPROVAL:
+        if op.deadline_at is None or now < op.deadline_at:
+            return
+        who = Approver.of(approver)
+        with contextlib.suppress(TransitionRefused):
+            await ledger.transition(
+                op.operation_id,
+                expected=S.AWAITING_APPROVAL,
+                to=S.EXPIRED,
+                fence=op.fence if fence is None else fence,
+                actor=_actor(who),
+                detail={"reason": f"{decision} came after the approval window closed"},
+                changes={"error": "approval window closed"},
+            )
+    elif op.status is not S.EXPIRED:
         return
-    who = Approver.of(approver)
-    with contextlib.suppress(TransitionRefused):
-        await ledger.transition(
-            op.operation_id,
-            expected=S.AWAITING_APPROVAL,
-            to=S.EXPIRED,
-            fence=op.fence if fence is None else fence,
-            actor=_actor(who),
-            detail={"reason": f"{decision} came after the approval window closed"},
-            changes={"error": "approval window closed"},
-        )
     raise ApprovalRefused(
         f"operation {op.operation_id} expired before this {decision}: its window closed, "
         "so it is EXPIRED and nothing ran"

@@ -26,6 +26,7 @@ from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
 
+from .._waiting import eventually
 from ._admission_support import Restaurant, booking_args, running
 
 S = ActionStatus
@@ -225,6 +226,29 @@ async def test_an_expired_request_expires_whatever_the_refused_decision_got_wron
         clock.advance(301)
         with pytest.raises(ApprovalRefused, match="expired before this approval"):
             await rt.approve(op_id, approver="bob", reason="", args_hash="0" * 64)
+        assert (await rt.ledger.get(op_id)).status is S.EXPIRED
+
+
+@pytest.mark.parametrize("decide", ["approve", "reject"])
+async def test_a_decision_after_the_runtime_expired_the_request_is_told_it_expired(
+    ledger_url: str, clock: ManualClock, decide: str
+) -> None:
+    async with running(POLICY, Restaurant(clock), ledger_url=ledger_url, clock=clock) as rt:
+        op_id = await _ask(rt)
+        args_hash = await _args_hash(rt, op_id)
+        clock.advance(301)
+
+        async def expired() -> bool:
+            return (await rt.ledger.get(op_id)).status is S.EXPIRED
+
+        await eventually(expired, what="the runtime's own expiry of the request")
+        decision = (
+            rt.approve(op_id, approver="bob", reason="ok", args_hash=args_hash)
+            if decide == "approve"
+            else rt.reject(op_id, approver="bob", reason="no")
+        )
+        with pytest.raises(ApprovalRefused, match=r"expired before this (approval|rejection)"):
+            await decision
         assert (await rt.ledger.get(op_id)).status is S.EXPIRED
 
 
