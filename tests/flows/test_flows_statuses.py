@@ -1,23 +1,26 @@
 """A configured flow's branch on ``status``: each status to its case, and no case keeps the node.
 
-Also a function name that three nodes reuse, run in a loop back to the first node, and a
-name the model made up.
+Also a failure told after a barge-in, a global function, a function name that three nodes
+reuse (in a loop back to the first node), and a name the model made up.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pipecat.flows import FlowManager, FlowsFunctionSchema
+from pipecat.flows import TRANSITION_IN_YAML, FlowConfig, FlowManager, FlowsFunctionSchema
 
 from pipecat_actions.status import ActionStatus
-from pipecat_actions.testing.conversation import Call, UserSays, WaitUntilIdle
+from pipecat_actions.testing.conversation import BargeIn, Call, UserSays, WaitUntilIdle
 from pipecat_actions.testing.llm import Say, ToolCalls
 from tests.flows._support import (
     DETAILS,
+    POLICY,
     booking_policy,
+    contents,
     flow_agent,
     python_node,
     tool_messages,
@@ -188,3 +191,98 @@ async def test_a_function_name_the_model_made_up_runs_nothing_and_keeps_the_node
     assert a.nodes == ["greet"]
     assert ops == [] and a.handled == []
     assert result.context_messages[-1]["content"] == "I can only book tables."
+
+
+@pytest.mark.parametrize(
+    ("kind", "transition_to"),
+    [("configured", "confirm"), ("python", None)],
+)
+async def test_a_booking_left_uncommitted_after_a_barge_in_keeps_the_node_and_is_told(
+    tmp_path: Path, kind: str, transition_to: Any
+) -> None:
+    script = [
+        Say("Hello, what can I book for you?"),
+        ToolCalls([("book_table", DETAILS)], say="One moment while I book that for you."),
+        Say("Still working on it."),
+        Say("I can't tell yet whether it went through; someone will check."),
+    ]
+    options: dict[str, Any] = {"transition_to": transition_to} if transition_to else {}
+    blocking = booking_policy("mode: blocking")
+    async with flow_agent(tmp_path, script, kind=kind, policy_text=blocking, **options) as a:
+        a.sor.faults.fail_after_send("book")  # sent, then an error: the ledger says unknown
+        result = await a.converse(
+            [
+                WaitUntilIdle(),
+                UserSays("Two at nine."),
+                BargeIn("Are you still there?", after_secs=0.1),
+                WaitUntilIdle(),
+                Call(a.answers()),
+                Call(a.told(S.UNKNOWN)),
+                WaitUntilIdle(),
+            ]
+        )
+
+    assert a.nodes == ["greet"]  # the handler's (or the config's) next node is not followed
+    assert a.bookings() == 0
+    assert "Outcome of an earlier book_table" in contents(result)
+    assert result.context_messages[-1]["content"].startswith("I can't tell yet")
+
+
+GLOBAL_POLICY = POLICY + "      check_booking:\n        kind: read\n"
+
+
+async def test_a_global_function_branches_on_status_from_whichever_node_calls_it(
+    tmp_path: Path,
+) -> None:
+    ran: list[str] = []
+
+    async def check_booking(flow_manager: FlowManager, name: str) -> tuple[Any, Any]:
+        """Look a booking up.
+
+        Args:
+            name: Whose booking.
+        """
+        ran.append(f"{flow_manager.current_node}:{name}")
+        return {"found": True}, TRANSITION_IN_YAML
+
+    branch = {"field": "status", "cases": {"committed": "confirm", "refused": "try_again"}}
+    data = {
+        "initial_node": "greet",
+        "global_functions": [{"name": "check_booking", "transition_to": branch}],
+        "nodes": {
+            name: {"task_messages": [{"role": "developer", "content": f"Node {name}."}]}
+            for name in ("greet", "confirm", "try_again")
+        },
+    }
+    script = [
+        Say("Hello."),
+        ToolCalls([("check_booking", {"name": "Ada"})]),
+        Say("Found it."),
+        ToolCalls([("check_booking", {"whose": "Ada"})]),  # misfits the signature: refused
+        Say("Whose booking was it?"),
+    ]
+    async with flow_agent(tmp_path, script, policy_text=GLOBAL_POLICY) as a:
+        flow = a.actions.flow(
+            FlowConfig.from_yaml(json.dumps(data)), handlers=[{"check_booking": check_booking}]
+        )
+        a.global_functions = list(flow.global_functions)
+
+        async def start(manager: FlowManager) -> None:
+            await manager.initialize(flow.initial_node)
+
+        a.start = start
+        result = await a.converse(
+            [
+                WaitUntilIdle(),
+                UserSays("Ada."),
+                WaitUntilIdle(),
+                UserSays("Again."),
+                WaitUntilIdle(),
+            ]
+        )
+        ops = await a.operations("check_booking")
+
+    assert ran == ["greet:Ada"]
+    assert a.nodes == ["greet", "confirm", "try_again"]
+    assert [op.status for op in ops] == [S.COMMITTED, S.REJECTED]
+    assert [m["status"] for m in tool_messages(result)] == ["committed", "refused"]
