@@ -286,3 +286,68 @@ async def test_a_global_function_branches_on_status_from_whichever_node_calls_it
     assert a.nodes == ["greet", "confirm", "try_again"]
     assert [op.status for op in ops] == [S.COMMITTED, S.REJECTED]
     assert [m["status"] for m in tool_messages(result)] == ["committed", "refused"]
+
+
+async def test_a_name_two_configured_nodes_reuse_follows_each_nodes_own_transition(
+    tmp_path: Path,
+) -> None:
+    seen: list[tuple[str | None, str]] = []
+
+    async def book_table(
+        flow_manager: FlowManager, date: str, time: str, party_size: int
+    ) -> tuple[Any, Any]:
+        """Book a table.
+
+        Args:
+            date: The day.
+            time: The time.
+            party_size: How many guests.
+        """
+        seen.append((flow_manager.current_node, time))
+        return {"booking_id": time}, TRANSITION_IN_YAML
+
+    def node(name: str, transition_to: Any = None) -> dict[str, Any]:
+        reused = {"name": "book_table", "transition_to": transition_to}
+        functions = [reused] if transition_to else []
+        return {
+            "task_messages": [{"role": "developer", "content": f"Node {name}."}],
+            "functions": functions,
+        }
+
+    data = {
+        "initial_node": "greet",
+        "nodes": {
+            "greet": node("greet", {"field": "status", "cases": {"committed": "confirm"}}),
+            "confirm": node("confirm", "elsewhere"),
+            "elsewhere": node("elsewhere"),
+        },
+    }
+    script = [
+        Say("Hello."),
+        ToolCalls([("book_table", DETAILS)]),
+        Say("Booked."),
+        ToolCalls([("book_table", {**DETAILS, "time": "22:00"})]),
+        Say("Booked another."),
+    ]
+    async with flow_agent(tmp_path, script) as a:
+        flow = a.actions.flow(
+            FlowConfig.from_yaml(json.dumps(data)), handlers=[{"book_table": book_table}]
+        )
+
+        async def start(manager: FlowManager) -> None:
+            await manager.initialize(flow.initial_node)
+
+        a.start = start
+        result = await a.converse(
+            [
+                WaitUntilIdle(),
+                UserSays("Two at nine."),
+                WaitUntilIdle(),
+                UserSays("And two at ten."),
+                WaitUntilIdle(),
+            ]
+        )
+
+    assert seen == [("greet", "21:00"), ("confirm", "22:00")]
+    assert a.nodes == ["greet", "confirm", "elsewhere"]
+    assert [m["status"] for m in tool_messages(result)] == ["committed", "committed"]
