@@ -705,8 +705,14 @@ def _open_model(name: str) -> type[BaseModel]:
 
 
 def _view(result: Mapping[str, Any]) -> dict[str, Any]:
-    """What a branch sees: the runtime's result, and a committed handler result's own fields."""
+    """What a branch sees: the runtime's result, and a committed handler result's own fields.
+
+    A refusal reads ``refused`` whether admission refused the call or a person rejected it
+    later (the ledger's ``rejected``), so one ``refused:`` case catches both.
+    """
     view = dict(result)
+    if view.get("status") == "rejected":
+        view["status"] = "refused"
     own = result.get("result")
     if result.get("status") == "committed" and isinstance(own, Mapping):
         for key, value in own.items():

@@ -128,12 +128,19 @@ class FlowAgent:
     """While set, the reconcile hook (``reconcile=True``) says "pending"."""
     nodes: list[str] = field(default_factory=list)
     """Every node the flow entered, in order."""
+    global_functions: list[Any] = field(default_factory=list)
+    """The manager's global functions (a configured flow's ``flow.global_functions``)."""
 
     async def converse(self, steps: Sequence[Step]) -> ConversationResult:
         """Run ``steps`` with the flow initialized once the pipeline started."""
 
         async def started(worker: Any) -> None:
-            manager = FlowManager(worker=worker, llm=self.llm, context_aggregator=self.pair)
+            manager = FlowManager(
+                worker=worker,
+                llm=self.llm,
+                context_aggregator=self.pair,
+                global_functions=self.global_functions,
+            )
             self.manager = manager
             set_node = manager._set_node
 
