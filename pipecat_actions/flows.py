@@ -624,7 +624,12 @@ class FlowActions:
         view = _view(result)
         if target.field not in view:
             return None  # branches on a field of the handler's own result: it did not commit
-        node = target.cases.get(case_key(view[target.field]), target.default)
+        value = case_key(view[target.field])
+        if target.field == "status" and value == "rejected" and value not in target.cases:
+            # A person's rejection is a refusal that came late: a ``refused:`` case catches it
+            # unless the flow has a ``rejected:`` case of its own.
+            value = "refused"
+        node = target.cases.get(value, target.default)
         return self._flow.node(node) if node is not None else None
 
     def _remember(self, call: _FlowCall, result: Mapping[str, Any]) -> None:
@@ -705,14 +710,8 @@ def _open_model(name: str) -> type[BaseModel]:
 
 
 def _view(result: Mapping[str, Any]) -> dict[str, Any]:
-    """What a branch sees: the runtime's result, and a committed handler result's own fields.
-
-    A refusal reads ``refused`` whether admission refused the call or a person rejected it
-    later (the ledger's ``rejected``), so one ``refused:`` case catches both.
-    """
+    """What a branch sees: the runtime's result, and a committed handler result's own fields."""
     view = dict(result)
-    if view.get("status") == "rejected":
-        view["status"] = "refused"
     own = result.get("result")
     if result.get("status") == "committed" and isinstance(own, Mapping):
         for key, value in own.items():

@@ -41,16 +41,24 @@ EVERY_STATUS = {
 APPROVAL = booking_policy("confirmation: {mode: approval, approvers: [maria]}")
 
 
+@pytest.mark.parametrize(
+    ("own_case", "lands_in"), [(None, "try_again"), ("elsewhere", "elsewhere")]
+)
 async def test_an_approvers_rejection_follows_the_refused_case_from_the_wait_node(
-    tmp_path: Path,
+    tmp_path: Path, own_case: str | None, lands_in: str
 ) -> None:
+    """A rejection takes ``refused:``, unless the flow gave ``rejected:`` a case of its own."""
+    branch = {
+        "field": "status",
+        "cases": {**EVERY_STATUS["cases"], **({"rejected": own_case} if own_case else {})},
+    }
     script = [
         Say("Hello."),
         ToolCalls([("book_table", DETAILS)]),
         Say("A manager has to agree."),
         Say("The manager said no; shall we try another time?"),
     ]
-    async with flow_agent(tmp_path, script, policy_text=APPROVAL, transition_to=EVERY_STATUS) as a:
+    async with flow_agent(tmp_path, script, policy_text=APPROVAL, transition_to=branch) as a:
 
         async def reject() -> None:
             waiting = await a.settled(S.AWAITING_APPROVAL)
@@ -62,12 +70,12 @@ async def test_an_approvers_rejection_follows_the_refused_case_from_the_wait_nod
                 UserSays("Two at nine."),
                 WaitUntilIdle(),
                 Call(reject),
-                Call(a.entered("try_again")),
+                Call(a.entered(lands_in)),
                 WaitUntilIdle(),
             ]
         )
 
-    assert a.nodes == ["greet", "wait", "try_again"]
+    assert a.nodes == ["greet", "wait", lands_in]
     assert a.bookings() == 0
     assert result.context_messages[-1]["content"].startswith("The manager said no")
 
