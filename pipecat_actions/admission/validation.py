@@ -17,7 +17,8 @@ Pipecat service parsed from that text. Either way they are judged as JSON, in tw
    (``"2"`` and ``2.0`` become ``2``). Either way a boolean never becomes a number nor a
    number a boolean (pydantic reads ``true`` as the ``1`` of a ``Literal[1]`` or an
    ``IntEnum`` even when strict), an unknown key is refused at every depth (nested models
-   included, whatever their own ``extra``), and a key given twice in JSON text is refused.
+   included, whatever their own ``extra``), a key given twice in JSON text is refused, and
+   so is a decimal of more than `MAX_INT_DIGITS` digits or an exponent that large.
    The validated arguments are stored in their JSON form.
 
 Every problem is told in one line that names where it is (``preferences.seats[2]``); what the
@@ -40,6 +41,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from pydantic import ValidationError
@@ -141,12 +143,15 @@ def validate_arguments(
             extra="forbid" if closed else None,
         )
         validated = model.model_dump(mode="json", by_alias=True, exclude_unset=action.app_handler)
+        oversized = _oversized_decimal(model.model_dump(by_alias=True))
     except ValidationError as exc:
         return Invalid("invalid_arguments", _describe(exc))
     except (ValueError, TypeError, RecursionError):
         return _invalid("arguments: they hold values that are not plain data")
     # A lax conversion can make NaN from text ("NaN" for a nested model's float).
-    problem = json_problem(validated) or _changed_kind(arguments, validated, coerce=coerce)
+    problem = (
+        oversized or json_problem(validated) or _changed_kind(arguments, validated, coerce=coerce)
+    )
     if problem:
         return _invalid(problem)
     try:
@@ -219,6 +224,28 @@ def _changed_kind(sent: Any, validated: Any, *, coerce: bool) -> str | None:
             return f"{_where(path)}: a number is not a boolean, got {_json_type(given)}"
         elif not coerce and isinstance(given, float) and _is_number(made) and isinstance(made, int):
             return f"{_where(path)}: Input should be a whole number, got {_json_type(given)}"
+    return None
+
+
+def _oversized_decimal(value: Any) -> str | None:
+    """Where a decimal has more digits, or a larger exponent, than a whole number may have digits.
+
+    Read from JSON text, ``"1e999999999"`` is a finite decimal, and would take all memory
+    made into an int.
+    """
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, Decimal) and item.is_finite():
+            if (
+                len(item.as_tuple().digits) > MAX_INT_DIGITS
+                or abs(item.adjusted()) > MAX_INT_DIGITS
+            ):
+                return f"{_where(path)}: a number of more than {MAX_INT_DIGITS} digits"
+        elif isinstance(item, Mapping):
+            stack.extend((child, (*path, key)) for key, child in item.items())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend((child, (*path, i)) for i, child in enumerate(item))
     return None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import decimal
 import itertools
 import json
 import uuid
@@ -108,7 +109,11 @@ class Reservations:
 
         @action
         async def choose(
-            ctx: ActionContext, size: Literal[1, 2], level: Level, seats: list[Seat]
+            ctx: ActionContext,
+            size: Literal[1, 2],
+            level: Level,
+            seats: list[Seat],
+            amount: decimal.Decimal | None = None,
         ) -> dict[str, Any]:
             """Choose a size, a level and seats."""
             handed.append(dict(ctx.args))
@@ -233,6 +238,26 @@ async def test_literals_enums_and_nested_models_are_as_strict_as_plain_types(
             await assert_refusal_audited(runtime, result, "invalid_arguments")
             assert next(iter(change)) in result["message"], result
         assert reservations.handed == []
+
+
+@pytest.mark.parametrize(
+    "amount", ["1" * 4301, "1e999999999", "1e-999999"], ids=["digits", "exponent", "tiny"]
+)
+async def test_a_decimal_of_more_than_4300_digits_or_such_an_exponent_is_refused(
+    ledger_url: str, amount: str
+) -> None:
+    async with running(ledger_url) as (runtime, reservations):
+        kept = await runtime.propose(
+            "choose", {**CHOICE, "amount": "12.50"}, SessionState("ok", principal="alice")
+        )
+        result = await runtime.propose(
+            "choose", {**CHOICE, "amount": amount}, SessionState("s", principal="alice")
+        )
+
+        assert kept["status"] == "committed", kept
+        await assert_refusal_audited(runtime, result, "invalid_arguments")
+        assert "amount: a number of more than 4300 digits" in result["message"], result
+        assert len(reservations.handed) == 1
 
 
 async def test_a_key_given_twice_in_json_text_is_refused(ledger_url: str) -> None:
