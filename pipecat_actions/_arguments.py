@@ -11,7 +11,10 @@ provider, or when the first call arrives:
 * Every other parameter is a plain named one whose type annotation pydantic can validate and
   describe in JSON schema (``Annotated[int, Field(ge=1)]`` keeps its constraints). A nested
   model or an enum is described inline: the tool schema has no ``$defs`` for its ``$ref`` to
-  point into; a type that refers to itself cannot be described so, and is refused.
+  point into; a type that refers to itself cannot be described so, and is refused. A
+  default must be a value of the parameter's type. A parameter named as pydantic keeps names
+  for itself (``_ref``, ``model_config``) is a field under another name with its own as the
+  alias, so it is offered, validated and passed like any other.
 * The docstring's summary (its first line and the paragraphs after it, without the ``Args:``,
   ``Returns:`` and ``Raises:`` sections) is the tool's description, and each ``Args:`` line the
   description of its parameter, as Pipecat's direct functions read them (``docstring_parser``).
@@ -29,7 +32,9 @@ from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 import docstring_parser
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from pipecat_actions.errors import ConfigurationError
 
@@ -68,7 +73,12 @@ def arguments_of(effect: Callable[..., Any], name: str, *, context: type[Any]) -
     """
     if not inspect.iscoroutinefunction(effect):
         raise ConfigurationError(f"action {name}: the effect must be an async function")
-    parameters = list(inspect.signature(effect).parameters.values())
+    try:
+        parameters = list(inspect.signature(effect).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"action {name}: the effect's parameters cannot be read: {_first_line(exc)}"
+        ) from None
     if not parameters:
         raise ConfigurationError(
             f"action {name}: the effect takes no parameters; its first parameter receives the "
@@ -88,8 +98,9 @@ def arguments_of(effect: Callable[..., Any], name: str, *, context: type[Any]) -
                 f"action {name}: parameter {parameter.name} needs a type annotation"
             )
         default = ... if parameter.default is parameter.empty else parameter.default
-        fields[parameter.name] = (hint, default)
-        _check_field(name, parameter.name, hint, default)
+        field = _field(len(fields), parameter.name, hint, default)
+        _check_field(name, parameter.name, field)
+        fields.update(field)
     try:
         model: type[BaseModel] = create_model(f"{name}_arguments", __config__=_CONFIG, **fields)
         argument_schema(model, {})
@@ -100,10 +111,11 @@ def arguments_of(effect: Callable[..., Any], name: str, *, context: type[Any]) -
             f"action {name}: its arguments cannot be validated and described together: "
             f"{_first_line(exc)}"
         ) from None
+    named = {parameter.name for parameter in parameters[1:]}
     descriptions = {
         param.arg_name: " ".join(param.description.split())
         for param in docstring.params
-        if param.arg_name in fields and param.description
+        if param.arg_name in named and param.description
     }
     summary = (docstring.description or "").strip() or None
     return Arguments(model=model, summary=summary, descriptions=descriptions)
@@ -186,11 +198,28 @@ def _empty() -> None:
     """Lends its code object to `_resolved`'s probe."""
 
 
-def _check_field(name: str, parameter: str, hint: Any, default: Any) -> None:
-    """Refuse a parameter whose type pydantic cannot validate or describe (it is named)."""
+def _field(index: int, parameter: str, hint: Any, default: Any) -> dict[str, Any]:
+    """The model field of one parameter, under its own name where pydantic allows it.
+
+    pydantic keeps names starting with ``_`` as private attributes (never validated nor
+    offered to the LLM) and takes ``model_config`` and its own methods' names for itself: such
+    a parameter is a field under another name, with its own as the alias (validated and
+    dumped by alias, so the effect gets it under its own name).
+    """
+    if parameter.startswith(("_", "model_")) or hasattr(BaseModel, parameter):
+        return {f"argument_{index}": (hint, Field(default, alias=parameter))}
+    return {parameter: (hint, default)}
+
+
+def _check_field(name: str, parameter: str, field: dict[str, Any]) -> None:
+    """Refuse a parameter pydantic cannot validate or describe, or with a default of another type.
+
+    A default that is not a value of its type would be handed to the effect whenever the LLM
+    leaves the argument out. The message names the action and the parameter.
+    """
+    ((hint, default),) = field.values()
     try:
-        fields: dict[str, Any] = {parameter: (hint, default)}
-        probe = create_model(f"{name}_{parameter}", __config__=_CONFIG, **fields)
+        probe = create_model(f"{name}_{parameter}", __config__=_CONFIG, **field)
         argument_schema(probe, {})
     except ConfigurationError as exc:
         raise ConfigurationError(f"action {name}: parameter {parameter}: {exc}") from None
@@ -200,6 +229,26 @@ def _check_field(name: str, parameter: str, hint: Any, default: Any) -> None:
             f"action {name}: parameter {parameter} has a type the argument validator cannot "
             f"handle ({shown}): {_first_line(exc)}"
         ) from None
+    value = default.default if isinstance(default, FieldInfo) else default
+    if value is ... or value is PydanticUndefined:
+        return
+    try:
+        TypeAdapter(hint).validate_python(value)
+    except ValidationError as exc:
+        message = exc.errors(include_url=False)[0]["msg"] if exc.error_count() else str(exc)
+        raise ConfigurationError(
+            f"action {name}: parameter {parameter}: its default {_shown_default(value)} is not "
+            f"a value of its type ({message}); give it a default of its type, or make the "
+            "type optional"
+        ) from None
+
+
+def _shown_default(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = type(value).__name__
+    return text if len(text) <= 40 else f"{text[:40]}…"
 
 
 def _resolve(node: Any, defs: Mapping[str, Any], seen: frozenset[str]) -> Any:

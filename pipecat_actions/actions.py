@@ -65,7 +65,7 @@ from pydantic import (
 )
 
 from pipecat_actions._arguments import argument_schema, arguments_of
-from pipecat_actions.errors import PipecatActionsError
+from pipecat_actions.errors import ConfigurationError, PipecatActionsError
 from pipecat_actions.ledger.records import Operation
 from pipecat_actions.policy import ToolPolicy
 
@@ -344,14 +344,26 @@ def action(
         preconditions: Domain checks before admission.
 
     Raises:
-        ConfigurationError: The effect is not ``async``; its first parameter cannot take the
+        ConfigurationError: The effect is not an ``async`` function, or has no name (a
+            ``functools.partial``) and none is given; its first parameter cannot take the
             `ActionContext` (it is annotated as a tool argument, or missing); or a parameter
-            has no type annotation, or one the argument validator cannot handle or describe
-            to the LLM. One line, naming the action and the parameter.
+            has no type annotation, one the argument validator cannot handle or describe
+            to the LLM, or a default that is not a value of its type. One line, naming the
+            action and the parameter.
     """
 
     def build(effect: Effect) -> ActionDefinition:
-        tool = name or effect.__name__
+        given = name or getattr(effect, "__name__", None)
+        if not callable(effect):
+            raise ConfigurationError(
+                f"action: @action takes an async function, not {type(effect).__name__}"
+            )
+        if not isinstance(given, str) or not given:
+            raise ConfigurationError(
+                f"action: the effect ({type(effect).__name__}) has no name of its own; "
+                "give the tool one: action(effect, name=...)"
+            )
+        tool = given
         arguments = arguments_of(effect, tool, context=ActionContext)
         return ActionDefinition(
             name=tool,

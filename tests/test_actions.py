@@ -7,6 +7,7 @@ describes its parameter.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from enum import StrEnum
@@ -18,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, ConfigurationError, action
 from pipecat_actions.policy import load_policy_text
+from pipecat_actions.session import SessionState
 
 
 def _refusal(effect: Callable[..., Any]) -> str:
@@ -142,6 +144,75 @@ def test_a_parameter_type_the_validator_cannot_handle_is_refused_at_decoration_n
     message = _refusal(effect)
     assert message.startswith(f"action {effect.__name__}: ")
     assert f"parameter {parameter}" in message
+
+
+def test_a_default_that_is_not_a_value_of_its_type_is_refused_at_decoration_naming_it() -> None:
+    async def book(ctx: ActionContext, party_size: int = "two") -> dict[str, Any]:  # type: ignore[assignment]
+        return {}
+
+    message = _refusal(book)
+    assert message.startswith("action book: parameter party_size: its default 'two'")
+
+
+def test_defaults_of_their_type_are_accepted_an_enum_as_its_value_too() -> None:
+    async def book(
+        ctx: ActionContext,
+        seating: Seating = "terrace",  # type: ignore[assignment]
+        note: str | None = None,
+        size: Annotated[int, Field(ge=1)] = 2,
+        tags: list[str] = [],  # noqa: B006
+    ) -> dict[str, Any]:
+        return {}
+
+    assert set(action(book).json_schema()["properties"]) == {"seating", "note", "size", "tags"}
+
+
+def test_what_is_not_a_named_async_function_is_refused_in_one_line() -> None:
+    async def book(ctx: ActionContext, party_size: int) -> dict[str, Any]:
+        return {}
+
+    assert "not int" in _refusal(42)  # type: ignore[arg-type]
+    assert "action(effect, name=...)" in _refusal(functools.partial(book))
+    assert action(functools.partial(book), name="book").name == "book"
+
+
+async def test_parameters_named_like_pydantics_own_are_offered_checked_and_passed(
+    tmp_path: Path,
+) -> None:
+    handed: list[dict[str, Any]] = []
+
+    # pydantic keeps _names as private attributes and model_config for itself.
+    @action
+    async def note(
+        ctx: ActionContext, _ref: int, model_config: str, json: str = "x"
+    ) -> dict[str, Any]:
+        """Add a note."""
+        handed.append({"_ref": _ref, "model_config": model_config, "json": json})
+        return {}
+
+    assert set(note.json_schema()["properties"]) == {"_ref", "model_config", "json"}
+    runtime = await ActionRuntime.create(
+        load_policy_text("version: 1\ntools:\n  note:\n    kind: mutation\n"),
+        authorizer=AllowAll(),
+        actions=[note],
+        ledger_url=f"sqlite:///{tmp_path}/l.db",
+    )
+    try:
+        done = await runtime.propose(
+            "note", {"_ref": 7, "model_config": "a"}, SessionState("s", principal="alice")
+        )
+        refused = await runtime.propose(
+            "note", {"_ref": "7", "model_config": "a"}, SessionState("t", principal="alice")
+        )
+        unknown = await runtime.propose(
+            "note", {"_ref": 7, "model_config": "a", "x": 1}, SessionState("u", principal="a")
+        )
+    finally:
+        await runtime.close()
+    assert done["status"] == "committed", done
+    assert (refused["reason"], unknown["reason"]) == ("invalid_arguments", "invalid_arguments")
+    assert "_ref" in refused["message"]
+    assert handed == [{"_ref": 7, "model_config": "a", "json": "x"}]
 
 
 class Seating(StrEnum):

@@ -14,7 +14,12 @@ Pipecat service parsed from that text. Either way they are judged as JSON, in tw
    ``float``; text for text; and, as JSON has no type of its own for them, a date, time,
    datetime, UUID, decimal or enum from its JSON text or number (``"2026-12-03"``). A tool
    whose policy sets ``coerce_arguments: true`` gets pydantic's lax conversions instead
-   (``"2"`` and ``2.0`` become ``2``). The validated arguments are stored in their JSON form.
+   (``"2"`` and ``2.0`` become ``2``). Either way a boolean never becomes a number nor a
+   number a boolean (pydantic reads ``true`` as the ``1`` of a ``Literal[1]`` or an
+   ``IntEnum`` even when strict), an unknown key is refused at every depth (nested models
+   included, whatever their own ``extra``), a key given twice in JSON text is refused, and
+   so is a decimal of more than `MAX_INT_DIGITS` digits or an exponent that large.
+   The validated arguments are stored in their JSON form.
 
 Every problem is told in one line that names where it is (``preferences.seats[2]``); what the
 model supplied (keys, values, a parser's complaint) is quoted bounded and escaped
@@ -36,6 +41,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from pydantic import ValidationError
@@ -127,13 +133,29 @@ def validate_arguments(
         an application's own handler, only what the model sent), or why they are refused.
     """
     try:
+        # A closed argument model is closed at every depth: extra="forbid" reaches nested
+        # models too, whatever their own config says, so an unknown key is refused, never
+        # silently dropped. An open one (a handler that takes any key) keeps its own rules.
+        closed = action.args_model.model_config.get("extra") == "forbid"
         model = action.args_model.model_validate_json(
-            json.dumps(arguments, allow_nan=False), strict=not coerce
+            json.dumps(arguments, allow_nan=False),
+            strict=not coerce,
+            extra="forbid" if closed else None,
         )
         validated = model.model_dump(mode="json", by_alias=True, exclude_unset=action.app_handler)
-        canonical_json(validated)  # what cannot be stored or hashed is refused here
+        oversized = _oversized_decimal(model.model_dump(by_alias=True))
     except ValidationError as exc:
         return Invalid("invalid_arguments", _describe(exc))
+    except (ValueError, TypeError, RecursionError):
+        return _invalid("arguments: they hold values that are not plain data")
+    # A lax conversion can make NaN from text ("NaN" for a nested model's float).
+    problem = (
+        oversized or json_problem(validated) or _changed_kind(arguments, validated, coerce=coerce)
+    )
+    if problem:
+        return _invalid(problem)
+    try:
+        canonical_json(validated)  # what cannot be stored or hashed is refused here
     except (ValueError, TypeError, RecursionError):
         return _invalid("arguments: they hold values that are not plain data")
     return validated
@@ -178,9 +200,82 @@ def json_problem(value: Any) -> str | None:
     return None
 
 
+def _changed_kind(sent: Any, validated: Any, *, coerce: bool) -> str | None:
+    """Where validation made a number of a boolean (or the reverse), as ``where: what``.
+
+    Pydantic's strict mode still reads ``true`` and ``1.0`` as the ``1`` of a ``Literal[1]``
+    or an ``IntEnum``, and its lax mode reads ``true`` as ``1`` and ``1`` as ``true``. Neither
+    is what the model meant: a boolean is never a number here, nor a number a boolean, and,
+    unless the policy asks for coercion, a number with a fraction part never a whole one. The
+    two are walked side by side (keys of both objects; arrays of the same length).
+    """
+    stack: list[tuple[Any, Any, tuple[str | int, ...]]] = [(sent, validated, ())]
+    while stack:
+        given, made, path = stack.pop()
+        if isinstance(given, dict) and isinstance(made, dict):
+            stack.extend((given[k], made[k], (*path, k)) for k in given if k in made)
+        elif isinstance(given, list) and isinstance(made, list) and len(given) == len(made):
+            pairs = enumerate(zip(given, made, strict=True))
+            stack.extend((g, m, (*path, i)) for i, (g, m) in pairs)
+        elif isinstance(given, bool) and not isinstance(made, bool | str):
+            if isinstance(made, int | float):
+                return f"{_where(path)}: a boolean is not a number, got {_json_type(given)}"
+        elif isinstance(made, bool) and not isinstance(given, bool) and _is_number(given):
+            return f"{_where(path)}: a number is not a boolean, got {_json_type(given)}"
+        elif not coerce and isinstance(given, float) and _is_number(made) and isinstance(made, int):
+            return f"{_where(path)}: Input should be a whole number, got {_json_type(given)}"
+    return None
+
+
+def _oversized_decimal(value: Any) -> str | None:
+    """Where a decimal has more digits, or a larger exponent, than a whole number may have digits.
+
+    Read from JSON text, ``"1e999999999"`` is a finite decimal, and would take all memory
+    made into an int.
+    """
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, Decimal) and item.is_finite():
+            if (
+                len(item.as_tuple().digits) > MAX_INT_DIGITS
+                or abs(item.adjusted()) > MAX_INT_DIGITS
+            ):
+                return f"{_where(path)}: a number of more than {MAX_INT_DIGITS} digits"
+        elif isinstance(item, Mapping):
+            stack.extend((child, (*path, key)) for key, child in item.items())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend((child, (*path, i)) for i, child in enumerate(item))
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object of JSON text; a key given twice is refused (which one did the model mean?)."""
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return result
+
+
 def _parse(text: str) -> dict[str, Any] | Invalid:
     try:
-        parsed = json.loads(text)
+        parsed = json.loads(text, object_pairs_hook=_object)
+    except _DuplicateKey as exc:
+        return _invalid(f"arguments: the key {_shown(exc.key)} is given twice")
     except json.JSONDecodeError as exc:
         return _invalid(f"arguments: they are not valid JSON ({bounded(exc.msg, 80)})")
     except RecursionError:

@@ -6,12 +6,14 @@ reads out a number before any tool is called; a model writes a card number into 
 * **cards**: 13 to 19 digits that pass the Luhn check, run together or separated by spaces
   (also no-break and thin spaces) or dashes anywhere, or written in groups of four (Amex
   4-6-5) joined by one repeated ``.``, ``/`` or ``_`` (``5105.1051.0510.5100``);
-* **phones in international form** (``+44 20 7946 0958``), up to the number's own end: a
+* **phones in international form** (``+44 20 7946 0958``, or ``0044 20 7946 0958`` with the
+  ``00`` dialled for the ``+``), up to the number's own end: a
   group after a space is part of it only while the digits so far are fewer than 11 (every
   country's numbers but a few short ones have at least 11 with the country code), so the
   ``2`` of ``+44 20 7946 0958 2 guests`` stays;
-* **phones in national form**: ``(415) 555-0199``, ``415-555-0199``, ``415.555.0199``, and a
-  trunk ``0`` with groups (``07700 900123``, ``020 7946 0958``) of 10 or 11 digits in all.
+* **phones in national form**: ``(415) 555-0199``, ``415-555-0199``, ``415.555.0199``,
+  ``415 555 0199``, ``1-800-555-0199``, and a trunk ``0`` with groups (``07700 900123``,
+  ``020 7946 0958``, ``07700.900.123``) of 10 or 11 digits in all.
 
 Digits of other scripts (fullwidth digits, Arabic-Indic ones) count as the digits they are.
 Every pattern is bounded and linear; a number never starts inside a word or a longer number.
@@ -40,11 +42,15 @@ _GROUPED_CARD = re.compile(
 version number, whose groups are not four digits each."""
 
 _PHONE = re.compile(r"\+(?<![\w+]\+)[1-9](?:[ \-.()\u00a0]{0,2}\d){7,14}(?!\d)")
+_IDD_PHONE = re.compile(r"0(?<![\w+.,:\-/]0)0[1-9](?:[ \-.()\u00a0]{0,2}\d){7,14}(?!\d)")
+"""An international number dialled with ``00`` for the ``+`` (``0044 20 7946 0958``), never
+``00`` inside a longer number, a decimal or a time."""
 _NATIONAL_PHONE = re.compile(
     r"[(\d](?<![\w+\-./][(\d])"
     r"(?:(?<=\()\d{3}\)[ \-.\u00a0]?\d{3}[ \-.\u00a0]\d{4}"
-    r"|(?<=\d)\d{2}[\-.]\d{3}[\-.]\d{4}"
-    r"|(?<=0)\d{2,4}[ \-\u00a0]\d{3,6}(?:[ \-\u00a0]\d{3,4})?)"
+    r"|(?<=\d)\d{2}(?P<us>[ \-.\u00a0])\d{3}(?P=us)\d{4}"
+    r"|(?<=1)(?P<nanp>[ \-.\u00a0])\d{3}(?P=nanp)\d{3}(?P=nanp)\d{4}"
+    r"|(?<=0)\d{2,4}[ \-.\u00a0]\d{3,6}(?:[ \-.\u00a0]\d{3,4})?)"
     r"(?!\w|[\-./]\d)"
 )
 """Each pattern starts with what a number starts with, the look-behind after it, so that the
@@ -68,6 +74,8 @@ def number_spans(text: str) -> list[tuple[int, int]]:
             spans += [m.span() for m in _GROUPED_CARD.finditer(text) if _luhn(_digits(m.group()))]
     if "+" in text:
         spans += [_phone_span(m) for m in _PHONE.finditer(text)]
+    if "00" in text:
+        spans += [_phone_span(m) for m in _IDD_PHONE.finditer(text)]
     if digits >= 10:
         spans += [m.span() for m in _NATIONAL_PHONE.finditer(text) if _national(m.group())]
     return _merged(spans)
@@ -118,8 +126,8 @@ def _card_span(match: re.Match[str]) -> tuple[int, int] | None:
 
 def _phone_span(match: re.Match[str]) -> tuple[int, int]:
     """The international number of ``match``, ending where a complete number meets a space."""
-    count = 0
     text = match.group()
+    count = -2 if text.startswith("00") else 0  # the 00 stands for the +: not the number's
     for index, char in enumerate(text):
         if char.isdigit():
             count += 1

@@ -343,6 +343,13 @@ def test_card_numbers_in_other_notations_are_masked(card: str) -> None:
         "0161-496-0000",
         "+44 7700 900123",
         "+1 (415) 555-0199",
+        "415 555 0199",
+        "1-800-555-0199",
+        "07700.900.123",
+        "0044 20 7946 0958",
+        "0044 (0) 20 7946 0958",
+        "00447700900123",
+        "0033 1 23 45 67 89",
     ],
 )
 def test_phone_numbers_in_national_and_international_form_are_masked(phone: str) -> None:
@@ -356,6 +363,10 @@ def test_phone_numbers_in_national_and_international_form_are_masked(phone: str)
         ("+1 415 555 0199 and 3 more", f"{MASK} and 3 more"),
         ("+33612345678 12 people", f"{MASK} 12 people"),
         ("+86 138 0013 8000 at 9", f"{MASK} at 9"),
+        ("0044 20 7946 0958 2 guests", f"{MASK} 2 guests"),
+        ("0044 20 7946 0958, 0044 20 7946 0959", f"{MASK}, {MASK}"),
+        ("415 555 0199 415 555 0142", f"{MASK} {MASK}"),
+        ("07700.900.123, 07700.900.456", f"{MASK}, {MASK}"),
     ],
 )
 def test_an_international_number_is_masked_to_its_own_end_not_into_the_next(
@@ -374,6 +385,9 @@ def test_an_international_number_is_masked_to_its_own_end_not_into_the_next(
         "took 0.123 s for 1234 frames",
         "order 1234.5678 of 12",
         "4111.1111.1111.1112",  # grouped but fails Luhn
+        "at 00:00:00 12345678 frames",
+        "2026-12-04T20:55:00 1234567",
+        "ratio 1.00123456789",
     ],
 )
 def test_decimals_versions_addresses_and_dates_are_not_numbers_to_mask(text: str) -> None:

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import decimal
 import itertools
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -43,9 +44,18 @@ class Colour(StrEnum):
     BLUE = "blue"
 
 
+class Level(IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
 class Seat(BaseModel):
     row: int
     window: bool = False
+
+
+class Gauge(BaseModel):
+    ratio: float  # a user's model: pydantic allows NaN in it by default
 
 
 VALID: dict[str, Any] = {
@@ -97,11 +107,26 @@ class Reservations:
             handed.append(dict(ctx.args))
             return {"stored": True}
 
-        return [reserve, store]
+        @action
+        async def choose(
+            ctx: ActionContext,
+            size: Literal[1, 2],
+            level: Level,
+            seats: list[Seat],
+            amount: decimal.Decimal | None = None,
+        ) -> dict[str, Any]:
+            """Choose a size, a level and seats."""
+            handed.append(dict(ctx.args))
+            return {"chosen": True}
+
+        return [reserve, store, choose]
 
 
 TOOLS = """
   reserve:
+    kind: mutation
+    on_duplicate: allow
+  choose:
     kind: mutation
     on_duplicate: allow
   store:
@@ -188,6 +213,115 @@ async def test_a_value_of_another_json_type_is_refused_and_nothing_runs(
             await assert_refusal_audited(runtime, result, "invalid_arguments")
             assert next(iter(change)) in result["message"]
         assert reservations.handed == []
+
+
+CHOICE: dict[str, Any] = {"size": 1, "level": 2, "seats": [{"row": 1}]}
+MISCHOSEN = {
+    "true for a whole-number literal": {"size": True},
+    "1.0 for a whole-number literal": {"size": 1.0},
+    "true for an int enum": {"level": True},
+    "2.0 for an int enum": {"level": 2.0},
+    "unknown key in a nested model": {"seats": [{"row": 1}, {"row": 2, "vip": True}]},
+}
+
+
+@pytest.mark.parametrize("change", list(MISCHOSEN.values()), ids=list(MISCHOSEN))
+async def test_literals_enums_and_nested_models_are_as_strict_as_plain_types(
+    ledger_url: str, change: dict[str, Any]
+) -> None:
+    async with running(ledger_url) as (runtime, reservations):
+        for number, arguments in enumerate(_forms({**CHOICE, **change})):
+            result = await runtime.propose(
+                "choose", arguments, SessionState(f"s{number}", principal="alice")
+            )
+
+            await assert_refusal_audited(runtime, result, "invalid_arguments")
+            assert next(iter(change)) in result["message"], result
+        assert reservations.handed == []
+
+
+@pytest.mark.parametrize(
+    "amount", ["1" * 4301, "1e999999999", "1e-999999"], ids=["digits", "exponent", "tiny"]
+)
+async def test_a_decimal_of_more_than_4300_digits_or_such_an_exponent_is_refused(
+    ledger_url: str, amount: str
+) -> None:
+    async with running(ledger_url) as (runtime, reservations):
+        kept = await runtime.propose(
+            "choose", {**CHOICE, "amount": "12.50"}, SessionState("ok", principal="alice")
+        )
+        result = await runtime.propose(
+            "choose", {**CHOICE, "amount": amount}, SessionState("s", principal="alice")
+        )
+
+        assert kept["status"] == "committed", kept
+        await assert_refusal_audited(runtime, result, "invalid_arguments")
+        assert "amount: a number of more than 4300 digits" in result["message"], result
+        assert len(reservations.handed) == 1
+
+
+async def test_a_key_given_twice_in_json_text_is_refused(ledger_url: str) -> None:
+    async with running(ledger_url) as (runtime, reservations):
+        result = await runtime.propose(
+            "choose",
+            '{"size": 1, "level": 1, "seats": [{"row": 1, "row": 9}]}',
+            SessionState("s", principal="alice"),
+        )
+
+        await assert_refusal_audited(runtime, result, "invalid_arguments")
+        assert "'row' is given twice" in result["message"], result
+        assert reservations.handed == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"party_size": True}, {"deposit": False}, {"accessible": 1}, {"seat": {"row": True}}],
+    ids=["true for int", "false for float", "1 for bool", "true for a nested int"],
+)
+async def test_coercion_never_makes_a_number_of_a_boolean_or_the_reverse(
+    ledger_url: str, change: dict[str, Any]
+) -> None:
+    async with running(ledger_url, COERCING) as (runtime, reservations):
+        result = await runtime.propose(
+            "reserve", {**VALID, **change}, SessionState("s", principal="alice")
+        )
+
+        await assert_refusal_audited(runtime, result, "invalid_arguments")
+        assert next(iter(change)) in result["message"], result
+        assert reservations.handed == []
+
+
+async def test_coercion_makes_no_nan_from_text_in_a_nested_model(ledger_url: str) -> None:
+    async with running(ledger_url, COERCING) as (runtime, reservations):
+        result = await runtime.propose(
+            "choose",
+            {**CHOICE, "seats": [{"row": 1, "window": False}, {"row": "2"}]},
+            SessionState("ok", principal="alice"),
+        )
+        assert result["status"] == "committed", result
+
+        @action
+        async def measure(ctx: ActionContext, gauge: Gauge) -> dict[str, Any]:
+            """Measure."""
+            reservations.handed.append(dict(ctx.args))
+            return {}
+
+        measuring = await ActionRuntime.create(
+            policy("  measure:\n    kind: mutation\n    coerce_arguments: true\n"),
+            authorizer=AllowAll(),
+            actions=[measure],
+            ledger_url=ledger_url,
+            clock=ManualClock(),
+        )
+        try:
+            refused = await measuring.propose(
+                "measure", {"gauge": {"ratio": "NaN"}}, SessionState("x", principal="alice")
+            )
+            await assert_refusal_audited(measuring, refused, "invalid_arguments")
+            assert "gauge.ratio" in refused["message"] and "finite" in refused["message"]
+        finally:
+            await measuring.close(grace_secs=0)
+        assert len(reservations.handed) == 1
 
 
 async def test_a_missing_required_argument_is_refused(ledger_url: str) -> None:
