@@ -195,18 +195,37 @@ def check_decision(
     return who
 
 
+_LOOK_ALIKES = str.maketrans(
+    # Cyrillic, Greek and Latin letters drawn as a Latin letter is (after NFKC, before casefold):
+    # "\u0440\u043e\u0455\u0430" reads "rosa" on any screen. Approver names are ASCII
+    # (`check_approver_name`), so only a principal can hold them.
+    "\u0430\u0435\u043e\u0440\u0441\u0443\u0445\u0455\u0456\u0458\u04bb\u0501\u051b\u051d\u04cf"
+    "\u0410\u0412\u0415\u041a\u041c\u041d\u041e\u0420\u0421\u0422\u0425\u0423\u0405\u0406\u0408"
+    "\u051a\u051c\u04c0"
+    "\u03b1\u03bf\u03c1\u03bd\u03b9\u03ba\u03c5\u03c7\u03f2"
+    "\u0391\u0392\u0395\u0396\u0397\u0399\u039a\u039c\u039d\u039f\u03a1\u03a4\u03a5\u03a7"
+    "\u0131\u0269\u0261",
+    "aeopcyxsijhdqwlABEKMHOPCTXYSIJQWIaopvikuxcABEZHIKMNOPTYXiig",
+)
+_INVISIBLE = frozenset({"Cf", "Mn", "Me"})
+"""Format characters (zero-width, bidi marks) and combining marks left over after NFKC (one
+that composes with the letter before it is part of that letter by then)."""
+
+
 def same_person(name: str, principal: str) -> bool:
     """Whether an approver's ``name`` is the request's ``principal``.
 
     Compared as people would read them: without regard to case, Unicode compatibility forms
-    (NFKC), invisible format characters (zero-width, bidi marks) or surrounding whitespace,
-    so ``"rosa "`` or ``"ro\u200bsa"`` as a principal is still rosa.
+    (NFKC), invisible format characters (zero-width, bidi marks), combining marks left over,
+    letters of another script drawn as a Latin one (Cyrillic o, Greek alpha) or surrounding
+    whitespace, so ``"rosa "``, ``"ro\u200bsa"`` or ``"r\u043esa"`` as a principal is still
+    rosa. It errs towards "the same": a refusal sends the request to another approver.
     """
 
     def plain(text: str) -> str:
         folded = unicodedata.normalize("NFKC", text)
-        visible = "".join(c for c in folded if unicodedata.category(c) != "Cf")
-        return visible.strip().casefold()
+        visible = "".join(c for c in folded if unicodedata.category(c) not in _INVISIBLE)
+        return visible.translate(_LOOK_ALIKES).strip().casefold()
 
     return plain(name) == plain(principal)
 

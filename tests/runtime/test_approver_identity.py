@@ -228,7 +228,20 @@ async def test_an_expired_request_expires_whatever_the_refused_decision_got_wron
         assert (await rt.ledger.get(op_id)).status is S.EXPIRED
 
 
-@pytest.mark.parametrize("principal", ["rosa ", " ROSA", "ro\u200bsa", "\uff52osa"])
+@pytest.mark.parametrize(
+    "principal",
+    [
+        "rosa ",
+        " ROSA",
+        "ro\u200bsa",
+        "\uff52osa",  # fullwidth r
+        "r\u043esa",  # Cyrillic o
+        "r\u043e\u0455\u0430",  # Cyrillic o, dze and a: one Latin letter left
+        "R\u039fSA",  # Greek capital omicron
+        "ros\u03b1",  # Greek alpha
+        "ro\u034fsa",  # combining grapheme joiner: a mark that shows nothing
+    ],
+)
 async def test_a_requester_written_another_way_still_never_decides(
     ledger_url: str, clock: ManualClock, principal: str
 ) -> None:
