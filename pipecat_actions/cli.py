@@ -491,7 +491,11 @@ async def _approvals_read(args: argparse.Namespace, out: TextIO) -> int:
             data: Any = [operator.describe_approval(op) for op in waiting]
             render: Callable[[Any], str] = operator.render_approvals
         else:
-            data = operator.describe_approval(await ledger.get(args.operation_id))
+            from pipecat_actions.approvals import approval_rule
+
+            op = await ledger.get(args.operation_id)
+            rule = await approval_rule(ledger, op.operation_id)
+            data = operator.describe_approval(op, rule)
             render = operator.render_approval
     finally:
         await ledger.close()
