@@ -312,7 +312,14 @@ async def approve_operation(
             f"an approval names the arguments it approves: give the args hash shown with "
             f"operation {operation_id}"
         )
-    if args_hash != op.args_hash:
+    given = args_hash.strip().lower()  # hex: the same hash whatever its case
+    if given != op.args_hash and len(given) < len(op.args_hash) and op.args_hash.startswith(given):
+        raise ApprovalRefused(
+            f"an approval names the whole args hash of the arguments it approves, not the "
+            f"first {len(given)} characters: give the {len(op.args_hash)} that "
+            f"`approvals show {operation_id}` prints"
+        )
+    if given != op.args_hash:
         raise ApprovalRefused(
             f"operation {operation_id} holds other arguments than the ones approved "
             f"(args hash {op.args_hash[:12]}…, approved {args_hash[:12]}…)"
