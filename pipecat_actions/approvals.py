@@ -190,7 +190,7 @@ def check_decision(
         raise ApprovalRefused(
             f"{who.name} may not {decision} {op.tool}: its policy lets {rule.describe()} decide"
         )
-    if not isinstance(reason, str) or not reason.strip():
+    if not isinstance(reason, str) or not _shows_something(reason):
         raise ApprovalRefused(f"a decision needs a reason; none was given to {decision} it")
     return who
 
@@ -210,6 +210,19 @@ _LOOK_ALIKES = str.maketrans(
 _INVISIBLE = frozenset({"Cf", "Mn", "Me"})
 """Format characters (zero-width, bidi marks) and combining marks left over after NFKC (one
 that composes with the letter before it is part of that letter by then)."""
+
+
+_BLANK = frozenset({"Cc", "Cf", "Cs", "Cn", "Zs", "Zl", "Zp", "Mn", "Me"})
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+"""Hangul fillers and the blank braille pattern: letters and symbols that print as nothing."""
+
+
+def _shows_something(text: str) -> bool:
+    """Whether ``text`` holds a character a reader sees (a reason of zero-width spaces does not)."""
+    return any(
+        unicodedata.category(c) not in _BLANK and c not in _BLANK_LETTERS and not c.isspace()
+        for c in text
+    )
 
 
 def same_person(name: str, principal: str) -> bool:

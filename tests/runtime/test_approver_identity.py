@@ -100,6 +100,8 @@ async def test_a_named_approver_or_a_member_of_a_role_approves_and_is_recorded(
         (Approver("rosa\x1b[2J"), "fine", "not an approver name"),
         (Approver("rosa"), "", "needs a reason"),
         (Approver("rosa"), "  \n", "needs a reason"),
+        (Approver("rosa"), "\u200b\u202e\x1b", "needs a reason"),
+        (Approver("rosa"), "\u2800\u3164\u00a0", "needs a reason"),
     ],
     ids=[
         "requester",
@@ -111,6 +113,8 @@ async def test_a_named_approver_or_a_member_of_a_role_approves_and_is_recorded(
         "control-characters",
         "no-reason",
         "blank-reason",
+        "invisible-reason",
+        "blank-looking-reason",
     ],
 )
 async def test_a_decision_by_someone_the_rule_does_not_allow_is_refused_and_changes_nothing(
