@@ -235,6 +235,21 @@ def test_an_unparseable_url_says_how_to_name_a_sqlite_file(given: str) -> None:
         normalize_url(given)
 
 
+@pytest.mark.parametrize(
+    "given",
+    ["postgresql://u:s3cret@db:notaport/x", "sqlite://x:y/z.db", "postgresql://u:s3cret@[::1/x"],
+)
+def test_a_url_with_a_malformed_port_or_host_is_one_line_that_hides_the_password(
+    given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["ledger", "list", "--ledger", given])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("pipecat-actions: not a database URL: ") and err.count("\n") == 1
+    assert "sqlite:///PATH" in err
+    assert "s3cret" not in err
+
+
 # --- read commands never create a ledger ---------------------------------------------------
 
 READERS = [
