@@ -334,3 +334,16 @@ def test_a_plain_path_works_as_ledger_and_in_the_environment(
     monkeypatch.setenv("PIPECAT_ACTIONS_LEDGER_URL", str(tmp_path / "x" / "ledger.db"))
     code, out, _ = _cli(capsys, "stats")
     assert (code, out.splitlines()[0]) == (0, named)
+
+
+@pytest.mark.postgres
+def test_an_empty_postgres_database_says_which_command_creates_it_and_where_its_password_goes(
+    pg_fresh_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with_password = pg_fresh_url.replace("postgres@", "postgres:s3cret@", 1)
+    assert with_password != pg_fresh_url
+    assert main(["ledger", "list", "--ledger", with_password]) == 1
+    err = capsys.readouterr().err
+    shown = pg_fresh_url.replace("postgres@", "postgres:***@", 1).replace("+asyncpg", "")
+    assert f"run `pipecat-actions db upgrade {shown}` (its password in place of ***)" in err
+    assert "s3cret" not in err
