@@ -347,3 +347,28 @@ def test_an_empty_postgres_database_says_which_command_creates_it_and_where_its_
     shown = pg_fresh_url.replace("postgres@", "postgres:***@", 1).replace("+asyncpg", "")
     assert f"run `pipecat-actions db upgrade {shown}` (its password in place of ***)" in err
     assert "s3cret" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ledger", "list", "--limit", "99999999999999999999"],
+        ["ledger", "list", "--limit", "0"],
+        ["undelivered", "--limit", "-3"],
+        ["ledger", "list", "--since", "nan"],
+        ["ledger", "list", "--since", "-5"],
+        ["stats", "--since", "inf"],
+    ],
+    ids=" ".join,
+)
+def test_a_page_size_or_window_no_ledger_can_answer_is_a_usage_error(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert main(["db", "upgrade", url]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--ledger", url])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert err.count("\n") == 1 and f"argument {argv[-2]}" in err
