@@ -66,7 +66,7 @@ def _cursor(text: str) -> tuple[float, str]:
     """Parse a page cursor ``CREATED_AT/OPERATION_ID`` (as `_cursor_of` prints it)."""
     created_at, slash, operation_id = text.partition("/")
     try:
-        if not slash or not operation_id:
+        if not slash or not operation_id or not math.isfinite(float(created_at)):
             raise ValueError(text)
         return float(created_at), operation_id
     except ValueError:
@@ -435,8 +435,8 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
             "worker needs the application's actions: pass --app MODULE:ATTR "
             "or set PIPECAT_ACTIONS_APP"
         )
-    if args.lease_secs <= 0:
-        raise ConfigurationError("--lease-secs must be positive")
+    if not (math.isfinite(args.lease_secs) and args.lease_secs > 0):
+        raise ConfigurationError("--lease-secs must be a positive number of seconds")
     app = await operator.load_app(args.app)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

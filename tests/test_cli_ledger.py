@@ -372,3 +372,15 @@ def test_a_page_size_or_window_no_ledger_can_answer_is_a_usage_error(
     err = capsys.readouterr().err
     assert done.value.code == 2
     assert err.count("\n") == 1 and f"argument {argv[-2]}" in err
+
+
+@pytest.mark.parametrize("cursor", ["nan/op_x", "1e400/op_x", "inf/op_x"])
+def test_a_cursor_no_page_could_have_printed_is_a_usage_error(
+    cursor: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert main(["db", "upgrade", url]) == 0
+    with pytest.raises(SystemExit) as done:
+        main(["ledger", "list", "--after", cursor, "--ledger", url])
+    assert done.value.code == 2
+    assert "is not a cursor" in capsys.readouterr().err
