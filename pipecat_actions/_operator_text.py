@@ -116,12 +116,15 @@ def render_approvals(rows: list[dict[str, Any]]) -> str:
 def render_approval(data: dict[str, Any]) -> str:
     """Render one operation for its approver (`describe_approval`): fields, then arguments."""
     times = ("created_at", "expires_at")
+    blocks = ("args", "before_state")
     lines = _fields(
-        (name, when(value) if name in times else value)
+        (name, when(value) if name in times else _listed(value))
         for name, value in data.items()
-        if name != "args"
+        if name not in blocks
     )
-    return "\n".join(lines + _json_block("args", data["args"]))
+    for name in blocks:
+        lines += _json_block(name, data.get(name))
+    return "\n".join(lines)
 
 
 def render_statistics(data: dict[str, Any]) -> str:
@@ -188,6 +191,13 @@ def _fields(pairs: Iterable[tuple[str, Any]]) -> list[str]:
             shown = printable(str(value))
         lines.append(f"{name}: {shown}")
     return lines
+
+
+def _listed(value: Any) -> Any:
+    """A list of names as ``a, b`` (None when empty); any other value as it is."""
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value) or None
+    return value
 
 
 def _json_block(name: str, value: Any) -> list[str]:

@@ -190,23 +190,55 @@ def check_decision(
         raise ApprovalRefused(
             f"{who.name} may not {decision} {op.tool}: its policy lets {rule.describe()} decide"
         )
-    if not isinstance(reason, str) or not reason.strip():
+    if not isinstance(reason, str) or not _shows_something(reason):
         raise ApprovalRefused(f"a decision needs a reason; none was given to {decision} it")
     return who
+
+
+_LOOK_ALIKES = str.maketrans(
+    # Cyrillic, Greek and Latin letters drawn as a Latin letter is (after NFKC, before casefold):
+    # "\u0440\u043e\u0455\u0430" reads "rosa" on any screen. Approver names are ASCII
+    # (`check_approver_name`), so only a principal can hold them.
+    "\u0430\u0435\u043e\u0440\u0441\u0443\u0445\u0455\u0456\u0458\u04bb\u0501\u051b\u051d\u04cf"
+    "\u0410\u0412\u0415\u041a\u041c\u041d\u041e\u0420\u0421\u0422\u0425\u0423\u0405\u0406\u0408"
+    "\u051a\u051c\u04c0"
+    "\u03b1\u03bf\u03c1\u03bd\u03b9\u03ba\u03c5\u03c7\u03f2"
+    "\u0391\u0392\u0395\u0396\u0397\u0399\u039a\u039c\u039d\u039f\u03a1\u03a4\u03a5\u03a7"
+    "\u0131\u0269\u0261",
+    "aeopcyxsijhdqwlABEKMHOPCTXYSIJQWIaopvikuxcABEZHIKMNOPTYXiig",
+)
+_INVISIBLE = frozenset({"Cf", "Mn", "Me"})
+"""Format characters (zero-width, bidi marks) and combining marks left over after NFKC (one
+that composes with the letter before it is part of that letter by then)."""
+
+
+_BLANK = frozenset({"Cc", "Cf", "Cs", "Cn", "Zs", "Zl", "Zp", "Mn", "Me"})
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+"""Hangul fillers and the blank braille pattern: letters and symbols that print as nothing."""
+
+
+def _shows_something(text: str) -> bool:
+    """Whether ``text`` holds a character a reader sees (a reason of zero-width spaces does not)."""
+    return any(
+        unicodedata.category(c) not in _BLANK and c not in _BLANK_LETTERS and not c.isspace()
+        for c in text
+    )
 
 
 def same_person(name: str, principal: str) -> bool:
     """Whether an approver's ``name`` is the request's ``principal``.
 
     Compared as people would read them: without regard to case, Unicode compatibility forms
-    (NFKC), invisible format characters (zero-width, bidi marks) or surrounding whitespace,
-    so ``"rosa "`` or ``"ro\u200bsa"`` as a principal is still rosa.
+    (NFKC), invisible format characters (zero-width, bidi marks), combining marks left over,
+    letters of another script drawn as a Latin one (Cyrillic o, Greek alpha) or surrounding
+    whitespace, so ``"rosa "``, ``"ro\u200bsa"`` or ``"r\u043esa"`` as a principal is still
+    rosa. It errs towards "the same": a refusal sends the request to another approver.
     """
 
     def plain(text: str) -> str:
         folded = unicodedata.normalize("NFKC", text)
-        visible = "".join(c for c in folded if unicodedata.category(c) != "Cf")
-        return visible.strip().casefold()
+        visible = "".join(c for c in folded if unicodedata.category(c) not in _INVISIBLE)
+        return visible.translate(_LOOK_ALIKES).strip().casefold()
 
     return plain(name) == plain(principal)
 
@@ -298,7 +330,14 @@ async def approve_operation(
             f"an approval names the arguments it approves: give the args hash shown with "
             f"operation {operation_id}"
         )
-    if args_hash != op.args_hash:
+    given = args_hash.strip().lower()  # hex: the same hash whatever its case
+    if given != op.args_hash and len(given) < len(op.args_hash) and op.args_hash.startswith(given):
+        raise ApprovalRefused(
+            f"an approval names the whole args hash of the arguments it approves, not the "
+            f"first {len(given)} characters: give the {len(op.args_hash)} that "
+            f"`approvals show {operation_id}` prints"
+        )
+    if given != op.args_hash:
         raise ApprovalRefused(
             f"operation {operation_id} holds other arguments than the ones approved "
             f"(args hash {op.args_hash[:12]}…, approved {args_hash[:12]}…)"

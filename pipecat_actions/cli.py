@@ -38,6 +38,7 @@ __all__ = ["main", "run"]
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -65,7 +66,7 @@ def _cursor(text: str) -> tuple[float, str]:
     """Parse a page cursor ``CREATED_AT/OPERATION_ID`` (as `_cursor_of` prints it)."""
     created_at, slash, operation_id = text.partition("/")
     try:
-        if not slash or not operation_id:
+        if not slash or not operation_id or not math.isfinite(float(created_at)):
             raise ValueError(text)
         return float(created_at), operation_id
     except ValueError:
@@ -84,6 +85,34 @@ async def _every(ledger: Any, filters: OperationFilter) -> list[Operation]:
         if len(rows) < page.limit:
             return found
         page = replace(page, after=(rows[-1].created_at, rows[-1].operation_id))
+
+
+_MAX_LIMIT = 1_000_000
+
+
+def _limit(text: str) -> int:
+    """Parse ``--limit``: a whole number of rows, 1 to `_MAX_LIMIT`."""
+    try:
+        rows = int(text)
+    except ValueError:
+        rows = 0
+    if not 1 <= rows <= _MAX_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a page size: give 1 to {_MAX_LIMIT} rows (a full page ends "
+            "with the --after that reads the next)"
+        )
+    return rows
+
+
+def _secs(text: str) -> float:
+    """Parse ``--since``: a finite, non-negative number of seconds."""
+    try:
+        secs = float(text)
+    except ValueError:
+        secs = -1.0
+    if not (math.isfinite(secs) and secs >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return secs
 
 
 def _cursor_of(op: Operation) -> str:
@@ -164,13 +193,13 @@ def _build_parser() -> argparse.ArgumentParser:
     ledger_list.add_argument("--tool", default=None)
     ledger_list.add_argument("--principal", default=None)
     ledger_list.add_argument(
-        "--since", type=float, default=None, metavar="SECS", help="only the last SECS seconds"
+        "--since", type=_secs, default=None, metavar="SECS", help="only the last SECS seconds"
     )
     ledger_show = ledger_commands.add_parser("show", help="an operation and its audit timeline")
     ledger_show.add_argument("operation_id")
     undelivered = commands.add_parser("undelivered", help="committed, never told to anyone")
     for paged in (ledger_list, undelivered):
-        paged.add_argument("--limit", type=int, default=200, help="rows per page (default 200)")
+        paged.add_argument("--limit", type=_limit, default=200, help="rows per page (default 200)")
         paged.add_argument(
             "--after",
             type=_cursor,
@@ -180,7 +209,7 @@ def _build_parser() -> argparse.ArgumentParser:
         )
     stats = commands.add_parser("stats", help="per-tool statistics from the ledger")
     stats.add_argument(
-        "--since", type=float, default=None, metavar="SECS", help="only the last SECS seconds"
+        "--since", type=_secs, default=None, metavar="SECS", help="only the last SECS seconds"
     )
     stats.add_argument("--tool", default=None, help="only this tool")
     scenario = commands.add_parser("scenario", help="replay scenario files")
@@ -406,8 +435,8 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
             "worker needs the application's actions: pass --app MODULE:ATTR "
             "or set PIPECAT_ACTIONS_APP"
         )
-    if args.lease_secs <= 0:
-        raise ConfigurationError("--lease-secs must be positive")
+    if not (math.isfinite(args.lease_secs) and args.lease_secs > 0):
+        raise ConfigurationError("--lease-secs must be a positive number of seconds")
     app = await operator.load_app(args.app)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -491,7 +520,11 @@ async def _approvals_read(args: argparse.Namespace, out: TextIO) -> int:
             data: Any = [operator.describe_approval(op) for op in waiting]
             render: Callable[[Any], str] = operator.render_approvals
         else:
-            data = operator.describe_approval(await ledger.get(args.operation_id))
+            from pipecat_actions.approvals import approval_rule
+
+            op = await ledger.get(args.operation_id)
+            rule = await approval_rule(ledger, op.operation_id)
+            data = operator.describe_approval(op, rule)
             render = operator.render_approval
     finally:
         await ledger.close()
@@ -540,7 +573,6 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
     import time
 
     from pipecat_actions import operator
-    from pipecat_actions.errors import ConfigurationError
 
     since = None if getattr(args, "since", None) is None else time.time() - args.since
     more = None
@@ -555,8 +587,6 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
             data = await operator.timeline(ledger, args.operation_id)
             render = operator.render_timeline
         else:
-            if args.limit < 1:
-                raise ConfigurationError("--limit must be at least 1")
             if args.command == "undelivered":
                 wanted = OperationFilter(status=[ActionStatus.COMMITTED], undelivered=True)
             else:

@@ -57,6 +57,7 @@ from pipecat_actions.status import ActionStatus
 if TYPE_CHECKING:
     from pipecat_actions.actions import ActionDefinition
     from pipecat_actions.admission.authorization import Authorizer
+    from pipecat_actions.approvals import ApprovalRule
     from pipecat_actions.policy import PolicySet
 
 S = ActionStatus
@@ -89,9 +90,13 @@ def describe(op: Operation) -> dict[str, Any]:
     }
 
 
-def describe_approval(op: Operation) -> dict[str, Any]:
-    """Return what an approver decides on as plain data (times in epoch seconds)."""
-    return {
+def describe_approval(op: Operation, rule: ApprovalRule | None = None) -> dict[str, Any]:
+    """Return what an approver decides on as plain data (times in epoch seconds).
+
+    The console shows the same: the arguments and their hash, the before-state snapshot,
+    the model's rationale and, given the request's ``rule``, its risk and who may decide.
+    """
+    data: dict[str, Any] = {
         "operation_id": op.operation_id,
         "tool": op.tool,
         "status": op.status.value,
@@ -101,7 +106,14 @@ def describe_approval(op: Operation) -> dict[str, Any]:
         "args_hash": op.args_hash,
         "created_at": op.created_at,
         "expires_at": op.deadline_at,
+        "rationale": op.rationale,
+        "before_state": op.before_state,
     }
+    if rule is not None:
+        data["risk"] = rule.risk
+        data["approvers"] = list(rule.approvers)
+        data["approver_roles"] = list(rule.roles)
+    return data
 
 
 async def list_operations(ledger: Ledger, filters: OperationFilter) -> list[dict[str, Any]]:

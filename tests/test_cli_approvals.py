@@ -202,6 +202,24 @@ async def test_approval_for_other_arguments_is_refused_and_nothing_runs(
     assert refunds == []
 
 
+async def test_an_approval_naming_the_hash_as_the_table_shortens_it_says_to_give_all_of_it(
+    waiting: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runtime, url, operation_id, _, _ = waiting
+    args_hash = (await runtime.ledger.get(operation_id)).args_hash
+    code, _, err = await _decide(
+        capsys, "approve", operation_id, url, "ok", "--args-hash", args_hash[:12]
+    )
+    assert code == 1
+    assert "the whole args hash" in err
+    assert (await runtime.ledger.get(operation_id)).status is ActionStatus.AWAITING_APPROVAL
+    code, out, err = await _decide(
+        capsys, "approve", operation_id, url, "ok", "--args-hash", args_hash.upper()
+    )
+    assert code == 0, err
+    assert "ADMITTED" in out
+
+
 async def test_rejection_from_the_cli_is_final_and_nothing_runs(
     waiting: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -235,6 +235,21 @@ def test_an_unparseable_url_says_how_to_name_a_sqlite_file(given: str) -> None:
         normalize_url(given)
 
 
+@pytest.mark.parametrize(
+    "given",
+    ["postgresql://u:s3cret@db:notaport/x", "sqlite://x:y/z.db", "postgresql://u:s3cret@[::1/x"],
+)
+def test_a_url_with_a_malformed_port_or_host_is_one_line_that_hides_the_password(
+    given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["ledger", "list", "--ledger", given])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("pipecat-actions: not a database URL: ") and err.count("\n") == 1
+    assert "sqlite:///PATH" in err
+    assert "s3cret" not in err
+
+
 # --- read commands never create a ledger ---------------------------------------------------
 
 READERS = [
@@ -319,3 +334,53 @@ def test_a_plain_path_works_as_ledger_and_in_the_environment(
     monkeypatch.setenv("PIPECAT_ACTIONS_LEDGER_URL", str(tmp_path / "x" / "ledger.db"))
     code, out, _ = _cli(capsys, "stats")
     assert (code, out.splitlines()[0]) == (0, named)
+
+
+@pytest.mark.postgres
+def test_an_empty_postgres_database_says_which_command_creates_it_and_where_its_password_goes(
+    pg_fresh_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with_password = pg_fresh_url.replace("postgres@", "postgres:s3cret@", 1)
+    assert with_password != pg_fresh_url
+    assert main(["ledger", "list", "--ledger", with_password]) == 1
+    err = capsys.readouterr().err
+    shown = pg_fresh_url.replace("postgres@", "postgres:***@", 1).replace("+asyncpg", "")
+    assert f"run `pipecat-actions db upgrade {shown}` (its password in place of ***)" in err
+    assert "s3cret" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ledger", "list", "--limit", "99999999999999999999"],
+        ["ledger", "list", "--limit", "0"],
+        ["undelivered", "--limit", "-3"],
+        ["ledger", "list", "--since", "nan"],
+        ["ledger", "list", "--since", "-5"],
+        ["stats", "--since", "inf"],
+    ],
+    ids=" ".join,
+)
+def test_a_page_size_or_window_no_ledger_can_answer_is_a_usage_error(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert main(["db", "upgrade", url]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--ledger", url])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert err.count("\n") == 1 and f"argument {argv[-2]}" in err
+
+
+@pytest.mark.parametrize("cursor", ["nan/op_x", "1e400/op_x", "inf/op_x"])
+def test_a_cursor_no_page_could_have_printed_is_a_usage_error(
+    cursor: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert main(["db", "upgrade", url]) == 0
+    with pytest.raises(SystemExit) as done:
+        main(["ledger", "list", "--after", cursor, "--ledger", url])
+    assert done.value.code == 2
+    assert "is not a cursor" in capsys.readouterr().err

@@ -339,3 +339,43 @@ def test_a_usage_error_quotes_what_was_typed_escaped(capsys: pytest.CaptureFixtu
     assert done.value.code == 2
     assert "\x1b" not in err and "\x07" not in err
     assert r"\x1b]0;TITLE\x07" in err
+
+
+def test_approvals_show_prints_what_the_approver_decides_on_as_the_console_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+
+    async def ask() -> str:
+        async with await SqlLedger.create(url) as ledger:
+            asked = _new(
+                "refund",
+                "alice",
+                "k1",
+                status=S.AWAITING_APPROVAL,
+                deadline_at=time.time() + 600,
+                rationale=f"the guest{TITLE} asked",
+                before_state={"balance_cents": 2500, "note": RLO},
+                detail={"approval": {"approvers": ["bob"], "roles": ["manager"], "risk": "high"}},
+            )
+            return (await ledger.admit(asked)).operation.operation_id
+
+    operation_id = asyncio.run(ask())
+    code, out, err = _cli(capsys, "approvals", "show", operation_id, "--ledger", url)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "rationale: the guest\\x1b]0;owned\\x07 asked" in lines
+    assert "risk: high" in lines
+    assert "approvers: bob" in lines
+    assert "approver_roles: manager" in lines
+    before = lines.index("before_state:")
+    assert '    "balance_cents": 2500,' in lines[before + 1 : before + 4]
+    assert not _obeyable(out)
+    code, out, _ = _cli(capsys, "approvals", "show", operation_id, "--ledger", url, "--json")
+    shown = json.loads(out)
+    assert shown["before_state"] == {"balance_cents": 2500, "note": RLO}
+    assert (shown["risk"], shown["approvers"], shown["approver_roles"]) == (
+        "high",
+        ["bob"],
+        ["manager"],
+    )

@@ -195,6 +195,19 @@ async def test_the_worker_command_without_an_app_says_what_it_needs(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("lease", ["nan", "inf", "0"])
+async def test_the_worker_command_refuses_a_lease_that_is_not_a_positive_number(
+    lease: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    argv = ["worker", "--app", "tests._worker_app:app", "--ledger", url, "--once"]
+    code = await asyncio.to_thread(main, [*argv, "--lease-secs", lease])
+    _, err = capsys.readouterr()
+    assert code == 1
+    assert err == "pipecat-actions: --lease-secs must be a positive number of seconds\n"
+    assert not (tmp_path / "ledger.db").exists()
+
+
 async def test_the_worker_process_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     import signal
     import sys

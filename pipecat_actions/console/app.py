@@ -44,7 +44,7 @@ from pipecat_actions.approvals import (
     reject_operation,
 )
 from pipecat_actions.console.users import Credentials, Operator, UsersFileError
-from pipecat_actions.errors import PipecatActionsError
+from pipecat_actions.errors import OperationNotFound, PipecatActionsError
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
 from pipecat_actions.policy.fields import check_approver_name
 from pipecat_actions.status import ActionStatus
@@ -425,7 +425,13 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
         request.session["flash"] = {"kind": kind, "text": text}
 
     def page(
-        request: Request, name: str, who: Identity | None, *, whole: bool = True, **values: Any
+        request: Request,
+        name: str,
+        who: Identity | None,
+        *,
+        whole: bool = True,
+        status_code: int = 200,
+        **values: Any,
     ) -> HTMLResponse:
         shown = request.session.pop("flash", None) if whole else None
         return templates.TemplateResponse(
@@ -439,6 +445,7 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
                 "can_reconcile": settings.app is not None,
                 **values,
             },
+            status_code=status_code,
         )
 
     # --- sign-in ---------------------------------------------------------------------------
@@ -522,8 +529,10 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
         who = identity(request)
         try:
             op = await ledger.get(operation_id)
-        except PipecatActionsError:
-            return page(request, "missing.html", who, operation_id=operation_id)
+        except OperationNotFound:
+            # A ledger that cannot be read is not a missing operation: that one goes to
+            # the handler of PipecatActionsError (503, try again).
+            return page(request, "missing.html", who, status_code=404, operation_id=operation_id)
         events = await ledger.events(operation_id)
         rule = await approval_rule(ledger, operation_id)
         return page(

@@ -45,6 +45,7 @@ __all__ = [
 import contextlib
 import fcntl
 import os
+import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,7 +144,7 @@ def normalize_url(url: str) -> URL:
         return URL.create("sqlite+aiosqlite", database=path)
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
         raise LedgerConfigurationError(
             f"not a database URL: {redact_url(url)!r}: write sqlite:///PATH for a SQLite file "
             "(a path without a colon also works as it is) or postgresql://USER@HOST/DB"
@@ -165,6 +166,9 @@ def normalize_url(url: str) -> URL:
     )
 
 
+_PASSWORD_IN_URL = re.compile(r"(://[^/@:]*:)[^@]*@")
+
+
 def redact_url(url: str | URL) -> str:
     """Return ``url`` with any password hidden, for messages and logs."""
     try:
@@ -173,8 +177,9 @@ def redact_url(url: str | URL) -> str:
             if isinstance(url, str)
             else (url.render_as_string(hide_password=True))
         )
-    except ArgumentError:
-        return "<unparseable URL>"
+    except (ArgumentError, ValueError):
+        # Shown as written, but for what sits between the user name and the host.
+        return _PASSWORD_IN_URL.sub(r"\1***@", url) if isinstance(url, str) else "<URL>"
 
 
 class _HintingSqliteCompiler(SQLiteCompiler):

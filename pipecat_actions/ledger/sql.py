@@ -374,12 +374,18 @@ class SqlLedger(Ledger):
         return work
 
     def _schema_error(self, state: migrate.SchemaState) -> SchemaVersionMismatch:
+        # The command as a person types it: without the async driver, and saying where the
+        # hidden password goes rather than printing *** as if it were one.
+        scheme, _, rest = self.url.partition("://")
+        command = f"run `pipecat-actions db upgrade {scheme.partition('+')[0]}://{rest}`"
+        if ":***@" in rest:
+            command += " (its password in place of ***)"
         if state.empty:
-            hint = f"run `pipecat-actions db upgrade {self.url}` to create it"
+            hint = f"{command} to create it"
         elif not state.known:
             hint = "it was written by a newer pipecat_actions: upgrade the package"
         else:
-            hint = f"run `pipecat-actions db upgrade {self.url}`"
+            hint = command
         return SchemaVersionMismatch(
             url=self.url, found=state.current, expected=state.head, hint=hint
         )

@@ -172,6 +172,20 @@ async def test_an_operation_page_shows_the_audit_timeline(tmp_path: Path) -> Non
     assert "The ledger holds no operation op_nope." in missing
 
 
+@pytest.mark.parametrize(
+    "operation_id", ["op_nope", "op_%ff%fe", "%00", "x" * 2000, "%1b%5d0%3bt%07"]
+)
+async def test_an_unknown_or_malformed_operation_id_is_a_not_found_page(
+    tmp_path: Path, operation_id: str
+) -> None:
+    async with console_bench(tmp_path) as bench:
+        await bench.sign_in("rosa")
+        missing = await bench.client.get(f"/operations/{operation_id}")
+    assert missing.status_code == 404
+    assert "The ledger holds no operation" in missing.text
+    assert "Traceback" not in missing.text
+
+
 HOSTILE = "<script>alert(1)</script>\x1b]8;;http://evil.example\x07click\x1b]8;;\x07\u202eoi"
 
 

@@ -101,6 +101,8 @@ async def test_a_named_approver_or_a_member_of_a_role_approves_and_is_recorded(
         (Approver("rosa\x1b[2J"), "fine", "not an approver name"),
         (Approver("rosa"), "", "needs a reason"),
         (Approver("rosa"), "  \n", "needs a reason"),
+        (Approver("rosa"), "\u200b\u202e\x1b", "needs a reason"),
+        (Approver("rosa"), "\u2800\u3164\u00a0", "needs a reason"),
     ],
     ids=[
         "requester",
@@ -112,6 +114,8 @@ async def test_a_named_approver_or_a_member_of_a_role_approves_and_is_recorded(
         "control-characters",
         "no-reason",
         "blank-reason",
+        "invisible-reason",
+        "blank-looking-reason",
     ],
 )
 async def test_a_decision_by_someone_the_rule_does_not_allow_is_refused_and_changes_nothing(
@@ -252,7 +256,20 @@ async def test_a_decision_after_the_runtime_expired_the_request_is_told_it_expir
         assert (await rt.ledger.get(op_id)).status is S.EXPIRED
 
 
-@pytest.mark.parametrize("principal", ["rosa ", " ROSA", "ro\u200bsa", "\uff52osa"])
+@pytest.mark.parametrize(
+    "principal",
+    [
+        "rosa ",
+        " ROSA",
+        "ro\u200bsa",
+        "\uff52osa",  # fullwidth r
+        "r\u043esa",  # Cyrillic o
+        "r\u043e\u0455\u0430",  # Cyrillic o, dze and a: one Latin letter left
+        "R\u039fSA",  # Greek capital omicron
+        "ros\u03b1",  # Greek alpha
+        "ro\u034fsa",  # combining grapheme joiner: a mark that shows nothing
+    ],
+)
 async def test_a_requester_written_another_way_still_never_decides(
     ledger_url: str, clock: ManualClock, principal: str
 ) -> None:
