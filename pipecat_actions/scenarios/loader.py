@@ -347,6 +347,9 @@ def _app(
             with _importable_from(base):
                 module = importlib.import_module(target)
         factory = getattr(module, attribute)
+    except AttributeError:
+        problems.append(PolicyProblem(source, "app", f"{target} has no {attribute!r}"))
+        return None
     except Exception as exc:  # whatever the app's import raised: one line, nothing run
         problems.append(
             PolicyProblem(
