@@ -57,7 +57,12 @@ from pipecat_actions.scenarios.model import (
     WaitStep,
 )
 from pipecat_actions.scenarios.script import model_script
-from pipecat_actions.scenarios.timeline import DeliveryWatch, TimelineEntry, TimelineLedger
+from pipecat_actions.scenarios.timeline import (
+    DeliveryWatch,
+    TimelineEntry,
+    TimelineLedger,
+    told_outcomes,
+)
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import (
@@ -520,7 +525,10 @@ class _Scene:
         assert self.runtime is not None
         while True:
             op = await self.runtime.ledger.get(op_id)
-            told = op.delivered_at is not None or not step.delivered
+            told_it = op.delivered_at is not None or (
+                op.kind == "read" and told_outcomes(self.run.timeline, op_id) > 0
+            )
+            told = told_it or not step.delivered
             if op.status in step.status and told:
                 return
             if time.monotonic() > deadline:

@@ -428,3 +428,39 @@ async def test_a_reconcile_hook_that_raises_then_hangs_is_asked_again_until_it_a
     )
     report = await run_text(text)
     assert report.passed, failed(report)
+
+
+def slow_read(expect: str) -> str:
+    """The clinic's free_slots read, slowed on the scenario's clock, then told."""
+    return D("""\
+        version: 2
+        name: a slow read is told once
+        app: ../clinic_app.py:build
+        policy: ../policy.yaml
+        session: {principal: patient-7, agent: null}
+        steps:
+          - fault: {target: free_slots, fault: latency, secs: 5}
+          - user: Is Dr Okafor free this morning?
+          - llm: {calls: [{tool: free_slots, as: slots, args: {doctor: Dr Okafor}}]}
+          - wait: 0.3
+          - advance: 6
+          - until: {op: slots, status: [COMMITTED], delivered: true}
+          - llm: Dr Okafor is free at nine.
+          - idle: {quiet_secs: 0.3, calls: true}
+        expect:
+          operations:
+        """) + textwrap.indent(D(expect), "    ")
+
+
+async def test_a_read_told_to_the_model_counts_as_told_and_delivered() -> None:
+    text = slow_read("- {op: slots, status: COMMITTED, delivered: true, told: 1}\n")
+    loaded = load_scenario_text(text, source="read.yaml", base=CLINIC / "scenarios")
+    report = await run_scenario(loaded)
+    assert report.passed, failed(report)
+
+
+async def test_a_wrong_count_of_a_reads_telling_fails_with_what_was_found() -> None:
+    text = slow_read("- {op: slots, told: 2}\n- {op: slots, delivered: false}\n")
+    loaded = load_scenario_text(text, source="read.yaml", base=CLINIC / "scenarios")
+    report = await run_scenario(loaded)
+    assert failed(report) == ["slots: told 2 time(s): 1", "slots: never told to the LLM: told"]
