@@ -47,6 +47,10 @@ def check_run(loaded: LoadedScenario, run: Run) -> list[Check]:
     checks: list[Check] = []
     if run.error is not None:
         checks.append(Check("the steps run to the end", False, run.error))
+    if run.unresolved:  # the call was sent with a null: not the story the file tells
+        checks.append(
+            Check("every argument read from an earlier answer found it", False, run.unresolved[0])
+        )
     for expectation in expect.operations:
         checks.extend(_operation_checks(expectation, run))
     checks.extend(_totals(expect, run))

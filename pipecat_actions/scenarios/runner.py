@@ -105,6 +105,7 @@ class Run:
         side_effects: Committed provider mutations by kind.
         effects_by_key: Committed provider mutations by idempotency key.
         script_left: llm steps no inference used.
+        unresolved: ``from_context`` / ``from_call`` arguments that found no value.
         timeline: Steps, ledger writes and utterances in the order they happened.
         error: Why the run stopped early, if it did.
     """
@@ -117,6 +118,7 @@ class Run:
     side_effects: dict[str, int] = field(default_factory=dict)
     effects_by_key: dict[str, int] = field(default_factory=dict)
     script_left: int = 0
+    unresolved: list[str] = field(default_factory=list)
     timeline: list[TimelineEntry] = field(default_factory=list)
     error: str | None = None
     requests: dict[str, int] = field(default_factory=dict)
@@ -262,7 +264,7 @@ class _Scene:
         self.faults = FaultLayer(self.clock)
         # The scenario's policy picks which of the app's tools exist in this story.
         self.actions = self.faults.wrap([a for a in self.app.actions if a.name in loaded.policy])
-        self.script = model_script(loaded)
+        self.script = model_script(loaded, self.run.unresolved)
         self.runtime: ActionRuntime | None = None
         self.ledger: TimelineLedger | None = None
         self.run_id = uuid.uuid4().hex[:8]

@@ -464,3 +464,51 @@ async def test_a_wrong_count_of_a_reads_telling_fails_with_what_was_found() -> N
     loaded = load_scenario_text(text, source="read.yaml", base=CLINIC / "scenarios")
     report = await run_scenario(loaded)
     assert failed(report) == ["slots: told 2 time(s): 1", "slots: never told to the LLM: told"]
+
+
+CANCEL_FROM = D("""\
+    - llm:
+        calls:
+          - tool: cancel_booking
+            as: cancel
+            from_call: {{booking_id: {path}}}
+    """)
+
+
+def test_an_argument_from_a_call_not_made_before_its_step_is_a_file_problem() -> None:
+    text = restaurant(
+        "- user: Cancel my booking.\n"
+        + CANCEL_FROM.format(path="booking.result.booking_id")
+        + BOOK
+        + "- llm: Done.\n"
+    )
+    with pytest.raises(ScenarioError) as raised:
+        load_scenario_text(text, source="v2.yaml", base=ROOT / "tests" / "scenarios")
+    assert [str(p) for p in raised.value.problems] == [
+        "v2.yaml: steps[1].llm.calls[0].from_call: booking_id: the call labelled 'booking' is "
+        "not made before this step"
+    ]
+
+
+async def test_an_argument_an_earlier_answer_does_not_hold_fails_the_run() -> None:
+    text = restaurant(
+        "- user: A table for two at nine, please.\n"
+        + BOOK
+        + D("""\
+        - until: {op: booking, status: [COMMITTED], delivered: true}
+        - llm: You are booked at nine.
+        - idle: {quiet_secs: 0.5, calls: true}
+        - user: Actually, cancel it.
+        """)
+        + CANCEL_FROM.format(path="booking.result.reference")
+        + D("""\
+        - llm: Shall I cancel it?
+        - idle: {quiet_secs: 0.5, calls: true}
+        """),
+        "side_effects: {book: 1}\nsettled: false\n",
+    )
+    report = await run_text(text)
+    assert failed(report) == [
+        "every argument read from an earlier answer found it: steps[6].llm.calls[0].from_call."
+        "booking_id: the answer to 'booking' has nothing at 'booking.result.reference'"
+    ]
