@@ -34,7 +34,10 @@ server with its own database, and each rule below is one a real provider needs t
 3. **Reconcile by asking the provider** what became of our key (``GET
    /idempotency-keys/{key}``): completed → COMMITTED with the answer the effect would have
    returned; still in progress → pending (ask again later); unknown key → it did not happen.
-   A provider that ignores keys can only be asked by the booking's own fields.
+   A key's answer is kept 24 h only, so a booking is also looked up by the key it was made
+   under (``GET /bookings?idempotency_key=``): a recovery that asks later is not told "it did
+   not happen" about a table that is booked. A provider that ignores keys can only be asked
+   by the booking's own fields.
 4. **Compensate with the provider's own undo** (cancel the booking), under the compensation's
    own key, and **snapshot the before-state** an approver needs (the deposit as it stands).
 
@@ -158,7 +161,15 @@ def build_actions(api: RestaurantAPI) -> list[ActionDefinition]:
 
     async def find_booking(ctx: ActionContext) -> Reconciliation:
         if api.provider_dedupes:
-            return await reconcile(_booked)(ctx)
+            answer = await reconcile(_booked)(ctx)
+            if answer != Reconciliation.not_found():
+                return answer
+            # The provider forgets a key's answer after 24 h (a recovery after a long outage
+            # asks later than that): "no such key" is then no proof. The booking itself keeps
+            # the key it was made under, for good.
+            found = await api.read("/bookings", idempotency_key=ctx.idempotency_key)
+            made = (found or {}).get("bookings", [])
+            return Reconciliation.committed(_booked(made[0])) if made else answer
         # A provider that ignores keys: the booking's own fields are all there is to ask by.
         args = ctx.args
         found = await api.read(

@@ -13,7 +13,7 @@ from pipecat_actions.scenarios.loader import (
     load_scenario_text,
 )
 from pipecat_actions.scenarios.report import ScenarioReport, render_reports, run_scenario
-from pipecat_actions.scenarios.runner import ScenarioApp, ScenarioWorld
+from pipecat_actions.scenarios.runner import ScenarioApp, ScenarioWorld, check_app
 
 __all__ = [
     "Check",
@@ -22,6 +22,7 @@ __all__ = [
     "ScenarioError",
     "ScenarioReport",
     "ScenarioWorld",
+    "check_app",
     "load_scenario",
     "load_scenario_text",
     "render_reports",

@@ -20,6 +20,7 @@ from pipecat_actions.scenarios.model import (
     TextExpectation,
 )
 from pipecat_actions.scenarios.runner import Run
+from pipecat_actions.scenarios.timeline import told_outcomes
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
 S = ActionStatus
@@ -46,6 +47,10 @@ def check_run(loaded: LoadedScenario, run: Run) -> list[Check]:
     checks: list[Check] = []
     if run.error is not None:
         checks.append(Check("the steps run to the end", False, run.error))
+    if run.unresolved:  # the call was sent with a null: not the story the file tells
+        checks.append(
+            Check("every argument read from an earlier answer found it", False, run.unresolved[0])
+        )
     for expectation in expect.operations:
         checks.extend(_operation_checks(expectation, run))
     checks.extend(_totals(expect, run))
@@ -137,10 +142,11 @@ def _one_operation(
             "escalated" if op.escalated_at else "not escalated",
         )
     if e.delivered is not None:
+        told_it = op.delivered_at is not None or (op.kind == "read" and _told(run, op) > 0)
         expect(
             "told to the LLM" if e.delivered else "never told to the LLM",
-            (op.delivered_at is not None) == e.delivered,
-            "told" if op.delivered_at else "not told",
+            told_it == e.delivered,
+            "told" if told_it else "not told",
         )
     if e.acknowledged is not None:
         expect(
@@ -196,12 +202,19 @@ def _one_operation(
 
 
 def _told(run: Run, op: Operation) -> int:
-    """How many times ``op``'s outcome was told (the delivery annotations of its trail)."""
-    return sum(
+    """How many times ``op``'s outcome was told (the delivery annotations of its trail).
+
+    A read's answer is told by the gate without a delivery in the ledger (a refusal of one
+    has one): its tool results that carried a final status are counted instead.
+    """
+    annotated = sum(
         1
         for event in run.events.get(op.operation_id, [])
         if event.kind is EventKind.ANNOTATION and "delivered" in (event.detail or {})
     )
+    if annotated or op.kind != "read":
+        return annotated
+    return told_outcomes(run.timeline, op.operation_id)
 
 
 def _event_matches(wanted: EventExpectation, event: OperationEvent) -> bool:

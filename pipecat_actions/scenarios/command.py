@@ -15,6 +15,7 @@ from loguru import logger
 from pipecat_actions._printable import printable
 from pipecat_actions.scenarios.loader import LoadedScenario, ScenarioError, load_scenario
 from pipecat_actions.scenarios.report import ScenarioReport, render_reports, run_scenario
+from pipecat_actions.scenarios.runner import check_app
 
 
 async def run_scenario_files(
@@ -26,7 +27,7 @@ async def run_scenario_files(
     verbose: bool = False,
     ledger_url: str | None = None,
 ) -> int:
-    """Check every file first (a malformed one stops the run), then run them one by one.
+    """Check every file and its app first (a malformed one stops the run), then run them.
 
     Returns:
         0 when every expectation of every scenario holds, 1 otherwise, 2 when a file is
@@ -36,7 +37,9 @@ async def run_scenario_files(
     broken = False
     for path in files:
         try:
-            loaded.append(load_scenario(path))
+            scenario = load_scenario(path)
+            check_app(scenario)
+            loaded.append(scenario)
         except ScenarioError as exc:
             broken = True
             for problem in exc.problems:
@@ -50,7 +53,12 @@ async def run_scenario_files(
     for scenario in loaded:
         if not as_json:
             print(printable(f"... {scenario.spec.name}"), file=err, flush=True)
-        reports.append(await run_scenario(scenario, ledger_url=ledger_url))
+        try:
+            reports.append(await run_scenario(scenario, ledger_url=ledger_url))
+        except ScenarioError as exc:  # a factory that built once and then would not
+            for problem in exc.problems:
+                print(printable(f"pipecat-actions: {problem}"), file=err)
+            return 2
     if as_json:
         json.dump([r.to_json() for r in reports], out, indent=2)
         out.write("\n")

@@ -347,6 +347,9 @@ def _app(
             with _importable_from(base):
                 module = importlib.import_module(target)
         factory = getattr(module, attribute)
+    except AttributeError:
+        problems.append(PolicyProblem(source, "app", f"{target} has no {attribute!r}"))
+        return None
     except Exception as exc:  # whatever the app's import raised: one line, nothing run
         problems.append(
             PolicyProblem(
@@ -402,18 +405,26 @@ def _check_labels(
                     f"no call is labelled {label!r} (labels: {known})",
                 )
             )
+    earlier: set[str] = set()  # labels of calls made by the llm steps before this one
     for index, step in enumerate(steps):
         for call_index, call in enumerate(step.calls if isinstance(step, LlmStep) else []):
             for argument, path in call.from_call.items():
                 label = path.partition(".")[0]
-                if label not in seen:
+                if label not in earlier:
+                    why = (
+                        f"{argument}: the call labelled {label!r} is not made before this step"
+                        if label in seen
+                        else f"{argument}: no call is labelled {label!r}"
+                    )
                     problems.append(
                         PolicyProblem(
                             source,
                             key_path(("steps", index, "llm", "calls", call_index, "from_call")),
-                            f"{argument}: no call is labelled {label!r}",
+                            why,
                         )
                     )
+        if isinstance(step, LlmStep):
+            earlier.update(call.as_ for call in step.calls if call.as_ is not None)
     for label in spec.expect.undelivered or []:
         if label not in seen:
             problems.append(

@@ -73,12 +73,12 @@ class ScenarioItem(pytest.Item):
         """Load and play the file; raise `ScenarioFailed` with what did not hold."""
         from pipecat_actions.scenarios import ScenarioError, load_scenario, run_scenario
 
+        ledger_url = self.config.getoption("--scenario-ledger")
         try:
             loaded = load_scenario(self.path)
-        except ScenarioError as exc:
+            report = asyncio.run(run_scenario(loaded, ledger_url=ledger_url))
+        except ScenarioError as exc:  # the file or its app cannot be loaded: nothing ran
             raise ScenarioFailed("\n".join(str(p) for p in exc.problems)) from None
-        ledger_url = self.config.getoption("--scenario-ledger")
-        report = asyncio.run(run_scenario(loaded, ledger_url=ledger_url))
         if not report.passed:
             lines = [f"{report.name}: {sum(not c.passed for c in report.checks)} failed"]
             lines += [

@@ -10,9 +10,10 @@ next on the same session. What happened is gathered into a `Run` for the expecta
 
 from __future__ import annotations
 
-__all__ = ["Run", "ScenarioApp", "ScenarioWorld", "TimelineEntry", "run_loaded"]
+__all__ = ["Run", "ScenarioApp", "ScenarioWorld", "TimelineEntry", "check_app", "run_loaded"]
 
 import asyncio
+import difflib
 import tempfile
 import time
 import uuid
@@ -27,12 +28,13 @@ from pipecat_actions.actions import ActionDefinition
 from pipecat_actions.admission.authorization import AllowAll, Authorizer
 from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import ManualClock
+from pipecat_actions.errors import PolicyProblem
 from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
 from pipecat_actions.ledger.records import hash_arguments
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.scenarios.faults import FaultLayer
-from pipecat_actions.scenarios.loader import LoadedScenario
+from pipecat_actions.scenarios.loader import LoadedScenario, ScenarioError
 from pipecat_actions.scenarios.model import (
     STEP_KINDS,
     AdvanceStep,
@@ -55,7 +57,12 @@ from pipecat_actions.scenarios.model import (
     WaitStep,
 )
 from pipecat_actions.scenarios.script import model_script
-from pipecat_actions.scenarios.timeline import DeliveryWatch, TimelineEntry, TimelineLedger
+from pipecat_actions.scenarios.timeline import (
+    DeliveryWatch,
+    TimelineEntry,
+    TimelineLedger,
+    told_outcomes,
+)
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import (
@@ -98,6 +105,7 @@ class Run:
         side_effects: Committed provider mutations by kind.
         effects_by_key: Committed provider mutations by idempotency key.
         script_left: llm steps no inference used.
+        unresolved: ``from_context`` / ``from_call`` arguments that found no value.
         timeline: Steps, ledger writes and utterances in the order they happened.
         error: Why the run stopped early, if it did.
     """
@@ -110,6 +118,7 @@ class Run:
     side_effects: dict[str, int] = field(default_factory=dict)
     effects_by_key: dict[str, int] = field(default_factory=dict)
     script_left: int = 0
+    unresolved: list[str] = field(default_factory=list)
     timeline: list[TimelineEntry] = field(default_factory=list)
     error: str | None = None
     requests: dict[str, int] = field(default_factory=dict)
@@ -164,21 +173,69 @@ class _HangUp(Exception):
 
 
 def _build_app(loaded: LoadedScenario, sor: FakeSystemOfRecord, clock: ManualClock) -> ScenarioApp:
-    """The scenario's app: the restaurant on ``sor``, or the file's factory's."""
+    """The scenario's app: the restaurant on ``sor``, or the file's factory's.
+
+    Raises:
+        ScenarioError: The factory raised, returned something that is not actions, or has
+            no action for a tool the scenario's policy names (one line, nothing run).
+    """
     if loaded.factory is None:
-        return ScenarioApp(build_actions(sor))
-    if loaded.spec.version == 1:
-        built: Any = loaded.factory(sor)
-    else:
-        built = loaded.factory(ScenarioWorld(clock, dict(loaded.spec.seed), sor))
+        return _covering(loaded, ScenarioApp(build_actions(sor)))
+    try:
+        if loaded.spec.version == 1:
+            built: Any = loaded.factory(sor)
+        else:
+            built = loaded.factory(ScenarioWorld(clock, dict(loaded.spec.seed), sor))
+    except Exception as exc:  # whatever the team's factory raised: the app cannot be built
+        raise _app_problem(loaded, f"cannot be built: {type(exc).__name__}: {exc}") from None
     if isinstance(built, ScenarioApp):
-        return built
+        return _covering(loaded, built)
     if isinstance(built, Sequence) and all(isinstance(a, ActionDefinition) for a in built):
-        return ScenarioApp(built)
-    raise TypeError(
-        f"app {loaded.spec.app!r} returned {type(built).__name__}: return a list of actions "
-        "(@action) or a ScenarioApp"
+        return _covering(loaded, ScenarioApp(built))
+    raise _app_problem(
+        loaded,
+        f"returned {type(built).__name__}: return a list of actions (@action) or a ScenarioApp",
     )
+
+
+def _covering(loaded: LoadedScenario, app: ScenarioApp) -> ScenarioApp:
+    """``app``, when it has an action for every tool of the scenario's policy."""
+    names = [a.name for a in app.actions]
+    missing = [name for name in loaded.policy if name not in names]
+    if not missing:
+        return app
+    named = []
+    for name in missing:
+        close = difflib.get_close_matches(name, names, n=1)
+        named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    raise ScenarioError(
+        [
+            PolicyProblem(
+                loaded.source,
+                "policy",
+                f"names tools the app {loaded.spec.app!r} has no action for: "
+                f"{', '.join(named)} (its actions: {', '.join(sorted(names)) or 'none'})",
+            )
+        ]
+    )
+
+
+def _app_problem(loaded: LoadedScenario, why: str) -> ScenarioError:
+    return ScenarioError([PolicyProblem(loaded.source, "app", f"{loaded.spec.app!r} {why}")])
+
+
+def check_app(loaded: LoadedScenario) -> None:
+    """Build the scenario's app once on a world of its own, as a run would, and discard it.
+
+    Lets a command or a test runner refuse a scenario whose app cannot be built before
+    anything runs (the factory is called again, on a fresh world, for the run itself).
+
+    Raises:
+        ScenarioError: The factory raised or returned something that is not actions, or the
+            policy names a tool the app has no action for; one line, naming the file.
+    """
+    clock = ManualClock(time.time())
+    _build_app(loaded, _new_provider(loaded, clock), clock)
 
 
 def _new_provider(loaded: LoadedScenario, clock: ManualClock) -> FakeSystemOfRecord:
@@ -207,7 +264,7 @@ class _Scene:
         self.faults = FaultLayer(self.clock)
         # The scenario's policy picks which of the app's tools exist in this story.
         self.actions = self.faults.wrap([a for a in self.app.actions if a.name in loaded.policy])
-        self.script = model_script(loaded)
+        self.script = model_script(loaded, self.run.unresolved)
         self.runtime: ActionRuntime | None = None
         self.ledger: TimelineLedger | None = None
         self.run_id = uuid.uuid4().hex[:8]
@@ -470,7 +527,10 @@ class _Scene:
         assert self.runtime is not None
         while True:
             op = await self.runtime.ledger.get(op_id)
-            told = op.delivered_at is not None or not step.delivered
+            told_it = op.delivered_at is not None or (
+                op.kind == "read" and told_outcomes(self.run.timeline, op_id) > 0
+            )
+            told = told_it or not step.delivered
             if op.status in step.status and told:
                 return
             if time.monotonic() > deadline:
@@ -731,14 +791,19 @@ async def run_loaded(loaded: LoadedScenario, *, ledger_url: str | None = None) -
         loaded: The scenario.
         ledger_url: Where the ledger lives; a fresh SQLite file if omitted. A shared database
             must be empty of this scenario's session (use a new database or schema per run).
+
+    Raises:
+        ScenarioError: The app cannot be built (see `check_app`); nothing ran.
     """
     run = Run()
     with tempfile.TemporaryDirectory(prefix="pipecat-actions-scenario-") as workdir:
         url = ledger_url or f"sqlite:///{Path(workdir) / 'ledger.db'}"
         try:
             scene = _Scene(loaded, url, run)
-        except Exception as exc:  # the app cannot be loaded: nothing ran
-            run.error = f"app {loaded.spec.app!r}: {type(exc).__name__}: {exc}"
+        except ScenarioError:
+            raise  # the app cannot be built: a problem of the file, nothing ran
+        except Exception as exc:
+            run.error = f"the scenario cannot start: {type(exc).__name__}: {exc}"
             return run
         try:
             try:

@@ -20,11 +20,19 @@ from pipecat_actions.scenarios.model import LlmStep
 from pipecat_actions.testing import Say, ToolCalls
 
 
-def model_script(loaded: LoadedScenario) -> deque[Any]:
-    """The llm steps as `ScriptedLLM` steps, with ids that name labelled calls."""
+def model_script(loaded: LoadedScenario, unresolved: list[str] | None = None) -> deque[Any]:
+    """The llm steps as `ScriptedLLM` steps, with ids that name labelled calls.
+
+    Args:
+        loaded: The scenario.
+        unresolved: Told each ``from_context`` or ``from_call`` argument that found no value
+            when its call was decided (it is sent as null, as a model would send a guess):
+            the story did not go as the file says.
+    """
     script: deque[Any] = deque()
     count = 0
-    for step in loaded.steps:
+    found_nothing = unresolved if unresolved is not None else []
+    for index, step in enumerate(loaded.steps):
         if not isinstance(step, LlmStep):
             continue
         if not step.calls:
@@ -35,22 +43,34 @@ def model_script(loaded: LoadedScenario) -> deque[Any]:
             count += 1
             ids.append(f"call_{call.as_}" if call.as_ else f"call_{count}")
         if any(call.from_context or call.from_call for call in step.calls):
-            script.append(_reading_context(step, ids))
+            script.append(_reading_context(step, ids, f"steps[{index}].llm", found_nothing))
         else:
             calls = [(call.tool, dict(call.args)) for call in step.calls]
             script.append(ToolCalls(calls, say=step.say, ids=ids))
     return script
 
 
-def _reading_context(step: LlmStep, ids: list[str]) -> Callable[[list[Any]], ToolCalls]:
+def _reading_context(
+    step: LlmStep, ids: list[str], where: str, unresolved: list[str]
+) -> Callable[[list[Any]], ToolCalls]:
     def decide(messages: list[Any]) -> ToolCalls:
         calls = []
-        for call in step.calls:
+        for index, call in enumerate(step.calls):
             args = dict(call.args)
             for argument, wanted in call.from_context.items():
                 args[argument] = _latest_field(messages, wanted)
+                if args[argument] is None:
+                    unresolved.append(
+                        f"{where}.calls[{index}].from_context.{argument}: no tool result so "
+                        f"far has {wanted!r}"
+                    )
             for argument, path in call.from_call.items():
                 args[argument] = _call_field(messages, path)
+                if args[argument] is None:
+                    unresolved.append(
+                        f"{where}.calls[{index}].from_call.{argument}: the answer to "
+                        f"{path.partition('.')[0]!r} has nothing at {path!r}"
+                    )
             calls.append((call.tool, args))
         return ToolCalls(calls, say=step.say, ids=ids)
 

@@ -30,7 +30,7 @@ from pipecat_actions.ledger import (
     OperationFilter,
 )
 from pipecat_actions.processors import ActionResultGate
-from pipecat_actions.status import ActionStatus
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
 T = TypeVar("T")
 
@@ -44,6 +44,8 @@ class TimelineEntry:
     operation_id: str | None = None
     status: ActionStatus | None = None
     delivered: bool = False
+    told_status: ActionStatus | None = None
+    """With ``delivered``: the status a tool result told (None: a developer message)."""
 
 
 class TimelineLedger(ForwardingLedger):
@@ -168,6 +170,22 @@ class TimelineLedger(ForwardingLedger):
 
 
 _OPERATION_ID = re.compile(r"op_[0-9a-f]{26}")
+_STATUSES = frozenset(status.value for status in ActionStatus)
+
+
+def told_outcomes(timeline: Collection[TimelineEntry], operation_id: str) -> int:
+    """How many tool results told ``operation_id``'s outcome (a terminal status) to the LLM.
+
+    A read has no delivery in the ledger (its answer is the handler's own result, recorded
+    after it); what the gate pushed is the record of its telling.
+    """
+    return sum(
+        1
+        for entry in timeline
+        if entry.operation_id == operation_id
+        and entry.delivered
+        and entry.told_status in TERMINAL_STATUSES
+    )
 
 
 class DeliveryWatch(BaseObserver):
@@ -186,8 +204,12 @@ class DeliveryWatch(BaseObserver):
         if not isinstance(data.source, ActionResultGate):
             return
         frame = data.frame
+        status: ActionStatus | None = None
         if isinstance(frame, FunctionCallResultFrame):
             told = str(frame.result)
+            said = frame.result.get("status") if isinstance(frame.result, dict) else None
+            if isinstance(said, str) and said.upper() in _STATUSES:  # results say "committed"
+                status = ActionStatus(said.upper())
         elif isinstance(frame, LLMMessagesAppendFrame):
             told = str(frame.messages)
         else:
@@ -195,5 +217,11 @@ class DeliveryWatch(BaseObserver):
         at = time.monotonic()
         for operation_id in dict.fromkeys(_OPERATION_ID.findall(told)):
             self._timeline.append(
-                TimelineEntry(at, f"{operation_id} told to the LLM", operation_id, delivered=True)
+                TimelineEntry(
+                    at,
+                    f"{operation_id} told to the LLM",
+                    operation_id,
+                    delivered=True,
+                    told_status=status,
+                )
             )

@@ -78,7 +78,12 @@ def test_the_demo_tells_the_whole_story_with_a_manager_approving_the_refund(
     assert "LEDGER" in printed
     assert "METRICS" in printed
     assert "manager rosa approves" in printed
-    assert "bookings left at the restaurant: [('bk_0002', '21:30')]" in printed
+    # The restaurant's database at the end: the 21:30 table and Bob's, booked by the bot that
+    # was killed and reconciled by the one that recovered.
+    assert "bookings left at the restaurant: [('bk_0002', '21:30'), ('bk_0003', '20:00')]" in (
+        printed
+    )
+    assert "provider side effects: {'book': 3, 'cancel': 1, 'refund': 1}" in printed
     assert "Pipecat 'CANCELLED' tool results left in the context: 0" in printed
     assert (tmp_path / ".pipecat_actions" / "demo.db").exists()
     check_operator_commands(tmp_path, printed, "demo.db", outcome["operations"])

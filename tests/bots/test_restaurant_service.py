@@ -382,3 +382,22 @@ async def test_the_daily_bot_books_at_the_restaurant_service_over_http(
     assert op.status is S.COMMITTED
     (booking,) = await restaurant.admin.bookings(guest_name="Ada")
     assert booking["idempotency_key"] == op.idempotency_key
+
+
+async def test_a_lost_answer_is_found_by_its_booking_after_the_provider_forgot_the_key(
+    tmp_path: Path,
+) -> None:
+    # --key-ttl-secs 0: the key's answer is forgotten by the time reconcile asks, as it is
+    # at a real provider when recovery comes more than 24 h after the call.
+    with RestaurantProcess.start(tmp_path / "restaurant.db", "--key-ttl-secs", "0") as service:
+        await service.admin.arm("book", "drop_after_commit")
+        api = RestaurantAPI(service.url)
+        runtime = await _runtime(tmp_path, api)
+        try:
+            _, op = await _book(runtime)
+        finally:
+            await runtime.close()
+            await api.aclose()
+        (booking,) = await service.admin.bookings(guest_name="Ada")
+    assert op.status is S.COMMITTED, op.error
+    assert op.result == {"booking_id": booking["booking_id"], "date": "2030-05-01", "time": "21:00"}

@@ -235,3 +235,83 @@ def test_an_app_that_cannot_be_imported_is_a_file_problem_in_one_line(tmp_path: 
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "Traceback" not in done.stderr and "FAIL" not in done.stdout
+
+
+FACTORIES = '''
+from pipecat_actions import ActionContext, action
+
+
+def raises(world):
+    raise RuntimeError("the booking database is down")
+
+
+def no_actions(world):
+    return 42
+
+
+def takes_nothing():
+    return []
+
+
+def other_tools(world):
+    @action
+    async def free_slots(ctx: ActionContext, doctor: str) -> dict:
+        """The slots a doctor has free."""
+        return {"free": []}
+
+    return [free_slots]
+'''
+
+
+@pytest.mark.parametrize(
+    ("factory", "problem"),
+    [
+        (
+            "raises",
+            "app: 'factories.py:raises' cannot be built: "
+            "RuntimeError: the booking database is down",
+        ),
+        (
+            "no_actions",
+            "app: 'factories.py:no_actions' returned int: return a list of actions (@action) "
+            "or a ScenarioApp",
+        ),
+        ("takes_nothing", "app: 'factories.py:takes_nothing' cannot be built: TypeError: "),
+        (
+            "other_tools",
+            "policy: names tools the app 'factories.py:other_tools' has no action for: "
+            "book_table (its actions: free_slots)",
+        ),
+        ("missing", "app: factories.py has no 'missing'"),
+    ],
+)
+def test_an_app_whose_factory_cannot_build_it_is_a_file_problem_in_one_line(
+    tmp_path: Path, factory: str, problem: str
+) -> None:
+    from pipecat_actions.scenarios import check_app
+
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    text = scenario(
+        "  - wait: 0.1\n", head=f"version: 2\nname: x\napp: factories.py:{factory}\n" + POLICY
+    )
+    with pytest.raises(ScenarioError) as raised:
+        check_app(load_scenario_text(text, source="x.yaml", base=tmp_path))
+    (found,) = raised.value.problems
+    assert str(found).startswith(f"x.yaml: {problem}"), str(found)
+
+
+def test_the_command_exits_2_with_one_line_for_a_factory_that_raises(tmp_path: Path) -> None:
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    good = tmp_path / "good.yaml"
+    good.write_text(scenario("  - wait: 0.1\n", expect="expect: {settled: true}\n"))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        scenario("  - wait: 0.1\n", head="version: 2\nname: x\napp: factories.py:raises\n" + POLICY)
+    )
+    done = cli("scenario", "run", str(good), str(broken))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == ""  # checked before anything ran, the good file too
+    assert done.stderr.strip().splitlines() == [
+        f"pipecat-actions: {broken}: app: 'factories.py:raises' cannot be built: "
+        "RuntimeError: the booking database is down"
+    ]

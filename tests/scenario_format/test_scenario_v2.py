@@ -428,3 +428,87 @@ async def test_a_reconcile_hook_that_raises_then_hangs_is_asked_again_until_it_a
     )
     report = await run_text(text)
     assert report.passed, failed(report)
+
+
+def slow_read(expect: str) -> str:
+    """The clinic's free_slots read, slowed on the scenario's clock, then told."""
+    return D("""\
+        version: 2
+        name: a slow read is told once
+        app: ../clinic_app.py:build
+        policy: ../policy.yaml
+        session: {principal: patient-7, agent: null}
+        steps:
+          - fault: {target: free_slots, fault: latency, secs: 5}
+          - user: Is Dr Okafor free this morning?
+          - llm: {calls: [{tool: free_slots, as: slots, args: {doctor: Dr Okafor}}]}
+          - wait: 0.3
+          - advance: 6
+          - until: {op: slots, status: [COMMITTED], delivered: true}
+          - llm: Dr Okafor is free at nine.
+          - idle: {quiet_secs: 0.3, calls: true}
+        expect:
+          operations:
+        """) + textwrap.indent(D(expect), "    ")
+
+
+async def test_a_read_told_to_the_model_counts_as_told_and_delivered() -> None:
+    text = slow_read("- {op: slots, status: COMMITTED, delivered: true, told: 1}\n")
+    loaded = load_scenario_text(text, source="read.yaml", base=CLINIC / "scenarios")
+    report = await run_scenario(loaded)
+    assert report.passed, failed(report)
+
+
+async def test_a_wrong_count_of_a_reads_telling_fails_with_what_was_found() -> None:
+    text = slow_read("- {op: slots, told: 2}\n- {op: slots, delivered: false}\n")
+    loaded = load_scenario_text(text, source="read.yaml", base=CLINIC / "scenarios")
+    report = await run_scenario(loaded)
+    assert failed(report) == ["slots: told 2 time(s): 1", "slots: never told to the LLM: told"]
+
+
+CANCEL_FROM = D("""\
+    - llm:
+        calls:
+          - tool: cancel_booking
+            as: cancel
+            from_call: {{booking_id: {path}}}
+    """)
+
+
+def test_an_argument_from_a_call_not_made_before_its_step_is_a_file_problem() -> None:
+    text = restaurant(
+        "- user: Cancel my booking.\n"
+        + CANCEL_FROM.format(path="booking.result.booking_id")
+        + BOOK
+        + "- llm: Done.\n"
+    )
+    with pytest.raises(ScenarioError) as raised:
+        load_scenario_text(text, source="v2.yaml", base=ROOT / "tests" / "scenarios")
+    assert [str(p) for p in raised.value.problems] == [
+        "v2.yaml: steps[1].llm.calls[0].from_call: booking_id: the call labelled 'booking' is "
+        "not made before this step"
+    ]
+
+
+async def test_an_argument_an_earlier_answer_does_not_hold_fails_the_run() -> None:
+    text = restaurant(
+        "- user: A table for two at nine, please.\n"
+        + BOOK
+        + D("""\
+        - until: {op: booking, status: [COMMITTED], delivered: true}
+        - llm: You are booked at nine.
+        - idle: {quiet_secs: 0.5, calls: true}
+        - user: Actually, cancel it.
+        """)
+        + CANCEL_FROM.format(path="booking.result.reference")
+        + D("""\
+        - llm: Shall I cancel it?
+        - idle: {quiet_secs: 0.5, calls: true}
+        """),
+        "side_effects: {book: 1}\nsettled: false\n",
+    )
+    report = await run_text(text)
+    assert failed(report) == [
+        "every argument read from an earlier answer found it: steps[6].llm.calls[0].from_call."
+        "booking_id: the answer to 'booking' has nothing at 'booking.result.reference'"
+    ]
