@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from pipecat_actions.actions import ActionDefinition, Reconciliation
+from pipecat_actions.actions import ActionContext, ActionDefinition, Reconciliation
 from pipecat_actions.clock import Clock
 from pipecat_actions.testing._faults import ProviderRejected, ProviderTimeout, ProviderUnavailable
 
@@ -75,6 +75,12 @@ class FaultLayer:
         self._latency: dict[str, float] = {}
         self._hung: list[asyncio.Future[None]] = []
         self._targets: set[str] = set()
+        self.started: dict[str, str] = {}
+        """The operation of each Pipecat tool call whose effect was called, by call id.
+
+        A read has no ledger row until its answer is recorded (after it is told): this is
+        how a step knows a read was admitted and runs.
+        """
 
     # --- what the steps do -----------------------------------------------------------------
 
@@ -139,6 +145,9 @@ class FaultLayer:
         kwargs: dict[str, Any],
     ) -> Any:
         self.requests[target] += 1
+        ctx = args[0] if args else kwargs.get("ctx")
+        if "." not in target and isinstance(ctx, ActionContext) and ctx.tool_call_id:
+            self.started.setdefault(ctx.tool_call_id, ctx.operation_id)
         armed = self._armed.get(target)
         fault = armed.pop(0) if armed else None
         where = f"injected by the scenario into {target}"

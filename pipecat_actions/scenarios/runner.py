@@ -28,7 +28,7 @@ from pipecat_actions.actions import ActionDefinition
 from pipecat_actions.admission.authorization import AllowAll, Authorizer
 from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import ManualClock
-from pipecat_actions.errors import PolicyProblem
+from pipecat_actions.errors import OperationNotFound, PolicyProblem
 from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
 from pipecat_actions.ledger.records import hash_arguments
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
@@ -352,7 +352,8 @@ class _Scene:
         while True:
             found = self.run.labels.get(label)
             if found is None and self.runtime is not None:
-                found = self.runtime.operation_for_call(call_id)
+                # A read is known to the runtime's calls only once answered; its effect sooner.
+                found = self.runtime.operation_for_call(call_id) or self.faults.started.get(call_id)
                 for session_id in self.session_ids if found is None else []:
                     ops = await self.runtime.ledger.list(OperationFilter(session_id=session_id))
                     found = next(
@@ -464,13 +465,17 @@ class _Scene:
         while True:
             assert self.runtime is not None
             events = await self.runtime.ledger.events(op_id)
-            if any(e.to_status is wanted for e in events):
+            if any(e.to_status is wanted for e in events) or self._read_running(op_id, events):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{step.op} ({op_id}) was never {wanted.value} in {step.timeout_secs}s"
                 )
             await asyncio.sleep(0.01)
+
+    def _read_running(self, op_id: str, events: Sequence[OperationEvent]) -> bool:
+        """Whether ``op_id`` is a read whose effect was called and whose row is not written."""
+        return not events and op_id in self.faults.started.values()
 
     async def ledger_quiet(self, step: IdleStep) -> None:
         await self.settle()
@@ -526,7 +531,21 @@ class _Scene:
         op_id = await self.op_id(step.op, step.timeout_secs)
         assert self.runtime is not None
         while True:
-            op = await self.runtime.ledger.get(op_id)
+            try:
+                op = await self.runtime.ledger.get(op_id)
+            except OperationNotFound:
+                if not self._read_running(op_id, []):
+                    raise
+                # A read still running: no row until its answer is recorded.
+                if S.RUNNING in step.status and not step.delivered:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{step.op} ({op_id}) did not reach {' or '.join(step.status)} in "
+                        f"{step.timeout_secs}s: the read is still running"
+                    ) from None
+                await asyncio.sleep(0.02)
+                continue
             told_it = op.delivered_at is not None or (
                 op.kind == "read" and told_outcomes(self.run.timeline, op_id) > 0
             )

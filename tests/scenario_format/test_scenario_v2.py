@@ -512,3 +512,57 @@ async def test_an_argument_an_earlier_answer_does_not_hold_fails_the_run() -> No
         "every argument read from an earlier answer found it: steps[6].llm.calls[0].from_call."
         "booking_id: the answer to 'booking' has nothing at 'booking.result.reference'"
     ]
+
+
+def clinic_read(steps: str, expect: str) -> str:
+    """The clinic's free_slots read, slowed by 5 s on the scenario's clock."""
+    return (
+        D("""\
+        version: 2
+        name: a slow read
+        app: ../clinic_app.py:build
+        policy: ../policy.yaml
+        session: {principal: patient-7, agent: null}
+        steps:
+          - fault: {target: free_slots, fault: latency, secs: 5}
+          - user: Is Dr Okafor free this morning?
+          - llm:
+              say: Let me look at Dr Okafor's diary for this morning, one moment please.
+              calls: [{tool: free_slots, as: slots, args: {doctor: Dr Okafor}}]
+        """)
+        + textwrap.indent(D(steps), "  ")
+        + "expect:\n"
+        + textwrap.indent(D(expect), "  ")
+    )
+
+
+async def test_until_a_slow_read_runs_holds_while_it_runs_with_no_ledger_row_yet() -> None:
+    text = clinic_read(
+        """\
+        - until: {op: slots, status: [RUNNING]}
+        - advance: 6
+        - until: {op: slots, status: [COMMITTED], delivered: true}
+        - llm: Dr Okafor is free at nine.
+        - idle: {quiet_secs: 0.3, calls: true}
+        """,
+        "operations:\n  - {op: slots, status: COMMITTED, told: 1}\n",
+    )
+    loaded = load_scenario_text(text, source="r.yaml", base=CLINIC / "scenarios")
+    report = await run_scenario(loaded)
+    assert report.passed, failed(report)
+
+
+async def test_a_barge_in_timed_from_a_slow_reads_running_cuts_in_while_it_runs() -> None:
+    text = clinic_read(
+        """\
+        - barge_in: {op: slots, at: running, after_secs: 0.2, text: Or this afternoon}
+        - llm: This afternoon works too.
+        - idle: {quiet_secs: 0.3, calls: true}
+        """,
+        "operations:\n  - {op: slots, count: 1}\nheard: {includes: [afternoon works]}\n",
+    )
+    loaded = load_scenario_text(text, source="r.yaml", base=CLINIC / "scenarios")
+    report = await run_scenario(loaded)
+    assert report.passed, failed(report)
+    said, *_ = report.run.heard
+    assert said.interrupted  # cut while the read ran
