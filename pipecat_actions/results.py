@@ -10,14 +10,14 @@ escalated); without one, or once escalated, "a person will check it", since noth
 
 from __future__ import annotations
 
-__all__ = ["reconcilable", "refusal_result", "render", "render_operation"]
+__all__ = ["is_correction", "reconcilable", "refusal_result", "render", "render_operation"]
 
 from collections.abc import Mapping
 from typing import Any
 
 from pipecat_actions.actions import Binding
 from pipecat_actions.ledger.records import Operation
-from pipecat_actions.status import ActionStatus
+from pipecat_actions.status import HAPPENED_STATUSES, ActionStatus
 
 _MESSAGES: dict[ActionStatus, str] = {
     ActionStatus.COMMITTED: "Done: {tool} succeeded.",
@@ -47,6 +47,16 @@ _MESSAGES: dict[ActionStatus, str] = {
 }
 
 
+_TOLD_IT_DID_NOT_HAPPEN = frozenset(
+    {
+        ActionStatus.FAILED_FINAL,
+        ActionStatus.CANCELLED,
+        ActionStatus.EXPIRED,
+        ActionStatus.REJECTED,
+    }
+)
+"""What the conversation may have been told before the system of record said otherwise."""
+
 _UNKNOWN_FOR_A_PERSON = (
     "It is not yet known whether {tool} happened, and the system cannot tell; a person will "
     "check it. Do not say it succeeded or failed."
@@ -64,6 +74,11 @@ def reconcilable(bindings: Mapping[str, Binding], tool: str) -> bool | None:
     """
     binding = bindings.get(tool)
     return None if binding is None else binding.action.reconcile is not None
+
+
+def is_correction(op: Operation) -> bool:
+    """Whether telling ``op`` now corrects what its conversation was told: it did happen."""
+    return op.status in HAPPENED_STATUSES and op.delivered_status in _TOLD_IT_DID_NOT_HAPPEN
 
 
 def render_operation(
@@ -88,6 +103,13 @@ def render_operation(
     )
     if op.status is ActionStatus.AWAITING_CONFIRMATION:
         result["confirmation_token"] = op.args_hash[:12]
+    if is_correction(op):
+        told = op.delivered_status.value.lower() if op.delivered_status else ""
+        result["correction"] = (
+            f"The user was told earlier that {op.tool} did not happen ({told}); the system of "
+            "record now reports that it did. Correct it plainly and apologise for the mix-up."
+        )
+        result["message"] = f"{result['message']} {result['correction']}"
     return result
 
 

@@ -12,11 +12,14 @@ REQUESTED → ADMITTED → RUNNING → COMMITTED → COMPENSATING → COMPENSATE
    └──→ AWAITING_CONFIRMATION / AWAITING_APPROVAL → ADMITTED | REJECTED | EXPIRED
 ```
 
-Two edges go beyond the first sketch in DESIGN.md, both to keep the ledger truthful:
+Three edges go beyond the first sketch in DESIGN.md, all to keep the ledger truthful:
 
 * ``UNKNOWN → FAILED_RETRYABLE``: reconciliation found that the system of record has no trace
   of the operation, so the attempt is known not to have happened and may be retried per policy.
 * ``COMPENSATING → COMMITTED``: the compensation failed for good; the original effect stands.
+* ``FAILED_FINAL → COMMITTED``: a conflict, never a step of a run: the system of record reports
+  a commit for an operation the ledger held as failed. The ledger follows the system of record;
+  the conflict is audited, counted and escalated, and the conversation is told the correction.
 
 ``REQUESTED`` is the status every operation starts from; the ledger records the first
 transitions of a new operation (``REQUESTED → ADMITTED → RUNNING``) in the same transaction as
@@ -85,7 +88,7 @@ TRANSITIONS: dict[ActionStatus, frozenset[ActionStatus]] = {
     S.COMMITTED: frozenset({S.COMPENSATING}),
     S.COMPENSATING: frozenset({S.COMPENSATED, S.COMMITTED}),
     S.COMPENSATED: frozenset(),
-    S.FAILED_FINAL: frozenset(),
+    S.FAILED_FINAL: frozenset({S.COMMITTED}),
     S.CANCELLED: frozenset(),
     S.REJECTED: frozenset(),
     S.EXPIRED: frozenset(),

@@ -7,11 +7,13 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from pipecat_actions.cli import main
+from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import NewOperation, SqlLedger
 from pipecat_actions.status import ActionStatus
 from tests import _operator_app as app_module
@@ -29,7 +31,8 @@ def ledger(tmp_path: Path) -> tuple[str, dict[str, str]]:
     ids: dict[str, str] = {}
 
     async def fill() -> None:
-        opened = await SqlLedger.create(url)
+        # An hour ago: the tools' commit horizon (60 s) has passed, so "no trace" is final.
+        opened = await SqlLedger.create(url, clock=ManualClock(time.time() - 3600))
         try:
             for name, tool, args, final in (
                 ("found", "book_table", {"time": "21:00"}, S.UNKNOWN),

@@ -32,10 +32,13 @@ def test_every_status_has_a_row_in_the_table() -> None:
     assert set(TRANSITIONS) == set(ActionStatus)
 
 
-def test_terminal_statuses_other_than_committed_have_no_way_out() -> None:
-    for status in TERMINAL_STATUSES - {S.COMMITTED}:
+def test_terminal_statuses_have_no_way_out_but_compensation_and_a_conflicts_correction() -> None:
+    for status in TERMINAL_STATUSES - {S.COMMITTED, S.FAILED_FINAL}:
         assert TRANSITIONS[status] == frozenset(), status
     assert TRANSITIONS[S.COMMITTED] == {S.COMPENSATING}
+    # The system of record reports a commit for an operation held as failed: the ledger
+    # follows it (audited as a conflict), and only to COMMITTED.
+    assert TRANSITIONS[S.FAILED_FINAL] == {S.COMMITTED}
 
 
 def test_every_status_is_reachable_from_requested() -> None:

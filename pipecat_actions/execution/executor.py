@@ -20,6 +20,7 @@ from __future__ import annotations
 __all__ = ["Executor", "ReconcileSchedule", "retry_delay"]
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,7 @@ from loguru import logger
 from pipecat_actions.actions import (
     ActionContext,
     Binding,
+    CancelOutcome,
     ReconcileState,
     Reconciliation,
     Reporter,
@@ -100,6 +102,9 @@ class Executor:
         on_unrecorded: Told an outcome this executor knows but could not write yet (the
             ledger is unavailable; the write is tried again until it lands): the operation as
             it will be recorded, so that its caller is answered truthfully meanwhile.
+        on_unknown: Told an attempt's outcome is UNKNOWN when its reconciliation's first probe
+            did not settle it (the rest may wait for the tool's commit horizon), so that its
+            caller hears now that it is not known yet and being checked.
         write_retry: The backoff of outcome writes that fail because the ledger is unavailable.
         reporter: Gives each attempt's effect where its progress reports go
             (`ActionContext.report`); none: reports are dropped.
@@ -117,12 +122,14 @@ class Executor:
         telemetry: Telemetry | None = None,
         on_late_outcome: Callable[[Tracked, Operation], None] | None = None,
         on_unrecorded: Callable[[Tracked, Operation], None] | None = None,
+        on_unknown: Callable[[Tracked, Operation], None] | None = None,
         write_retry: WriteRetry | None = None,
         reporter: Callable[[Operation, Tracked], Reporter] | None = None,
     ) -> None:
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self._on_late_outcome = on_late_outcome
         self._on_unrecorded = on_unrecorded
+        self._on_unknown = on_unknown
         self.write_retry = write_retry or WriteRetry()
         self.ledger = ledger
         self.clock = clock
@@ -131,6 +138,30 @@ class Executor:
         self.schedule = schedule or ReconcileSchedule()
         self.rand = rand
         self._reporter = reporter
+        self._hurry = asyncio.Event()
+        self._unwritten: dict[str, tuple[Tracked, Operation]] = {}
+        """Outcomes told to their callers that the ledger does not hold yet, by operation."""
+        self._all_written = asyncio.Event()
+        self._all_written.set()
+
+    # --- closing ---------------------------------------------------------------------------
+
+    def hurry(self) -> None:
+        """The runtime closes: outcome writes still failing are tried again now, and often."""
+        self._hurry.set()
+
+    async def written(self, timeout_secs: float) -> list[tuple[Tracked, Operation]]:
+        """Wait up to ``timeout_secs`` (real time) until every told outcome is written.
+
+        Returns:
+            The outcomes still not written then: each operation's record here, and the
+            operation as its caller was told it.
+        """
+        if self._unwritten:
+            # At least a turn for writes that were hurried: a zero grace still tries once.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._all_written.wait(), max(timeout_secs, 0.05))
+        return list(self._unwritten.values())
 
     # --- running ---------------------------------------------------------------------------
 
@@ -178,7 +209,7 @@ class Executor:
                 unknown = await self._settle(op, tracked, S.UNKNOWN, error=message)
                 if unknown.status is not S.UNKNOWN:
                     return unknown
-                return await self.reconcile(unknown, tracked)
+                return await self.reconcile(unknown, tracked, on_wait=self._on_unknown)
             failed = await self._settle(op, tracked, S.FAILED_RETRYABLE, error=message)
             if failed.status is not S.FAILED_RETRYABLE:
                 return failed
@@ -211,6 +242,8 @@ class Executor:
                 binding.action.run(ctx), name=f"pipecat_actions.effect.{op.operation_id}"
             )
         tracked.effect_task = task
+        tracked.effect_ended_at = None
+        task.add_done_callback(lambda _: _ended(tracked, self.clock.now()))
         takeover = asyncio.get_running_loop().create_task(tracked.takeover.wait())
         try:
             await asyncio.wait({task, takeover}, return_when=asyncio.FIRST_COMPLETED)
@@ -223,13 +256,13 @@ class Executor:
             return _TAKEN_OVER
         if task.cancelled():
             return _TAKEN_OVER
-        error = task.exception()
+        error = _said(task)
         return (None, error) if error is not None else (task.result(), None)
 
     def _late_answer(self, operation_id: str, tracked: Tracked, task: asyncio.Task[Any]) -> None:
         if task.cancelled():
             return
-        error = task.exception()
+        error = _said(task)
         if error is not None and not isinstance(error, _SAID_BY_THE_EFFECT):
             logger.bind(operation_id=operation_id).opt(exception=error).error(
                 "operation {}: its effect raised {} after it was taken over: {}",
@@ -256,9 +289,13 @@ class Executor:
                 if settled.status is S.COMMITTED and self._on_late_outcome is not None:
                     self._on_late_outcome(tracked, settled)
             elif error is None and op.status is S.FAILED_FINAL:
-                # The effect says it happened, the ledger says it did not (reconciliation
-                # found nothing, or the deadline failed it): a person must look.
-                await self.escalate(op, "a late success contradicts FAILED_FINAL")
+                # The effect says it happened, the ledger says it did not: the system of
+                # record is the truth, and the contradiction is a fact of its own.
+                corrected = await self.correct(
+                    op, tracked, value, source="the late answer of its effect"
+                )
+                if corrected.status is S.COMMITTED and self._on_late_outcome is not None:
+                    self._on_late_outcome(tracked, corrected)
         except Exception as exc:  # a late answer must never crash the runtime
             logger.bind(operation_id=operation_id).warning(
                 "operation {}: could not record a late answer: {}", operation_id, exc
@@ -266,18 +303,46 @@ class Executor:
 
     # --- reconciliation --------------------------------------------------------------------
 
-    async def reconcile(self, op: Operation, tracked: Tracked) -> Operation:
-        """Ask the system of record what became of an UNKNOWN operation; escalate if unsure."""
+    async def reconcile(
+        self,
+        op: Operation,
+        tracked: Tracked,
+        *,
+        patient: bool = True,
+        on_wait: Callable[[Tracked, Operation], None] | None = None,
+    ) -> Operation:
+        """Ask the system of record what became of an UNKNOWN operation; escalate if unsure.
+
+        "No trace" settles it as not happened only once the tool's commit horizon has passed
+        (`horizon_at`), or the provider confirmed a cancel by key (``cancel_to_settle``).
+        ``patient``: such a "no trace" before the horizon spends no probe, and the horizon is
+        waited for (the runtime's own reconciliation); else it spends one, as any answer that
+        settles nothing does (a person's one-off check). ``on_wait`` is told the operation
+        once, when a first probe did not settle it and reconciliation is about to wait (its
+        caller then hears that it is not known yet and being checked).
+        """
         with self.telemetry.reconciliation(op) as span:
-            final = await self._reconcile(op, tracked)
+            final = await self._reconcile(op, tracked, patient=patient, on_wait=on_wait)
             span.set("status", final.status.value)
             span.set("escalated", final.escalated_at is not None)
             return final
 
-    async def _reconcile(self, op: Operation, tracked: Tracked) -> Operation:
+    async def _reconcile(
+        self,
+        op: Operation,
+        tracked: Tracked,
+        *,
+        patient: bool,
+        on_wait: Callable[[Tracked, Operation], None] | None,
+    ) -> Operation:
         hook = tracked.binding.action.reconcile
         if hook is None:
             return await self.escalate(op, "no reconcile hook: the outcome cannot be checked")
+        horizon_at = await self.horizon_at(op, tracked)
+        settle_by_cancel = (
+            tracked.binding.policy.reconciliation.cancel_to_settle
+            and tracked.binding.action.cancel is not None
+        )
         delay = self.schedule.initial_secs
         probe = 0
         while probe < self.schedule.max_probes:
@@ -306,18 +371,37 @@ class Executor:
                     {"reconcile_error": f"{type(exc).__name__}: {exc}", "probe": probe},
                 )
                 state, result = ReconcileState.PENDING, None
-            if state is ReconcileState.NOT_FOUND and (running_at_probe or _still_running(tracked)):
-                # No trace yet, but the effect may still be working on it (the deadline only
-                # stopped the waiting): "it did not happen" would be a guess. Ask again later;
-                # its late answer settles the operation if it comes first.
-                await self._note(
-                    op.operation_id,
-                    {
-                        "reconcile_not_final": "no trace yet, but the effect is still running",
-                        "probe": probe,
-                    },
-                )
-                state = ReconcileState.PENDING
+            pause = delay
+            if state is ReconcileState.NOT_FOUND:
+                running = running_at_probe or _still_running(tracked)
+                horizon_at = max(horizon_at, _horizon_from(tracked, current))
+                if running or self.clock.now() < horizon_at:
+                    if not running and settle_by_cancel:
+                        settle_by_cancel = False  # asked once: its answer stands
+                        cancelled = await self._cancel_to_settle(current, tracked)
+                        if cancelled is not None:
+                            return cancelled
+                    # No trace yet, but the provider may still apply it (the effect may still
+                    # be sending, or the request may still be queued there): "it did not
+                    # happen" would be a guess. The operation stays UNKNOWN and is asked about
+                    # again. Waiting for the horizon spends none of the schedule's probes (a
+                    # running effect does: one that never answers is a person's to look at).
+                    await self._note(
+                        op.operation_id,
+                        {
+                            "reconcile_not_final": (
+                                "no trace yet, but the effect is still running"
+                                if running
+                                else "no trace yet, but the provider may still apply it"
+                            ),
+                            "horizon_at": horizon_at,
+                            "probe": probe,
+                        },
+                    )
+                    state = ReconcileState.PENDING
+                    if not running and patient:
+                        probe -= 1
+                        pause = min(delay, max(horizon_at - self.clock.now(), 0.0))
             if state is ReconcileState.COMMITTED:
                 return await self._settle(
                     current, tracked, S.COMMITTED, result=result, reason="reconciled"
@@ -327,15 +411,115 @@ class Executor:
                     current,
                     tracked,
                     S.FAILED_FINAL,
-                    error="the system of record has no trace of it: it did not happen",
+                    error=(
+                        "the system of record has no trace of it, and it can no longer be "
+                        "applied: it did not happen"
+                    ),
                     reason="reconciled",
                 )
-            await self.clock.sleep(delay)
+            if on_wait is not None:
+                on_wait(tracked, current)
+                on_wait = None
+            await self.clock.sleep(pause)
             delay = min(delay * self.schedule.multiplier, self.schedule.max_secs)
         return await self.escalate(op, f"still unknown after {self.schedule.max_probes} checks")
 
+    async def horizon_at(self, op: Operation, tracked: Tracked) -> float:
+        """When a "no trace" of ``op`` (UNKNOWN) becomes evidence that it did not happen.
+
+        The tool's ``reconciliation.commit_horizon_secs`` after the last moment its request
+        could have left: when it became UNKNOWN (its effect was stopped then, or its owner was
+        gone), or when its effect ended here, if later. Read from the audit trail; when the
+        trail cannot be read, the operation's last change stands in (later, so safe).
+        """
+        since = op.updated_at
+        try:
+            events = await self.ledger.events(op.operation_id)
+        except LedgerError:
+            events = []
+        for event in reversed(events):
+            if event.to_status is S.UNKNOWN and event.from_status is not S.UNKNOWN:
+                since = event.at
+                break
+        if op.sent_at is not None:
+            since = max(since, op.sent_at)
+        return max(since + _horizon_secs(tracked), _horizon_from(tracked, op))
+
+    async def _cancel_to_settle(self, op: Operation, tracked: Tracked) -> Operation | None:
+        """Ask the provider to cancel ``op`` by its key; FAILED_FINAL if it confirms, else None.
+
+        ``reconciliation.cancel_to_settle``: once the provider confirms that the request is
+        cancelled, nothing of it can be applied any more, so "no trace" is final now.
+        """
+        cancel = tracked.binding.action.cancel
+        assert cancel is not None
+        try:
+            with logger.contextualize(**operation_ids(op)):
+                outcome = await self._ask(cancel, ActionContext.of(op), "cancel")
+        except Exception as exc:
+            await self._note(
+                op.operation_id, {"cancel_to_settle_error": f"{type(exc).__name__}: {exc}"}
+            )
+            return None
+        await self._note(op.operation_id, {"cancel_to_settle": str(outcome)})
+        if outcome != CancelOutcome.CANCELLED:
+            return None  # too late (it is there: the next probe finds it) or not known
+        return await self._settle(
+            op,
+            tracked,
+            S.FAILED_FINAL,
+            error=(
+                "the system of record had no trace of it and confirmed it cancelled by its "
+                "key: it did not happen and will not"
+            ),
+            reason="reconciled",
+        )
+
+    async def correct(
+        self, op: Operation, tracked: Tracked | None, result: Any, *, source: str
+    ) -> Operation:
+        """Record that the system of record reports a commit for ``op``, held as FAILED_FINAL.
+
+        The ledger follows the system of record: ``op`` moves to COMMITTED, the audit event
+        records the conflict (``conflict``: what was held and who reports otherwise), and the
+        operation is escalated for a person, since whoever was told it failed was told wrong.
+        Its conversation is told the correction like any outcome that changed after it was
+        told. An operation in any other status is returned as it is.
+        """
+        if op.status is not S.FAILED_FINAL:
+            return op
+        conflict = (
+            f"{source} reports that it happened, but the ledger held it as failed "
+            f"({op.error or 'no reason recorded'})"
+        )
+        try:
+            corrected = await self._must_write(
+                lambda: self.ledger.transition(
+                    op.operation_id,
+                    expected=S.FAILED_FINAL,
+                    to=S.COMMITTED,
+                    fence=tracked.fence if tracked is not None else op.fence,
+                    actor=self.actor,
+                    detail={"reason": "conflict", "conflict": conflict},
+                    changes={"result": _recordable(result), "escalated_at": self.clock.now()},
+                )
+            )
+        except TransitionRefused:
+            return await self._read(op)
+        operation_logger(op).error(
+            "operation {}: CONFLICT: {}; recorded as COMMITTED and escalated",
+            op.operation_id,
+            conflict,
+        )
+        return corrected
+
     async def _probe(self, hook: Any, ctx: ActionContext) -> Reconciliation:
         """Ask the reconcile hook once, within the schedule's time limit on the clock."""
+        answer: Reconciliation = await self._ask(hook, ctx, "reconcile")
+        return answer
+
+    async def _ask(self, hook: Any, ctx: ActionContext, name: str) -> Any:
+        """Call a hook once, within the schedule's probe time limit on the clock."""
         asking = asyncio.ensure_future(hook(ctx))
         limit = asyncio.ensure_future(self.clock.sleep(self.schedule.probe_timeout_secs))
         try:
@@ -346,10 +530,9 @@ class Executor:
             asking.cancel()  # abandoned, not awaited: a hook may ignore cancellation
             asking.add_done_callback(_consume)
             raise TimeoutError(
-                f"the reconcile hook gave no answer within {self.schedule.probe_timeout_secs} s"
+                f"the {name} hook gave no answer within {self.schedule.probe_timeout_secs} s"
             )
-        answer: Reconciliation = asking.result()
-        return answer
+        return asking.result()
 
     async def escalate(self, op: Operation, why: str) -> Operation:
         """Mark an UNKNOWN operation as needing a person; it stays UNKNOWN."""
@@ -438,6 +621,8 @@ class Executor:
                 return
             told = True
             tracked.unsettled = True
+            self._unwritten[op.operation_id] = (tracked, _as_recorded(op, to, changes))
+            self._all_written.clear()
             operation_logger(op).warning(
                 "operation {}: its outcome {} cannot be recorded yet ({}); trying again",
                 op.operation_id,
@@ -470,7 +655,7 @@ class Executor:
                     lambda: self.ledger.get(op.operation_id), on_failure=unrecorded
                 )
                 continue
-            tracked.unsettled = False
+            self._written(tracked)
             return settled
         noted = await self._must_write(
             lambda: self.ledger.annotate(
@@ -480,8 +665,14 @@ class Executor:
             ),
             on_failure=unrecorded,
         )
-        tracked.unsettled = False
+        self._written(tracked)
         return noted
+
+    def _written(self, tracked: Tracked) -> None:
+        """The outcome of ``tracked`` this executor knows is in the ledger now."""
+        tracked.unsettled = False
+        if self._unwritten.pop(tracked.operation_id, None) is not None and not self._unwritten:
+            self._all_written.set()
 
     async def _must_write(
         self,
@@ -490,7 +681,11 @@ class Executor:
     ) -> Operation:
         """``write()`` until it lands (`until_written`), with this executor's backoff."""
         return await until_written(
-            write, clock=self.clock, retry=self.write_retry, on_failure=on_failure
+            write,
+            clock=self.clock,
+            retry=self.write_retry,
+            on_failure=on_failure,
+            hurry=self._hurry,
         )
 
     async def _note(self, operation_id: str, detail: dict[str, Any]) -> None:
@@ -557,6 +752,26 @@ _SAID_BY_THE_EFFECT = (
 """What an effect raises to say what happened: no traceback is logged for them."""
 
 
+_OUTCOMES = (EffectFailed, EffectNotSent, EffectOutcomeUnknown, EffectRetryable)
+"""What an effect may also return instead of raising (a handler that answers with a value)."""
+
+
+def _said(task: asyncio.Task[Any]) -> BaseException | None:
+    """The failure an ended effect's task says: what it raised, or an outcome it returned.
+
+    A handler written for bare Pipecat answers with a value (``result_callback``, a Flows
+    return): it says "sent, outcome unknown" by answering with an `EffectOutcomeUnknown`
+    (or another outcome class), which counts as raising it.
+    """
+    error = task.exception()
+    if error is not None:
+        return error
+    value = task.result()
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], _OUTCOMES):
+        value = value[0]  # a Flows handler's (result, next node)
+    return value if isinstance(value, _OUTCOMES) else None
+
+
 def _log_failure(op: Operation, error: BaseException, outcome: Outcome) -> None:
     """Log an effect's failure: with its traceback, unless the effect classified it itself."""
     log = operation_logger(op)
@@ -604,6 +819,22 @@ def _as_recorded(op: Operation, to: ActionStatus, changes: dict[str, Any]) -> Op
         result_json=op.result_json if result is None else canonical_json(result),
         error=changes.get("error", op.error),
     )
+
+
+def _ended(tracked: Tracked, at: float) -> None:
+    tracked.effect_ended_at = at
+
+
+def _horizon_secs(tracked: Tracked) -> float:
+    return tracked.binding.policy.reconciliation.commit_horizon_secs
+
+
+def _horizon_from(tracked: Tracked, op: Operation) -> float:
+    """The horizon counted from when this process's effect of ``op`` ended (if it did here)."""
+    ended = tracked.effect_ended_at
+    if ended is None or tracked.operation_id != op.operation_id:
+        return float("-inf")
+    return ended + _horizon_secs(tracked)
 
 
 def _still_running(tracked: Tracked) -> bool:

@@ -29,6 +29,8 @@ class Tracked:
     done: asyncio.Future[Operation]
     takeover: asyncio.Event = field(default_factory=asyncio.Event)
     effect_task: asyncio.Task[Any] | None = None
+    effect_ended_at: float | None = None
+    """When the effect's task ended (clock time): until then it may still send its request."""
     on_finish: list[Callable[[], None]] = field(default_factory=list)
     reported: ActionStatus | None = None
     """The last outcome listeners were told (UNKNOWN first, then what reconciliation found)."""

@@ -6,6 +6,7 @@ __all__ = ["filter_conditions"]
 
 from sqlalchemy import ColumnElement, tuple_
 
+from pipecat_actions.ledger._trail import Mark
 from pipecat_actions.ledger.records import OperationFilter
 from pipecat_actions.ledger.schema import operations
 from pipecat_actions.status import ActionStatus
@@ -35,6 +36,9 @@ def filter_conditions(f: OperationFilter) -> list[ColumnElement[bool]]:
         conditions.append(
             c.delivered_at.is_(None) if f.undelivered else c.delivered_at.is_not(None)
         )
+    if f.conflicted is not None:
+        flagged = c.trail_marks.op("&")(int(Mark.CONFLICT)) != 0
+        conditions.append(flagged if f.conflicted else ~flagged)
     if f.after is not None:
         # A row-value comparison: both backends read it as a range of the
         # (…, created_at, operation_id) indexes, where an OR of two comparisons is not.

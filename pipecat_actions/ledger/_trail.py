@@ -47,6 +47,8 @@ class Mark(IntFlag):
     """It was still pending when its conversation was handed to another agent."""
     RECONCILED = 64
     """Its outcome was settled by reconciliation."""
+    CONFLICT = 128
+    """The system of record contradicted the outcome the ledger held (`Executor.correct`)."""
 
 
 # Texts whose presence in an event's canonical detail JSON may make it count; a detail that
@@ -59,6 +61,7 @@ _DETAIL_MARKERS = (
     '"handoff_to"',
     '"reconcile_error"',
     '"reconciled"',
+    '"conflict"',
 )
 _NOTHING_SENT = frozenset({S.ADMITTED.value, S.FAILED_RETRYABLE.value})
 _CANCELLED = S.CANCELLED.value
@@ -67,6 +70,7 @@ _CANCELLED_BEFORE_SEND = int(Mark.CANCELLED_BEFORE_SEND)
 _TOLD_LATE = int(Mark.TOLD_LATE)
 _HANDED_OFF_PENDING = int(Mark.HANDED_OFF_PENDING)
 _RECONCILED = int(Mark.RECONCILED)
+_CONFLICT = int(Mark.CONFLICT)
 _BY_STATUS = {
     S.UNKNOWN.value: int(Mark.WENT_UNKNOWN),
     S.CANCEL_REQUESTED.value: int(Mark.CANCEL_REQUESTED),
@@ -132,6 +136,8 @@ class TrailMarks:
             marks |= _HANDED_OFF_PENDING
         if detail.get("reason") == "reconciled":
             marks |= _RECONCILED
+        if detail.get("conflict"):
+            marks |= _CONFLICT
         return cls(marks, joined_calls(detail), int("reconcile_error" in detail))
 
     @classmethod

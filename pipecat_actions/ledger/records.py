@@ -231,6 +231,9 @@ class OperationFilter:
     created_from: float | None = None
     created_before: float | None = None
     undelivered: bool | None = None
+    conflicted: bool | None = None
+    """True: only operations whose outcome the system of record contradicted after the ledger
+    recorded it (a commit reported for an operation held as failed); see `Executor.correct`."""
     after: tuple[float, str] | None = None
     """A keyset cursor ``(created_at, operation_id)``: only operations ordered after it.
 

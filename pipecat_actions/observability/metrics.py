@@ -88,6 +88,11 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("reconciliation_errors", C, "Reconcile hooks that raised."),
     MetricSpec("escalations", C, "UNKNOWN operations handed to a person."),
+    MetricSpec(
+        "conflicts",
+        C,
+        "Operations the ledger held as failed that the system of record reports committed.",
+    ),
     MetricSpec("unknown_now", G, "Operations in UNKNOWN now (as seen by this process)."),
     MetricSpec("admission_latency", H, "From a call's proposal to the admission decision."),
     MetricSpec("execution_to_commit", H, "From sending the committing attempt to COMMITTED."),

@@ -233,6 +233,8 @@ class Telemetry:
             if (detail or {}).get("reason") == "reconciled":
                 found = "committed" if to is S.COMMITTED else "not_happened"
                 metrics.add("reconciliations", tool, label=found)
+        if (detail or {}).get("conflict"):
+            metrics.add("conflicts", tool)
         if to is S.CANCEL_REQUESTED:
             metrics.add("cancellations_requested", tool)
         elif to is S.CANCELLED:

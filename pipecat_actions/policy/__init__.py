@@ -29,6 +29,7 @@ __all__ = [
     "PolicyFile",
     "PolicyProblem",
     "PolicySet",
+    "ReconciliationPolicy",
     "RetryPolicy",
     "Risk",
     "ToolKind",
@@ -67,6 +68,7 @@ from pipecat_actions.policy.model import (
     DeliveryPolicy,
     FillerPolicy,
     IdempotencyPolicy,
+    ReconciliationPolicy,
     ToolPolicy,
 )
 from pipecat_actions.policy.retry import RetryPolicy

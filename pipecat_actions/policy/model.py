@@ -14,6 +14,7 @@ __all__ = [
     "DeliveryPolicy",
     "FillerPolicy",
     "IdempotencyPolicy",
+    "ReconciliationPolicy",
     "ToolPolicy",
 ]
 
@@ -265,6 +266,43 @@ class CompensationPolicy(BaseModel):
     )
 
 
+class ReconciliationPolicy(BaseModel):
+    """When "the system of record has no trace of it" may be believed.
+
+    A request that was sent may still be applied by the provider for a while after the client
+    stopped waiting (a queue, a slow worker, a retry on the provider's side). Until then a
+    reconcile hook's "not found" is no evidence that it did not happen: the operation stays
+    UNKNOWN, the user hears that it is still being checked, and the hook is asked again.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    commit_horizon_secs: float = Field(
+        default=60.0,
+        ge=0,
+        le=86400,
+        description=(
+            "How long, in seconds, this provider may still apply a request after the last "
+            "moment it could have been sent (the effect stopped, or its owner died). Before "
+            "that, a reconcile hook's not_found leaves the operation UNKNOWN and it is checked "
+            "again; after it, not_found means it did not happen (FAILED_FINAL). Set it to "
+            "what the provider guarantees: its request timeout plus any queueing; 0 only for "
+            "a system of record that applies a request while its call is open and never after "
+            "(a database written in the effect's own transaction)."
+        ),
+    )
+    cancel_to_settle: bool = Field(
+        default=False,
+        description=(
+            "True: while the system of record has no trace of an UNKNOWN operation before "
+            "its horizon, the action's cancel hook is asked to cancel it by its idempotency "
+            "key; once the provider confirms (cancelled), nothing can happen any more and it "
+            "is settled as not happened at once. Needs a cancel hook. False: only the horizon "
+            "settles it."
+        ),
+    )
+
+
 class ToolPolicy(BaseModel):
     """Everything pipecat_actions needs to know to run one tool safely.
 
@@ -380,6 +418,13 @@ class ToolPolicy(BaseModel):
             "Seconds from admission until the action must have a final outcome; after that the "
             "watchdog marks it failed (nothing sent) or unknown (maybe sent) and checks the "
             "system of record. At least timeout_secs."
+        ),
+    )
+    reconciliation: ReconciliationPolicy = Field(
+        default_factory=ReconciliationPolicy,
+        description=(
+            "When an unknown outcome may be settled as not happened: the provider's commit "
+            "horizon, and whether a cancel by key may settle it sooner."
         ),
     )
     retry: RetryPolicy = Field(

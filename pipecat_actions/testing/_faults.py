@@ -36,14 +36,20 @@ import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from pipecat_actions.clock import Clock, SystemClock
 
 OperationKind = Literal["book", "move", "cancel", "refund"]
 """The mutations the fake performs; each committed one is a counted side effect."""
 
-FaultName = Literal["error_before_send", "fail_after_send", "lose_response_after_commit", "hang"]
+FaultName = Literal[
+    "error_before_send",
+    "fail_after_send",
+    "lose_response_after_commit",
+    "hang",
+    "apply_when_abandoned",
+]
 """The fault switches that are spent one call at a time."""
 
 
@@ -110,6 +116,17 @@ class Faults:
     def lose_response_after_commit(self, kind: OperationKind | None = None, times: int = 1) -> None:
         """Make calls commit (or replay), then raise `ProviderTimeout` instead of answering."""
         self._arm("lose_response_after_commit", kind, times)
+
+    def apply_when_abandoned(self, kind: OperationKind | None = None, times: int = 1) -> None:
+        """Make received calls run to their end on the provider's side, whoever waits.
+
+        A real provider goes on with a request it received when its client stops waiting
+        (a client timeout, a cancelled task, a dead process): with latency, the commit comes
+        that much later, though nobody hears its answer. By default the fake abandons a call
+        whose awaiting task is cancelled; this switch makes the next ``times`` calls behave
+        like a real server instead.
+        """
+        self._arm("apply_when_abandoned", kind, times)
 
     def hang(
         self,
@@ -291,6 +308,21 @@ class _FakeProvider:
         commit: Callable[[float], _Result],
     ) -> _Result:
         """Run one mutation; ``commit(now)`` changes the domain or raises `ProviderRejected`."""
+        if self.faults._take("apply_when_abandoned", kind) is not None:
+            # The provider's side of the call runs on its own: the caller may stop waiting.
+            served = asyncio.ensure_future(self._serve(kind, params, key, commit))
+            served.add_done_callback(_consume)
+            return await asyncio.shield(served)
+        return await self._serve(kind, params, key, commit)
+
+    async def _serve(
+        self,
+        kind: OperationKind,
+        params: dict[str, object],
+        key: str | None,
+        commit: Callable[[float], _Result],
+    ) -> _Result:
+        """One mutation as the provider serves it (see `_mutate`)."""
         fails_before_send = self.faults._take("error_before_send", kind) is not None
         latency = 0.0 if fails_before_send else self.faults.latency_secs(kind)
         sleeping = asyncio.ensure_future(self._clock.sleep(latency)) if latency > 0 else None
@@ -418,6 +450,12 @@ class _FakeProvider:
         self, kind: OperationKind, params: dict[str, object], key: str | None, outcome: CallOutcome
     ) -> None:
         self.log.append(ProviderCall(kind, params, key, outcome, self._clock.now()))
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Take a detached call's exception: nobody may be waiting for its answer."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _aborted(kind: OperationKind, key: str | None) -> ProviderCancelled:

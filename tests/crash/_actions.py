@@ -39,7 +39,9 @@ def policy_for(dedupes: bool) -> PolicySet:
         if dedupes
         else "retry: {max_attempts: 1}",
     ]
-    deadline = f"deadline_secs: {DEADLINE_SECS}"
+    # The file system of record commits inside the effect's own call, never after it: once
+    # the effect stopped (its process killed), no trace of it means it did not happen.
+    deadline = f"deadline_secs: {DEADLINE_SECS}\n    reconciliation: {{commit_horizon_secs: 0}}"
     tools = {
         "book": ["kind: mutation", deadline, *keyed],
         "book_later": ["kind: mutation", "admit_when: turn_confirmed", deadline, *keyed],

@@ -23,8 +23,12 @@ from tests.runtime._execution_support import (
 )
 from tests.runtime._execution_support import S as Status
 
+# The fake provider forgets a call whose client left (commit horizon 0): once the deadline
+# stopped the effect, no trace of the booking is the truth at once.
 POLICY = """
     version: 1
+    defaults:
+      reconciliation: {commit_horizon_secs: 0}
     tools:
       book_table:
         kind: mutation

@@ -620,8 +620,11 @@ async def test_a_result_past_pipecats_timeout_is_bounded_by_the_watchdog_and_tol
 
     async with agent_on(
         tmp_path,
+        # This provider forgets a request its client left (commit horizon 0): once the
+        # watchdog stopped the effect, no trace of it is the truth.
         "version: 1\ntools:\n  book_table:\n    kind: mutation\n"
-        "    timeout_secs: 1.0\n    deadline_secs: 1.5\n",
+        "    timeout_secs: 1.0\n    deadline_secs: 1.5\n"
+        "    reconciliation: {commit_horizon_secs: 0}\n",
         [book_table],
         sor,
         clock,

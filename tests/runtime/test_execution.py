@@ -20,8 +20,10 @@ from tests.runtime._execution_support import (
     eventually,
     guarded,
     new_session,
+    noted,
     only_operation,
     policy,
+    reaches,
     running,
     transitions,
 )
@@ -117,30 +119,37 @@ async def test_a_lost_answer_without_a_reconcile_hook_stays_unknown_and_is_escal
     assert "done" not in words and "cancel" not in words and "succeeded." not in words
 
 
-async def test_a_lost_answer_the_provider_never_committed_is_reconciled_to_failed(
+async def test_a_lost_answer_the_provider_never_committed_fails_only_once_its_horizon_passed(
     ledger_url: str, clock: ManualClock
 ) -> None:
     # The client gives up while the provider is still working (its latency is on the manual
-    # clock, which never moves): the abandoned request commits nothing, the probe finds no trace.
+    # clock): "no trace" at once is no proof, since the provider may still apply the request
+    # until its commit horizon (5 s here). Only after it does no trace mean it did not happen.
     sor = fake(clock, honours_keys=False)
     sor.faults.set_latency(10.0)
     bookings = Bookings(sor)
     bookings.client_gives_up = asyncio.Event()
-    async with running(
-        NON_IDEMPOTENT, [bookings.action()], ledger_url=ledger_url, clock=clock
-    ) as runtime:
+    policy = NON_IDEMPOTENT + "        reconciliation: {commit_horizon_secs: 5}\n"
+    async with running(policy, [bookings.action()], ledger_url=ledger_url, clock=clock) as runtime:
         call = asyncio.ensure_future(runtime.propose("book_table", booking(), new_session()))
         await eventually(lambda: sor.calls["book"] == 1, what="the request to be sent")
         bookings.client_gives_up.set()  # the client's own timeout, while the provider works
         told = await guarded(call, what="the answer after the client gave up")
         op = await only_operation(runtime)
+        await eventually(
+            lambda: noted(runtime, op.operation_id, "reconcile_not_final"),
+            what="a probe that finds no trace before the horizon",
+        )
+        before = await runtime.ledger.get(op.operation_id)
+        clock.advance(5.0)
+        after = await reaches(runtime, op.operation_id, Status.FAILED_FINAL)
 
-    assert op.status is Status.FAILED_FINAL
-    assert op.attempt == 1
+    assert told["status"] == "unknown"
+    assert before.status is Status.UNKNOWN
+    assert after.attempt == 1
     assert sor.calls["book"] == 1
     assert sor.side_effects["book"] == 0
     assert [c.outcome for c in sor.log] == ["abandoned"]
-    assert told["status"] == "failed_final"
 
 
 # --- write-ahead ------------------------------------------------------------------------

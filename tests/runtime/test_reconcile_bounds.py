@@ -155,16 +155,17 @@ async def test_no_trace_while_the_effect_still_runs_is_not_final_and_its_late_su
     assert sor.side_effects["book"] == 1
 
 
-async def test_no_trace_after_the_effect_ended_is_final(
+async def test_no_trace_after_the_effect_ended_is_final_for_a_provider_with_no_horizon(
     ledger_url: str, clock: ManualClock
 ) -> None:
-    # The effect stops when the deadline cancels it (it honours cancellation), so "no trace"
-    # from the system of record is the truth: FAILED_FINAL, as before.
+    # The effect stops when the deadline cancels it (it honours cancellation), and this
+    # provider applies nothing once its caller left (commit horizon 0): "no trace" is the
+    # truth at once (test_commit_horizon.py has a provider that takes longer).
     sor = fake(clock)
     sor.faults.hang("book")
     bookings = Bookings(sor)
     async with running(
-        POLICY,
+        POLICY + "        reconciliation: {commit_horizon_secs: 0}\n",
         [bookings.action(reconcile="lookup")],
         ledger_url=ledger_url,
         clock=clock,
@@ -178,5 +179,8 @@ async def test_no_trace_after_the_effect_ended_is_final(
         await guarded(call, what="the answer at the deadline")
         final = await reaches(runtime, op.operation_id, Status.FAILED_FINAL)
 
-    assert final.error == "the system of record has no trace of it: it did not happen"
+    assert final.error == (
+        "the system of record has no trace of it, and it can no longer be applied: it did not "
+        "happen"
+    )
     assert sor.side_effects["book"] == 0
