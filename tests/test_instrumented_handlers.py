@@ -255,12 +255,23 @@ async def test_an_operation_run_without_its_call_gets_a_clear_error_for_what_it_
             reason="regular guest",
             args_hash=waiting.args_hash,
         )
-        clock.advance(60)  # the first runtime's lease on it runs out
-        await second.recover()  # approved with no owner alive: this runtime runs it
-        done = await second.wait(waiting.operation_id)
+        # The first runtime is gone. This one took its waiting request over when it started,
+        # before its handler was registered (so it could not run it then); once the lease it
+        # let run out has, it claims it again, now with the handler, and runs it without the
+        # call that proposed it.
+        clock.advance(60)
+        await second.recover()
+
+        async def ran() -> bool:
+            op = await second.ledger.get(waiting.operation_id)
+            return op.status not in (S.AWAITING_APPROVAL, S.ADMITTED, S.RUNNING)
+
+        await until(ran, what="the approved refund to run")
+        done = await second.ledger.get(waiting.operation_id)
     finally:
         await second.close()
 
+    assert done.lease_owner == second.owner
     assert done.status is not S.COMMITTED
     assert "params.context is not available to refund" in (done.error or "")
 

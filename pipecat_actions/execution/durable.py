@@ -15,8 +15,9 @@ is raised at once.
 
 from __future__ import annotations
 
-__all__ = ["WriteRetry", "until_written"]
+__all__ = ["HURRIED_PAUSE_SECS", "WriteRetry", "until_written"]
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -25,6 +26,13 @@ from pipecat_actions.clock import Clock
 from pipecat_actions.errors import LedgerError
 
 T = TypeVar("T")
+
+HURRIED_PAUSE_SECS = 0.02
+"""The pause between attempts once the runtime closes (``hurry``), in real seconds.
+
+A closing runtime has a grace period of real time to get its outcomes written, whatever its
+clock says (a manual clock nobody moves any more): its writes are tried again at this pace
+instead of on the clock's backoff."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,7 @@ async def until_written(
     clock: Clock,
     retry: WriteRetry,
     on_failure: Callable[[LedgerError, int], None] | None = None,
+    hurry: asyncio.Event | None = None,
 ) -> T:
     """Await ``write()`` until it succeeds, trying again while its failure is retryable.
 
@@ -60,6 +69,8 @@ async def until_written(
         clock: Paces the attempts.
         retry: The backoff.
         on_failure: Told each retryable failure and how many there were so far.
+        hurry: Once set (the runtime closes), the next attempt is made at once and the
+            following ones every `HURRIED_PAUSE_SECS` of real time.
 
     Raises:
         LedgerError: A failure that is not retryable (raised at once).
@@ -74,4 +85,21 @@ async def until_written(
             failures += 1
             if on_failure is not None:
                 on_failure(exc, failures)
-        await clock.sleep(retry.pause(failures))
+        if hurry is not None and hurry.is_set():
+            await asyncio.sleep(HURRIED_PAUSE_SECS)
+            continue
+        await _pause(clock, retry.pause(failures), hurry)
+
+
+async def _pause(clock: Clock, secs: float, hurry: asyncio.Event | None) -> None:
+    """Sleep ``secs`` of ``clock``, or until ``hurry`` is set."""
+    if hurry is None:
+        await clock.sleep(secs)
+        return
+    sleeper = asyncio.ensure_future(clock.sleep(secs))
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait({sleeper, hurried}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sleeper.cancel()
+        hurried.cancel()

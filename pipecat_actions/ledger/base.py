@@ -148,14 +148,65 @@ class Ledger(ABC):
 
     @abstractmethod
     async def claim_stale(
-        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
+        self,
+        owner: str,
+        *,
+        lease_secs: float,
+        limit: int,
+        except_ids: Collection[str] = (),
+        gone: Collection[str] = (),
     ) -> builtins.list[Operation]:
-        """Take over non-terminal operations whose owner's lease expired.
+        """Take over non-terminal operations whose owner's lease expired, or whose owner is gone.
 
         Each claimed operation gets ``owner``, a new lease and a fence one higher, so writes of
         the previous owner are refused from now on. Two claimers never get the same operation.
         The operations in ``except_ids`` are left alone (the claimer knows it cannot run them).
+        The operations held by an owner in ``gone`` (`gone_owners` says so) are claimed
+        whatever their lease says.
         """
+
+    async def hold_life(self, owner: str) -> bool:
+        """Hold ``owner``'s life lock and register it, for as long as this ledger is open.
+
+        Other runtimes then tell at once when ``owner`` is gone (`gone_owners`), instead of
+        waiting for its leases to run out. A ledger that cannot tell holds nothing.
+
+        Returns:
+            False when a live runtime holds that owner name already; True otherwise.
+        """
+        return True
+
+    async def release_life(self, owner: str, *, unregister: bool = True) -> None:
+        """Let go of ``owner``'s life lock and, with ``unregister``, of its registration.
+
+        Unregistered (a clean close), the owner is nobody's to take over. Still registered,
+        its lock free, it is gone (`gone_owners`): what it leaves is taken over at once.
+        """
+        return
+
+    async def gone_owners(
+        self, *, besides: str, among: Collection[str] | None = None
+    ) -> builtins.list[str]:
+        """The owners of live leases of non-terminal operations that are known to be gone.
+
+        Gone: registered (`hold_life`) and its life lock is free, so its process ended (or
+        lost its database session). ``besides`` (the caller) is never named. An owner that
+        never registered is never named: its lease running out decides. A ledger that cannot
+        tell names none. ``among``: only these owners are looked at.
+        """
+        return []
+
+    async def forget_owners(self, owners: Collection[str]) -> None:
+        """Unregister gone ``owners`` that hold no non-terminal operation any more."""
+        return
+
+    async def release_leases(self, owner: str, operation_ids: Collection[str]) -> int:
+        """End ``owner``'s leases of ``operation_ids`` now, so that another owner claims them.
+
+        Returns:
+            How many leases were ended.
+        """
+        return 0
 
     @abstractmethod
     async def renew_lease(

@@ -114,12 +114,40 @@ class ForwardingLedger(Ledger):
         return await self.inner.events(operation_id)
 
     async def claim_stale(
-        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
+        self,
+        owner: str,
+        *,
+        lease_secs: float,
+        limit: int,
+        except_ids: Collection[str] = (),
+        gone: Collection[str] = (),
     ) -> builtins.list[Operation]:
         """See `Ledger.claim_stale`."""
         return await self.inner.claim_stale(
-            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids
+            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone
         )
+
+    async def hold_life(self, owner: str) -> bool:
+        """See `Ledger.hold_life`."""
+        return await self.inner.hold_life(owner)
+
+    async def release_life(self, owner: str, *, unregister: bool = True) -> None:
+        """See `Ledger.release_life`."""
+        await self.inner.release_life(owner, unregister=unregister)
+
+    async def gone_owners(
+        self, *, besides: str, among: Collection[str] | None = None
+    ) -> builtins.list[str]:
+        """See `Ledger.gone_owners`."""
+        return await self.inner.gone_owners(besides=besides, among=among)
+
+    async def forget_owners(self, owners: Collection[str]) -> None:
+        """See `Ledger.forget_owners`."""
+        await self.inner.forget_owners(owners)
+
+    async def release_leases(self, owner: str, operation_ids: Collection[str]) -> int:
+        """See `Ledger.release_leases`."""
+        return await self.inner.release_leases(owner, operation_ids)
 
     async def renew_lease(
         self, owner: str, *, lease_secs: float, except_ids: Collection[str] = ()

@@ -10,9 +10,10 @@ stable across backends.
 
 from __future__ import annotations
 
-__all__ = ["STATS_COLUMNS", "events", "metadata", "operations"]
+__all__ = ["STATS_COLUMNS", "events", "metadata", "operations", "owners"]
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     Double,
     ForeignKey,
@@ -140,3 +141,17 @@ events = Table(
     Column("actor", String(256), nullable=False),
     Column("detail_json", Text, nullable=True),
 )
+
+owners = Table(
+    "pa_owners",
+    metadata,
+    # A runtime that holds leases registers here while it lives, with the key of the lock it
+    # holds for as long as it lives (see `_life`): a registered owner whose lock is free is
+    # gone, and its leases are taken over at once instead of when they run out.
+    Column("owner", String(128), primary_key=True),
+    Column("life_key", BigInteger, nullable=False),
+    Column("started_at", Double, nullable=False),
+    Column("host", String(256), nullable=True),
+    Column("pid", Integer, nullable=True),
+)
+"""The runtimes that hold leases now, or that died holding them (see `_life`)."""

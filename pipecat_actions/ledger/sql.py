@@ -51,8 +51,9 @@ from pipecat_actions.errors import (
     StaleFence,
     UnexpectedStatus,
 )
-from pipecat_actions.ledger import _sqlite, migrate
+from pipecat_actions.ledger import _owners, _sqlite, migrate
 from pipecat_actions.ledger._filters import filter_conditions
+from pipecat_actions.ledger._life import Life, PostgresLife, SqliteLife
 from pipecat_actions.ledger._notices import Notices, PostgresNotices, SqliteNotices
 from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
 from pipecat_actions.ledger._reader import (
@@ -154,8 +155,10 @@ class SqlLedger(Ledger):
         notices: Notices | None = None,
         sqlite_reader: SqliteReader | None = None,
         read_only: bool = False,
+        life: Life | None = None,
     ) -> None:
         self._engine = engine
+        self._life = life
         self.url = url
         self._clock = clock
         self._settings = settings
@@ -277,6 +280,17 @@ class SqlLedger(Ledger):
                 check_durability=not settings.allow_unsafe_postgres,
             )
             notices = PostgresNotices(dsn=dsn, url=redact_url(parsed))
+        life: Life | None = None
+        if not read_only:
+            life = (
+                SqliteLife(Path(parsed.database or ""))
+                if is_sqlite
+                else PostgresLife(
+                    dsn=asyncpg_dsn(parsed),
+                    url=redact_url(parsed),
+                    connect_timeout=settings.connect_timeout_secs,
+                )
+            )
         ledger = cls(
             engine,
             url=redact_url(parsed),
@@ -287,6 +301,7 @@ class SqlLedger(Ledger):
             postgres=fast,
             notices=notices,
             read_only=read_only,
+            life=life,
         )
         try:
             await ledger._open(create_schema=create_schema, check_schema=check_schema)
@@ -420,6 +435,8 @@ class SqlLedger(Ledger):
             await self._notices.close()
         if self._fast is not None:
             await self._fast.close()
+        if self._life is not None:
+            await self._life.close()
         await self._engine.dispose()
         if self._reader is not None:
             self._reader.close()
@@ -770,9 +787,16 @@ class SqlLedger(Ledger):
     # --- leases ----------------------------------------------------------------------------
 
     async def claim_stale(  # noqa: D102 - see Ledger
-        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
+        self,
+        owner: str,
+        *,
+        lease_secs: float,
+        limit: int,
+        except_ids: Collection[str] = (),
+        gone: Collection[str] = (),
     ) -> list[Operation]:
         left = list(except_ids)
+        dead = list(gone)
 
         def work(conn: Connection) -> list[Operation]:
             now = self._clock.now()
@@ -781,6 +805,7 @@ class SqlLedger(Ledger):
                 or_(
                     operations.c.lease_expires_at.is_(None),
                     operations.c.lease_expires_at <= now,
+                    *([operations.c.lease_owner.in_(dead)] if dead else []),
                 ),
             )
             if left:
@@ -830,6 +855,82 @@ class SqlLedger(Ledger):
                 ],
             )
             return claimed
+
+        return await self._write(work)
+
+    async def hold_life(self, owner: str) -> bool:  # noqa: D102 - see Ledger
+        if self._life is None:
+            return True
+        if not await self._life.hold(owner):
+            return False
+        try:
+            now = self._clock.now()
+            await self._write(
+                lambda conn: _owners.register(conn, owner, now=now, postgres=not self._sqlite)
+            )
+        except BaseException:
+            await self._life.release(owner)
+            raise
+        return True
+
+    async def release_life(  # noqa: D102 - see Ledger
+        self, owner: str, *, unregister: bool = True
+    ) -> None:
+        if self._life is None:
+            return
+        try:
+            if unregister:
+                await self._write(lambda conn: _owners.unregister(conn, owner))
+        finally:
+            await self._life.release(owner)
+
+    async def gone_owners(  # noqa: D102 - see Ledger
+        self, *, besides: str, among: Collection[str] | None = None
+    ) -> builtins.list[str]:
+        life = self._life
+        if life is None:
+            return []
+        if isinstance(life, PostgresLife):
+            await life.keep(besides)
+        now = self._clock.now()
+        if among is not None:
+            holders = [owner for owner in among if owner != besides]
+        else:
+            holders = await self._read(
+                lambda conn: _owners.lease_holders(conn, besides=besides, now=now)
+            )
+        if not holders:
+            return []
+        known = holders
+        if isinstance(life, PostgresLife):
+            return sorted(await self._read(lambda conn: _owners.gone_on_postgres(conn, known)))
+        registered = await self._read(lambda conn: _owners.registered(conn, known))
+        return sorted(await life.gone(registered))
+
+    async def forget_owners(self, owners: Collection[str]) -> None:  # noqa: D102 - see Ledger
+        if self._life is None or not owners:
+            return
+        done = await self._write(lambda conn: _owners.forget(conn, owners))
+        await self._life.forget(done)
+
+    async def release_leases(  # noqa: D102 - see Ledger
+        self, owner: str, operation_ids: Collection[str]
+    ) -> int:
+        ids = list(operation_ids)
+        if not ids:
+            return 0
+
+        def work(conn: Connection) -> int:
+            result = conn.execute(
+                update(operations)
+                .where(
+                    operations.c.lease_owner == owner,
+                    operations.c.operation_id.in_(ids),
+                    operations.c.status.in_([s.value for s in NON_TERMINAL]),
+                )
+                .values(lease_expires_at=self._clock.now())
+            )
+            return int(result.rowcount)
 
         return await self._write(work)
 

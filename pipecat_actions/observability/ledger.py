@@ -93,11 +93,17 @@ class ObservedLedger(ForwardingLedger):
         return op
 
     async def claim_stale(
-        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
+        self,
+        owner: str,
+        *,
+        lease_secs: float,
+        limit: int,
+        except_ids: Collection[str] = (),
+        gone: Collection[str] = (),
     ) -> builtins.list[Operation]:
         """See `Ledger.claim_stale`."""
         claimed = await super().claim_stale(
-            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids
+            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone
         )
         self.telemetry.claimed(claimed)
         return claimed

@@ -106,6 +106,7 @@ def build_parts(
         telemetry=telemetry,
         on_late_outcome=told_late,
         on_unrecorded=told_late,
+        on_unknown=told_late,
         # Effects report progress to the part built below, with the registry it needs.
         reporter=lambda op, tracked: progress.reporter(op, tracked),
     )
@@ -213,6 +214,7 @@ def build_parts(
         join_notes=join_notes,
         elsewhere=elsewhere,
         supersession=supersession,
+        adopt=recovery.adopt,
     )
     deliveries = Deliveries(
         ledger=observed,

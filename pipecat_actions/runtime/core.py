@@ -22,6 +22,7 @@ from __future__ import annotations
 
 __all__ = ["ActionRuntime"]
 
+import asyncio
 import os
 import socket
 import uuid
@@ -162,6 +163,7 @@ class ActionRuntime:
             runtime._routed = frozenset(routed)
             runtime.register(*actions)
             check_coverage(runtime.policy, runtime.bindings, runtime._routed)
+            await runtime._recovery.hold_life()
             runtime.watchdog.start()
             runtime._recovery.start(claim=recover)
             if recover:
@@ -195,6 +197,12 @@ class ActionRuntime:
                 raise ConfigurationError(
                     f"action {definition.name}: on_interruption is request_cancel but the "
                     "action has no cancel hook"
+                )
+            if policy.reconciliation.cancel_to_settle and not definition.cancel:
+                raise ConfigurationError(
+                    f"action {definition.name}: reconciliation.cancel_to_settle needs a cancel "
+                    "hook to ask the provider with; add cancel=... to its @action, or set "
+                    "cancel_to_settle: false"
                 )
             automatic = policy.compensation is not None and policy.compensation.automatic
             if automatic and definition.compensate is None:
@@ -443,13 +451,20 @@ class ActionRuntime:
     async def reconcile_unknown(
         self, operation_id: str, *, actor: str | None = None, probes: int = 1
     ) -> Operation:
-        """Ask the system of record about an UNKNOWN operation now, and record what it says.
+        """Ask the system of record about an UNKNOWN or FAILED_FINAL operation now; record it.
 
         The entry point of ``pipecat-actions reconcile``: the action's ``reconcile`` hook is
         asked up to ``probes`` times; COMMITTED or FAILED_FINAL is written through the same
         conditional transition (and audit event) as the runtime's own reconciliation, with
         ``actor`` recorded; an answer that settles nothing leaves the operation UNKNOWN and
-        escalated. A concurrent writer (the owner finishing it) wins and is reported as is.
+        escalated. "No trace" settles nothing before the tool's commit horizon has passed
+        (``reconciliation.commit_horizon_secs``). A concurrent writer (the owner finishing
+        it) wins and is reported as is.
+
+        A FAILED_FINAL operation is checked: if the system of record has it after all, that
+        is a conflict; the ledger follows the system of record (COMMITTED), the conflict is
+        audited, counted (``conflicts``), listed (``OperationFilter(conflicted=True)``) and
+        escalated, and a conversation of its session is told the correction.
 
         Args:
             operation_id: The operation.
@@ -461,7 +476,8 @@ class ActionRuntime:
 
         Raises:
             OperationNotFound: No such operation.
-            ConfigurationError: Not UNKNOWN, or its tool is not loaded or has no reconcile hook.
+            ConfigurationError: Not UNKNOWN or FAILED_FINAL, or its tool is not loaded or has
+                no reconcile hook.
         """
         return await self._recovery.reconcile_unknown(operation_id, actor=actor, probes=probes)
 
@@ -474,16 +490,27 @@ class ActionRuntime:
     async def close(self, *, grace_secs: float = 5.0) -> None:
         """Stop: wait up to ``grace_secs`` for running operations, then leave them to recovery.
 
-        An operation still running at the end keeps its ledger status (RUNNING, ...); the next
-        runtime to claim its lease reconciles it.
+        Within the same grace (real time), every outcome this runtime told a caller is
+        written to the ledger: a write that failed (the database down, a full disk) is tried
+        again at once and often. An outcome still not written then is logged as an error,
+        naming the operation and what its caller was told, and its lease is ended (or, if even
+        that cannot be written, this owner's life lock is let go of without unregistering),
+        so that another runtime takes it over at once and settles it from the system of
+        record. An operation still running at the end keeps its ledger status (RUNNING, ...)
+        and is taken over the same way.
         """
         if self._operations.closing:
             return
         self._operations.close()
+        loop = asyncio.get_running_loop()
+        ends_at = loop.time() + grace_secs
         await self._runner.drain(grace_secs)
+        await self._recovery.write_told_outcomes(max(ends_at - loop.time(), 0.0))
         await self.flush()
         await self._recovery.stop()
         await self.watchdog.stop()
+        left = len(self._operations.waiting()) + len(self._operations.unsettled())
         await self._operations.stop()
+        await self._recovery.release_life(left=left)
         if self._owns_ledger:
             await self.ledger.close()

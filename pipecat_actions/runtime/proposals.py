@@ -43,6 +43,9 @@ S = ActionStatus
 UNKNOWN_TOOL_LABEL = "(unknown tool)"
 """The tool label of the metrics and spans of calls of a tool the runtime does not have."""
 
+_ADOPTABLE = frozenset({*IN_FLIGHT_STATUSES, S.UNKNOWN})
+"""What a joined call takes over from a gone owner: whatever its owner still had to settle."""
+
 _Started = dict[str, Any] | ReadAdmission | Shared | Joined | Tracked
 """What admitting a mutation leads to: an answer, a read or shared answer, a join, or a run."""
 
@@ -61,6 +64,8 @@ class Proposals:
         decisions: Applies ``on_interruption`` when the caller is cancelled.
         join_notes: Records the calls that joined an operation.
         elsewhere: Waits for operations another process runs.
+        supersession: Says which later request replaced an operation.
+        adopt: Takes over an operation whose owner is gone (`Recovery.adopt`).
     """
 
     def __init__(
@@ -77,6 +82,7 @@ class Proposals:
         join_notes: JoinNotes,
         elsewhere: SharedWaits,
         supersession: Supersession,
+        adopt: Callable[[Operation], Awaitable[Tracked | None]],
     ) -> None:
         self._ledger = ledger
         self._bindings = bindings
@@ -89,6 +95,7 @@ class Proposals:
         self._join_notes = join_notes
         self._elsewhere = elsewhere
         self._supersession = supersession
+        self._adopt = adopt
         self._admitting: dict[str, asyncio.Future[_Started]] = {}
         """tool_call_id → its admission, while it runs (it outlives a cancelled caller)."""
 
@@ -280,8 +287,12 @@ class Proposals:
         op = joined.operation
         session_id, operation_id = session.session_id, op.operation_id
         try:
+            tracked = self._operations.get(operation_id)
+            if tracked is None and op.status in _ADOPTABLE:
+                # Run by another process: if that process is gone, its operation would wait
+                # for its lease. It is taken over (and reconciled) now instead.
+                tracked = await self._adopt(op)
             if wait and op.status in IN_FLIGHT_STATUSES:
-                tracked = self._operations.get(operation_id)
                 if tracked is not None:
                     op = await asyncio.shield(tracked.done)
                 else:

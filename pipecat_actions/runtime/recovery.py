@@ -1,8 +1,19 @@
 """`Recovery`: the lease heartbeat, a dead owner's operations, approvals given elsewhere.
 
 Continuously (the heartbeat, every third of the lease), not only at start, the runtime renews
-its lease, claims the operations whose owner's lease expired (`Recovery.recover`) and picks up
-the operations another process approved for it. A claimed operation is finished:
+its lease, claims the operations whose owner is gone or whose owner's lease expired
+(`Recovery.recover`) and picks up the operations another process approved for it.
+
+An owner is known gone at once, without waiting for its lease, when it registered its life
+with the ledger and its life lock is free (`Ledger.hold_life`, `Ledger.gone_owners`): its
+process died, or lost its database session. So a runtime restarted after a crash takes over
+its predecessor's operations when it starts, and a call that joins an operation of a gone
+owner (`Recovery.adopt`) starts its reconciliation instead of waiting for the lease. A runtime
+that finds its own owner name holding operations when it starts takes them over too: only a
+previous incarnation of it can have left them (its life lock was free). The lease running out
+stays the last line, for owners that never registered.
+
+A claimed operation is finished:
 
 * waiting for a person → its deadline is re-armed;
 * maybe sent (RUNNING, CANCEL_REQUESTED) → UNKNOWN, reconciled;
@@ -25,7 +36,7 @@ from typing import Literal
 
 from loguru import logger
 
-from pipecat_actions.actions import Binding
+from pipecat_actions.actions import ActionContext, Binding, ReconcileState
 from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import ConfigurationError, LedgerError
@@ -104,14 +115,49 @@ class Recovery:
         self.recover_unsent: RecoverUnsent = recover_unsent
         self._heartbeat: asyncio.Task[None] | None = None
         self._claims = True
-        self._not_ours: set[str] = set()
-        """Claimed operations this process cannot run (their action is not loaded here): left
-        to expire and never claimed again by this process, for one that has the action."""
+        self._not_ours: dict[str, str] = {}
+        """Claimed operations this process cannot run (their action is not loaded here), with
+        their tool: left to expire and not claimed again by this process while it has no such
+        action (a routed tool is registered only when its handler is: instrument, Flows)."""
         self._recovering: set[str] = set()
         """Claimed operations a recovery task of this process is finishing now."""
         self._let_go: set[str] = set()
         """Claimed operations that could not be started here for now (the ledger failed): left
         to expire, then claimed again."""
+        self._previous_self = False
+        """The owner name held operations of a previous incarnation when its life was taken."""
+        self._adopting: dict[str, asyncio.Future[None]] = {}
+        """Owners being checked for a joined call (`adopt`): concurrent joins share one look."""
+        self._alive = False
+
+    async def hold_life(self) -> None:
+        """Register this owner's life with the ledger (see the module docstring).
+
+        Raises:
+            ConfigurationError: A live runtime uses this owner name already.
+        """
+        if not await self._ledger.hold_life(self._owner):
+            raise ConfigurationError(
+                f"the owner name {self._owner!r} is in use by another runtime that is alive: "
+                "give each process an owner name of its own (or leave owner= out)"
+            )
+        self._alive = True
+        self._previous_self = True
+
+    async def release_life(self, *, left: int) -> None:
+        """Let go of this owner's life as the runtime closes.
+
+        Args:
+            left: How many operations this runtime leaves unsettled. None: a clean close,
+                unregistered (nobody's to take over). Some: the registration stays and the
+                lock goes, so other runtimes see this owner gone and take them over at once.
+        """
+        if self._alive:
+            self._alive = False
+            try:
+                await self._ledger.release_life(self._owner, unregister=left == 0)
+            except Exception as exc:  # the lock goes with the process (or the session) anyway
+                logger.warning("could not let go of owner {}: {}", self._owner, exc)
 
     def start(self, *, claim: bool = True) -> None:
         """Start the lease heartbeat; with ``claim``, each beat claims stale operations too."""
@@ -126,19 +172,94 @@ class Recovery:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
 
-    async def recover(self) -> list[Operation]:
-        """Claim operations whose owner's lease expired and finish them; return them."""
+    async def recover(self, *, gone: list[str] | None = None) -> list[Operation]:
+        """Claim operations whose owner is gone or whose lease expired; finish them; return them.
+
+        Args:
+            gone: The owners known gone (default: as the ledger tells it now).
+        """
+        if gone is None:
+            gone = await self._ledger.gone_owners(besides=self._owner)
+        for operation_id, tool in list(self._not_ours.items()):
+            if tool in self._bindings:
+                del self._not_ours[operation_id]  # its action is here now: claimed again
+        leave = list(self._not_ours)
+        if self._previous_self:
+            # This owner name's operations that this process does not track are a previous
+            # incarnation's: its life lock was free when this one took it.
+            self._previous_self = False
+            gone = [*gone, self._owner]
+            leave.extend(tracked.operation_id for tracked in self._operations.waiting())
         claimed: list[Operation] = []
         while True:
             batch = await self._ledger.claim_stale(
-                self._owner, lease_secs=self._lease_secs, limit=50, except_ids=self._not_ours
+                self._owner, lease_secs=self._lease_secs, limit=50, except_ids=leave, gone=gone
             )
             if not batch:
                 break
             claimed.extend(batch)
+            # Claimed now, they are this owner's: a gone owner's name may be this one's own.
+            leave.extend(op.operation_id for op in batch)
             for op in batch:
+                if op.lease_owner != self._owner:
+                    continue  # pragma: no cover - claim_stale gives its claimer the lease
                 await self._resume(op)
+        departed = [owner for owner in gone if owner != self._owner]
+        if departed:
+            await self._ledger.forget_owners(departed)
         return claimed
+
+    async def write_told_outcomes(self, within_secs: float) -> None:
+        """As the runtime closes: get every outcome told to a caller written, or say so.
+
+        Writes still failing are tried again at once and often for ``within_secs``; each
+        outcome still not in the ledger then is logged as an error by its operation id, and
+        its lease is ended so that another runtime settles it.
+        """
+        self._executor.hurry()
+        left = await self._executor.written(within_secs)
+        if not left:
+            return
+        for _, told in left:
+            operation_logger(told).error(
+                "operation {}: its caller was told {}, but the ledger could not record it "
+                "before the runtime closed; it still says otherwise, and another runtime takes "
+                "it over to settle it from the system of record",
+                told.operation_id,
+                told.status.value,
+            )
+        try:
+            await self._ledger.release_leases(self._owner, [t.operation_id for t, _ in left])
+        except Exception as exc:  # its life lock goes with this runtime: taken over anyway
+            logger.error("could not end the leases of {} unrecorded outcomes: {}", len(left), exc)
+
+    async def adopt(self, op: Operation) -> Tracked | None:
+        """Take over ``op`` now if its owner is gone; return its record here, if it is ours.
+
+        For a call that joins ``op`` (a repeat of the user's): waiting for a gone owner's
+        operation would wait for its lease; reconciliation starts now instead.
+        """
+        tracked = self._operations.get(op.operation_id)
+        owner = op.lease_owner
+        if tracked is not None or owner is None or owner == self._owner:
+            return tracked
+        # A burst of repeats (one intent, many callers) asks once per owner.
+        asking = self._adopting.get(owner)
+        if asking is None:
+            asking = asyncio.ensure_future(self._take_over_if_gone(owner))
+            self._adopting[owner] = asking
+            asking.add_done_callback(lambda _: self._adopting.pop(owner, None))
+        try:
+            await asyncio.shield(asking)
+        except Exception as exc:  # the heartbeat tries again; the caller waits as before
+            operation_logger(op).warning(
+                "could not take over {} from its gone owner: {}", op.operation_id, exc
+            )
+        return self._operations.get(op.operation_id)
+
+    async def _take_over_if_gone(self, owner: str) -> None:
+        if owner in await self._ledger.gone_owners(besides=self._owner, among=[owner]):
+            await self.recover(gone=[owner])
 
     async def _binding_of(self, op: Operation) -> Binding | None:
         """The binding ``op`` runs with: its action's, or its original's ``compensate`` hook.
@@ -170,7 +291,7 @@ class Recovery:
             operation_logger(op).warning(
                 "recovered operation {} is left to another process: {}", op.operation_id, why
             )
-            self._not_ours.add(op.operation_id)
+            self._not_ours[op.operation_id] = op.tool
             return
         tracked = Tracked(
             op.operation_id, binding, op.fence, asyncio.get_running_loop().create_future()
@@ -251,11 +372,15 @@ class Recovery:
     async def reconcile_unknown(
         self, operation_id: str, *, actor: str | None = None, probes: int = 1
     ) -> Operation:
-        """Ask the system of record about an UNKNOWN operation now; see the runtime's method."""
+        """Ask the system of record about an UNKNOWN or FAILED_FINAL operation now.
+
+        See the runtime's method.
+        """
         op = await self._ledger.get(operation_id)
-        if op.status is not S.UNKNOWN:
+        if op.status not in (S.UNKNOWN, S.FAILED_FINAL):
             raise ConfigurationError(
-                f"operation {operation_id} is {op.status.value}, not UNKNOWN: nothing to reconcile"
+                f"operation {operation_id} is {op.status.value}, not UNKNOWN or FAILED_FINAL: "
+                "nothing to reconcile"
             )
         tool = op.tool
         binding = await self._binding_of(op)
@@ -282,11 +407,36 @@ class Recovery:
             op.operation_id, binding, op.fence, asyncio.get_running_loop().create_future()
         )
         with logger.contextualize(**operation_ids(op)):
-            final = await executor.reconcile(op, tracked)
+            if op.status is S.FAILED_FINAL:
+                final = await self._check_failed(op, tracked, executor, probes)
+            else:
+                final = await executor.reconcile(op, tracked, patient=False)
             operation_logger(final).info(
                 "operation {} reconciled by {}: {}", op.operation_id, executor.actor, final.status
             )
         return final
+
+    async def _check_failed(
+        self, op: Operation, tracked: Tracked, executor: Executor, probes: int
+    ) -> Operation:
+        """Ask whether a FAILED_FINAL ``op`` really did not happen; a commit is a conflict."""
+        hook = tracked.binding.action.reconcile
+        assert hook is not None
+        for _ in range(probes):
+            answer = await hook(ActionContext.of(op))
+            if answer.state is ReconcileState.COMMITTED:
+                corrected = await executor.correct(
+                    op,
+                    tracked,
+                    answer.result,
+                    source=f"the reconcile hook (asked by {executor.actor})",
+                )
+                # Its session's conversations hear it from this process's listeners now.
+                self._operations.finish(tracked, corrected)
+                return corrected
+            if answer.state is ReconcileState.NOT_FOUND:
+                break
+        return op
 
     async def _heartbeat_loop(self) -> None:
         while True:

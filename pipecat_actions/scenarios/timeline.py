@@ -148,11 +148,19 @@ class TimelineLedger(ForwardingLedger):
         return await self._counted(super().events(operation_id))
 
     async def claim_stale(
-        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
+        self,
+        owner: str,
+        *,
+        lease_secs: float,
+        limit: int,
+        except_ids: Collection[str] = (),
+        gone: Collection[str] = (),
     ) -> builtins.list[Operation]:
         """Forward (counted)."""
         return await self._counted(
-            super().claim_stale(owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids)
+            super().claim_stale(
+                owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone
+            )
         )
 
     async def renew_lease(

@@ -320,6 +320,12 @@ def annotations(trail: Sequence[OperationEvent]) -> list[dict[str, Any]]:
     return [e.detail or {} for e in trail if e.kind is EventKind.ANNOTATION]
 
 
+async def noted(runtime: ActionRuntime, operation_id: str, key: str) -> bool:
+    """Whether an annotation of the operation's audit trail records ``key``."""
+    trail = await runtime.ledger.events(operation_id)
+    return any(key in detail for detail in annotations(trail))
+
+
 def is_settled(op: Operation) -> bool:
     """True when nothing is left to do: a terminal status, or UNKNOWN handed to a person."""
     return op.status in TERMINAL_STATUSES or (
@@ -392,6 +398,8 @@ def tool_results(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 RECOVERY_POLICY = """
     version: 1
+    defaults:
+      reconciliation: {commit_horizon_secs: 0}
     tools:
       book_slot:
         kind: mutation
@@ -404,7 +412,10 @@ RECOVERY_POLICY = """
         kind: mutation
         deadline_secs: 600
 """
-"""book_slot and book_slot_later can be reconciled by key; send_note has no reconcile hook."""
+"""book_slot and book_slot_later can be reconciled by key; send_note has no reconcile hook.
+
+The file system of record commits inside the effect's own call (horizon 0): once the process
+that ran an effect is gone, no trace of it means it did not happen."""
 
 RECOVERY_PLAN: list[tuple[str, dict[str, str]]] = [
     ("book_slot", {"slot": "a1"}),
@@ -500,10 +511,24 @@ class RuntimeChild:
 
 @contextlib.asynccontextmanager
 async def runtime_child(
-    ledger_url: str, sor_path: Path, workdir: Path
+    ledger_url: str,
+    sor_path: Path,
+    workdir: Path,
+    *,
+    lease_secs: float | None = None,
+    owner: str | None = None,
 ) -> AsyncIterator[RuntimeChild]:
-    """Start ``_runtime_child.py``; it is killed and reaped on exit whatever happens."""
+    """Start ``_runtime_child.py``; it is killed and reaped on exit whatever happens.
+
+    Args:
+        ledger_url: The ledger it runs on.
+        sor_path: The file system of record.
+        workdir: Where its stderr is kept.
+        lease_secs: Its lease (default: the child's short one).
+        owner: Its owner name (default: one of its pid).
+    """
     stderr_path = workdir / "runtime-child.stderr"
+    extra = [str(lease_secs) if lease_secs is not None else "", owner or ""]
     with stderr_path.open("wb") as stderr:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -511,6 +536,7 @@ async def runtime_child(
             "tests.runtime._runtime_child",
             ledger_url,
             str(sor_path),
+            *extra,
             cwd=REPO_ROOT,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m tests.runtime._runtime_child LEDGER_URL SOR_PATH
+    python -m tests.runtime._runtime_child LEDGER_URL SOR_PATH [LEASE_SECS [OWNER]]
 
 It opens the runtime on ``LEDGER_URL`` with the actions of `file_actions` on the file-backed
 system of record at ``SOR_PATH``, proposes every call of `RECOVERY_PLAN` without waiting, and
@@ -51,15 +51,15 @@ def say(**message: Any) -> None:
     sys.stdout.flush()
 
 
-async def main(ledger_url: str, sor_path: str) -> None:
+async def main(ledger_url: str, sor_path: str, lease: str = "", owner: str = "") -> None:
     sor = FileSystemOfRecord(Path(sor_path))
     runtime = await ActionRuntime.create(
         policy(RECOVERY_POLICY),
         authorizer=AllowAll(),
         actions=file_actions(sor, holds=RECOVERY_HOLDS, on_event=say),
         ledger_url=ledger_url,
-        owner=f"child-{os.getpid()}",
-        lease_secs=CHILD_LEASE_SECS,
+        owner=owner or f"child-{os.getpid()}",
+        lease_secs=float(lease) if lease else CHILD_LEASE_SECS,
     )
     say(event="ready", owner=runtime.owner, pid=os.getpid())
     session = SessionState(session_id="call-child", principal="alice")
@@ -79,5 +79,5 @@ if __name__ == "__main__":
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
     with contextlib.suppress(TimeoutError):
-        asyncio.run(asyncio.wait_for(main(sys.argv[1], sys.argv[2]), _MAX_RUN_SECS))
+        asyncio.run(asyncio.wait_for(main(*sys.argv[1:5]), _MAX_RUN_SECS))
     os._exit(0)

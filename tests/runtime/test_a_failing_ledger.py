@@ -103,11 +103,17 @@ class Outage(ForwardingLedger):
         return await super().list(filters)
 
     async def claim_stale(
-        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
+        self,
+        owner: str,
+        *,
+        lease_secs: float,
+        limit: int,
+        except_ids: Collection[str] = (),
+        gone: Collection[str] = (),
     ) -> Any:
         self._check("claim_stale")
         return await super().claim_stale(
-            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids
+            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone
         )
 
     async def renew_lease(

@@ -1,13 +1,18 @@
-"""Recovery runs all the time, not only in `ActionRuntime.create` (issue 12, B3).
+"""Recovery runs all the time, not only in `ActionRuntime.create` (issue 12, B3; issue 30).
 
 A runtime restarted within the dead owner's lease used to find nothing to claim at its start
 and never looked again: the dead owner's booking stayed RUNNING, and the user's repeat of it
-joined the orphan and heard "running" forever. Now each heartbeat claims what is stale.
+joined the orphan and heard "running" forever. Now a gone owner's work is claimed at once (it
+registered its life and its lock is free), and each heartbeat claims what an owner that never
+registered left once its lease runs out.
 """
 
 from __future__ import annotations
 
 from pipecat_actions.clock import ManualClock
+from pipecat_actions.ledger import SqlLedger
+from pipecat_actions.ledger.records import NewOperation
+from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import FakeSystemOfRecord
 from tests._waiting import eventually, guarded
 from tests.runtime._execution_support import Bookings, booking, new_session, reaches, running
@@ -23,7 +28,7 @@ POLICY = """
 LEASE_SECS = 30.0
 
 
-async def test_a_runtime_started_within_a_dead_owners_lease_claims_its_work_once_it_expires(
+async def test_a_runtime_started_within_a_gone_owners_lease_claims_its_work_at_once(
     ledger_url: str, clock: ManualClock
 ) -> None:
     sor = FakeSystemOfRecord(clock=clock)
@@ -36,19 +41,13 @@ async def test_a_runtime_started_within_a_dead_owners_lease_claims_its_work_once
         told = await dead.propose("book_table", booking(), new_session(), wait=False)
         op_id = str(told["operation_id"])
         await eventually(lambda: sor.calls["book"] == 1, what="the booking to be sent")
-        clock.advance(LEASE_SECS / 2)  # it renewed its lease once more, then died
+        clock.advance(LEASE_SECS / 2)  # it renewed its lease once more, then stopped
         await dead._recovery.beat()
     sor.release_hung()
 
     async with running(POLICY, [bookings.action()], **options) as restarted:
-        # Within the dead owner's lease: nothing to claim at start.
-        assert (await restarted.ledger.get(op_id)).lease_owner == dead.owner
-
-        async def claimed() -> bool:
-            clock.advance(LEASE_SECS / 6)
-            return (await restarted.ledger.get(op_id)).lease_owner == restarted.owner
-
-        await eventually(claimed, what="a heartbeat to claim the stale operation")
+        # Within the dead owner's lease, but its owner is gone: claimed at start.
+        assert (await restarted.ledger.get(op_id)).lease_owner == restarted.owner
         settled = await reaches(restarted, op_id, Status.COMMITTED)
         assert settled.result is not None
         # The user's repeat joins it and hears what happened, not "running".
@@ -58,3 +57,46 @@ async def test_a_runtime_started_within_a_dead_owners_lease_claims_its_work_once
         assert again["operation_id"] == op_id
         assert again["status"] == "committed"
         assert sor.effects_for_key(settled.idempotency_key) == 1
+
+
+async def test_a_heartbeat_claims_an_unregistered_owners_work_once_its_lease_expires(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    sor = FakeSystemOfRecord(clock=clock)
+    sor.add_restaurant("r1", tables=3)
+    bookings = Bookings(sor)
+    ledger = await SqlLedger.create(ledger_url, clock=clock)
+    try:
+        # Left by a runtime that never registered its life (an older version): admitted, not
+        # sent, its lease valid for LEASE_SECS more.
+        made = await ledger.admit(
+            NewOperation(
+                tool="book_table",
+                kind="mutation",
+                args=booking(),
+                idempotency_key="k-unregistered",
+                session_id="call-1",
+                principal="alice",
+                status=ActionStatus.ADMITTED,
+                lease_owner="old-version",
+                lease_secs=LEASE_SECS,
+                deadline_at=clock.now() + 600,
+            )
+        )
+    finally:
+        await ledger.close()
+    op_id = made.operation.operation_id
+    options = {"ledger_url": ledger_url, "clock": clock, "lease_secs": LEASE_SECS}
+    async with running(POLICY, [bookings.action()], **options) as later:
+        assert (await later.ledger.get(op_id)).lease_owner == "old-version"
+
+        async def claimed() -> bool:
+            clock.advance(LEASE_SECS / 6)
+            return (await later.ledger.get(op_id)).lease_owner == later.owner
+
+        await eventually(claimed, what="a heartbeat to claim the stale operation")
+        settled = await reaches(later, op_id, Status.COMMITTED)
+        assert clock.now() >= made.operation.lease_expires_at  # type: ignore[operator]
+
+    assert settled.result is not None
+    assert sor.side_effects["book"] == 1
