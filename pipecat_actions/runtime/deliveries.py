@@ -45,7 +45,7 @@ from pipecat_actions.clock import Clock
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
 from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import DeliveryMode, ToolKind
-from pipecat_actions.results import reconcilable, render_operation
+from pipecat_actions.results import is_correction, reconcilable, render_operation
 from pipecat_actions.runtime._joins import nap
 from pipecat_actions.runtime._operations import RECENT_TOLD, Operations
 from pipecat_actions.runtime.progress import Progress, ProgressReport
@@ -553,6 +553,10 @@ class SessionDelivery:
             # The application reversed an operation of this session: the conversation still
             # says it happened. Told like a late outcome (the model may have offered to undo).
             state.awaited.add(op.operation_id)
+        if is_correction(op):
+            # It was told it did not happen, and the system of record now says it did: the
+            # conversation is owed the correction, whichever call or pipeline told it first.
+            state.awaited.add(op.operation_id)
         if op.operation_id not in state.awaited:
             return
         if self._service.operations.is_answering(self.session.session_id, op.operation_id):
@@ -751,6 +755,17 @@ class SessionDelivery:
         state, op = self._state, late.operation
         if op.operation_id not in state.awaited:
             return  # told meanwhile, in place
+        # Read before deciding (the decision below takes no turn of the loop): both directions
+        # of supersession, a later request replacing this one or an earlier one standing.
+        among = (
+            {}
+            if op.compensates is not None
+            else await self._service.supersession.told(
+                op, superseded_by=late.superseded_by, known=True
+            )
+        )
+        if op.operation_id not in state.awaited:
+            return  # told meanwhile, in place
         operations, session_id = self._service.operations, self.session.session_id
         answered = operations.answered(op.operation_id, session_id)
         retold = op.operation_id in state.retell
@@ -766,8 +781,7 @@ class SessionDelivery:
             text = f"Undoing an earlier request: {json.dumps(content)}"
         else:
             content = render_operation(op, reconcilable=self._service.reconcilable(op.tool))
-            if late.superseded_by is not None:
-                content.update(self._service.supersession.fields(op, late.superseded_by))
+            content.update(among)
             text = f"Outcome of an earlier {op.tool} request: {json.dumps(content)}"
         # Calls proposed together are told together: every outcome but the last goes into the
         # context silently, and the last one makes the bot speak about all of them.

@@ -5,10 +5,18 @@
 in), never the order the ledger happened to insert them: two calls of one response on one
 resource (the model booking two tables at once) do not supersede each other.
 
+Supersession follows the operations, not the order they are told in. Whenever an operation is
+told (a call's result, a late outcome, what a new pipeline is owed), the model hears both
+directions: an older request that a newer one replaced says so (``superseded_by``), and a newer
+request that committed while an older one of the user still stands says that too
+(``earlier_still_standing``): "21:00 booked and told, then 21:30 booked" makes the 21:30
+result say that 21:00 still stands and how to undo it. Whichever of the two is told last
+carries the news, so the user hears it whatever the order of commits and tellings.
+
 Used by the runtime when it renders a call's final result (in the handler's task, never in a
-pipeline's frame path), by the result gate before it tells a late outcome, and, the other way
-round, when an operation commits: which committed operations it replaces (`replaced_on_commit`),
-for ``compensation.automatic``.
+pipeline's frame path), by the delivery service before it tells a late outcome, and, when an
+operation commits, to find the committed operations it replaces (`replaced_on_commit`), for
+``compensation.automatic``.
 
 What the model is told about a superseded operation follows its tool's ``compensation`` policy
 (`superseded_fields`): a committed one that will be undone automatically is not offered for
@@ -17,7 +25,7 @@ undoing; otherwise the model offers to undo it, with ``compensation.tool`` when 
 
 from __future__ import annotations
 
-__all__ = ["SUPERSEDED_NOTE", "Supersession", "superseded_fields"]
+__all__ = ["SUPERSEDED_NOTE", "Supersession", "standing_fields", "superseded_fields"]
 
 from collections.abc import Mapping
 from typing import Any
@@ -63,6 +71,56 @@ def superseded_fields(op: Operation, newer: str, policy: ToolPolicy | None) -> d
         )
     if compensation.tool is not None:
         fields["undo_tool"] = compensation.tool
+    return fields
+
+
+def standing_fields(
+    op: Operation, standing: list[Operation], policy: ToolPolicy | None
+) -> dict[str, Any]:
+    """What is added to the rendering of ``op`` (committed) about earlier requests that stand.
+
+    ``earlier_still_standing`` lists each earlier committed request of the user on the same
+    resource (its operation, arguments and result), and a note says what to tell the user:
+    both stand; the earlier one is undone automatically under ``compensation.automatic``,
+    else the model offers to undo it (with ``compensation.tool`` when one is named).
+
+    Args:
+        op: The newer operation, committed.
+        standing: The earlier ones that still stand (`Supersession.standing_before`).
+        policy: The policy of their tool, if it is loaded here.
+    """
+    compensation = policy.compensation if policy is not None else None
+    ids = ", ".join(o.operation_id for o in standing)
+    fields: dict[str, Any] = {
+        "earlier_still_standing": [
+            {
+                "operation_id": o.operation_id,
+                "status": o.status.value.lower(),
+                "arguments": o.args,
+                **({"result": o.result} if o.result is not None else {}),
+            }
+            for o in standing
+        ],
+    }
+    said = (
+        f"The user's earlier request on the same thing ({ids}) also went through and still "
+        "stands alongside this one."
+    )
+    if compensation is not None and compensation.automatic:
+        fields["standing_note"] = (
+            f"{said} The runtime undoes it automatically now that this one succeeded; how "
+            "that went is told separately. Tell the user the real state."
+        )
+    elif compensation is not None and compensation.tool is not None:
+        fields["standing_note"] = (
+            f"{said} Tell the user both stand, and offer to undo the earlier one with "
+            f"{compensation.tool} if unwanted."
+        )
+        fields["undo_tool"] = compensation.tool
+    else:
+        fields["standing_note"] = (
+            f"{said} Tell the user both stand, and offer to undo the earlier one if unwanted."
+        )
     return fields
 
 
@@ -127,6 +185,19 @@ class Supersession:
         newer = _earliest_later(asked, turn)
         return newer.operation_id if newer is not None else None
 
+    async def standing_before(self, op: Operation) -> list[Operation]:
+        """Committed operations of earlier user turns on ``op``'s resource and tool that stand.
+
+        Asked of a committed ``op`` (the newer request): the earlier requests it replaced in
+        the user's mind that still hold (COMMITTED, neither reversed nor being reversed).
+        Empty for an ``op`` that did not commit, or cannot be superseded.
+        """
+        rivals = await self._rivals(op) if op.status is S.COMMITTED else None
+        if rivals is None:
+            return []
+        turn, others = rivals
+        return [o for o in others if o.status is S.COMMITTED and _before(o, turn)]
+
     async def replaced_on_commit(self, op: Operation) -> list[tuple[Operation, Operation]]:
         """The committed operations that stand although a committed newer one replaced them.
 
@@ -156,9 +227,46 @@ class Supersession:
         binding = self._bindings.get(op.tool)
         return superseded_fields(op, newer, binding.policy if binding else None)
 
+    async def told(
+        self, op: Operation, *, superseded_by: str | None = None, known: bool = False
+    ) -> dict[str, Any]:
+        """Everything the model is told about ``op``'s place among the user's requests.
+
+        ``superseded_by`` and its note when a later request replaced ``op``; the earlier
+        requests that still stand when ``op`` committed (`standing_fields`). One read of the
+        session's operations on the resource (none for a tool that cannot be superseded).
+
+        Args:
+            op: The operation told.
+            superseded_by: Its newer operation, when the caller looked it up already
+                (``known``: then it is not looked up again).
+            known: Whether ``superseded_by`` was looked up by the caller.
+        """
+        rivals = await self._rivals(op)
+        if rivals is None:
+            return {}
+        turn, others = rivals
+        if not known:
+            asked = [o for o in others if o.status is not S.REJECTED]
+            newer = _earliest_later(asked, turn)
+            superseded_by = newer.operation_id if newer is not None else None
+        fields: dict[str, Any] = {}
+        if superseded_by is not None:
+            fields.update(self.fields(op, superseded_by))
+        if op.status is S.COMMITTED:
+            standing = [o for o in others if o.status is S.COMMITTED and _before(o, turn)]
+            if standing:
+                binding = self._bindings.get(op.tool)
+                fields.update(standing_fields(op, standing, binding.policy if binding else None))
+        return fields
+
     async def note(self, result: dict[str, Any], op: Operation) -> dict[str, Any]:
-        """``result`` (the rendering of ``op``) with ``superseded_by`` and a note if it was."""
-        newer = await self.superseded_by(op)
-        if newer is None:
+        """``result`` (the rendering of ``op``) with what `told` adds, if anything."""
+        fields = await self.told(op)
+        if not fields:
             return result
-        return {**result, **self.fields(op, newer)}
+        told = {**result, **fields}
+        standing = fields.get("standing_note")
+        if standing is not None:
+            told["message"] = f"{told['message']} {standing}"
+        return told
