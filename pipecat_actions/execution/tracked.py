@@ -27,6 +27,7 @@ class Tracked:
     binding: Binding
     fence: int
     done: asyncio.Future[Operation]
+    """The first truthful outcome its waiters hear (UNKNOWN ends a wait: see `settled`)."""
     takeover: asyncio.Event = field(default_factory=asyncio.Event)
     effect_task: asyncio.Task[Any] | None = None
     effect_ended_at: float | None = None
@@ -34,6 +35,12 @@ class Tracked:
     on_finish: list[Callable[[], None]] = field(default_factory=list)
     reported: ActionStatus | None = None
     """The last outcome listeners were told (UNKNOWN first, then what reconciliation found)."""
+    reported_escalated: bool = False
+    """Whether listeners were told it was handed to a person (escalated)."""
+    settled: asyncio.Future[Operation] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    """Its outcome once nothing more will change it here: terminal, or UNKNOWN and escalated."""
     unsettled: bool = False
     """An outcome is known here but the ledger does not hold it yet (its write is failing, or
     this process's execution of it broke down): the heartbeat stops renewing its lease, so that

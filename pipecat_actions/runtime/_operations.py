@@ -162,18 +162,24 @@ class Operations:
         if not tracked.done.done():
             # Waiters get the first truthful outcome: UNKNOWN ends a wait at the deadline.
             tracked.done.set_result(final)
-        if final.status is not tracked.reported:
-            # Listeners (the gate) also hear what reconciliation finds afterwards.
+        settled = final.status in TERMINAL_STATUSES or final.escalated_at is not None
+        if settled and not tracked.settled.done():
+            tracked.settled.set_result(final)
+        if settled and not tracked.unsettled and self._tracked.get(final.operation_id) is tracked:
+            # The ledger holds the outcome: nothing here needs the record any more (a late
+            # answer of the effect still reaches it through the effect's own callback).
+            # Gone before listeners hear it: what they do next reads it from the ledger.
+            del self._tracked[final.operation_id]
+        escalated = final.escalated_at is not None and not tracked.reported_escalated
+        if final.status is not tracked.reported or escalated:
+            # Listeners (the gate) also hear what reconciliation finds afterwards, and that it
+            # was handed to a person (nothing here will look at it again).
             tracked.reported = final.status
+            tracked.reported_escalated = final.escalated_at is not None
             for listener in list(self._listeners.get(final.session_id, ())):
                 listener(final)
             for watcher in self._watchers:
                 watcher(final)
-        settled = final.status in TERMINAL_STATUSES or final.escalated_at is not None
-        if settled and not tracked.unsettled and self._tracked.get(final.operation_id) is tracked:
-            # The ledger holds the outcome: nothing here needs the record any more (a late
-            # answer of the effect still reaches it through the effect's own callback).
-            del self._tracked[final.operation_id]
 
     async def move(
         self,
@@ -224,12 +230,16 @@ class Operations:
             op, tracked, ActionStatus.CANCELLED, reason, finish=True, actor=actor, detail=detail
         )
 
-    async def wait(self, operation_id: str) -> Operation:
-        """Wait for the outcome of an operation tracked here; else return its record."""
+    async def wait(self, operation_id: str, *, settled: bool = False) -> Operation:
+        """Wait for the outcome of an operation tracked here; else return its record.
+
+        ``settled``: not the first outcome (UNKNOWN ends that wait) but the one nothing more
+        changes here: terminal, or UNKNOWN and handed to a person.
+        """
         tracked = self._tracked.get(operation_id)
         if tracked is None:
             return await self._ledger.get(operation_id)
-        return await asyncio.shield(tracked.done)
+        return await asyncio.shield(tracked.settled if settled else tracked.done)
 
     def listen(self, session_id: str, listener: Listener) -> None:
         """Call ``listener`` with each operation of ``session_id`` when it gets an outcome."""

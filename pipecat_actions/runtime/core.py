@@ -276,9 +276,14 @@ class ActionRuntime:
             tool, arguments, session, tool_call_id=tool_call_id, wait=wait, on_started=on_started
         )
 
-    async def wait(self, operation_id: str) -> Operation:
-        """Wait for the outcome of an operation this runtime runs; else return its record."""
-        return await self._operations.wait(operation_id)
+    async def wait(self, operation_id: str, *, settled: bool = False) -> Operation:
+        """Wait for the outcome of an operation this runtime runs; else return its record.
+
+        The first truthful outcome ends the wait: UNKNOWN, when reconciliation has to wait
+        (the provider's commit horizon). With ``settled``, the wait lasts until nothing more
+        changes it here: a terminal status, or UNKNOWN handed to a person (escalated).
+        """
+        return await self._operations.wait(operation_id, settled=settled)
 
     def operation_for_call(self, tool_call_id: str) -> str | None:
         """Return the operation a Pipecat ``tool_call_id`` was admitted as (or joined), if any."""

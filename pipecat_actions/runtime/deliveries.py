@@ -559,6 +559,15 @@ class SessionDelivery:
             state.awaited.add(op.operation_id)
         if op.operation_id not in state.awaited:
             return
+        if (
+            op.status not in TERMINAL_STATUSES
+            and op.operation_id not in state.watched
+            and self._service.operations.get(op.operation_id) is None
+        ):
+            # Handed to a person (escalated): nothing here looks at it again, but a person or
+            # another process may settle it; it is re-read until this conversation is told.
+            state.watched.add(op.operation_id)
+            self._reading(self._watch(op.operation_id))
         if self._service.operations.is_answering(self.session.session_id, op.operation_id):
             return  # a call waiting for it (confirm_action, a join) tells it in place, once
         answered = self._service.operations.answered(op.operation_id, self.session.session_id)

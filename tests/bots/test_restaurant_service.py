@@ -61,6 +61,9 @@ tools:
       initial_backoff_secs: 0.05
       max_backoff_secs: 0.1
     deadline_secs: 60
+    # The restaurant applies a request while it handles it (slowed by a fault at most 3 s):
+    # after that, no trace of a booking means it did not happen.
+    reconciliation: {{commit_horizon_secs: 4}}
 """
 
 
@@ -122,7 +125,7 @@ async def api(restaurant: RestaurantProcess) -> AsyncIterator[RestaurantAPI]:
 async def _book(runtime: ActionRuntime, **changes: Any) -> tuple[dict[str, Any], Operation]:
     session = SessionState(session_id="call-ada", principal="ada")
     told = await runtime.propose("book_table", {**BOOKING, **changes}, session)
-    return told, await runtime.wait(told["operation_id"])
+    return told, await runtime.wait(told["operation_id"], settled=True)
 
 
 async def _trail(runtime: ActionRuntime, op: Operation) -> list[Any]:
