@@ -41,6 +41,7 @@ from sqlalchemy.engine import Engine
 
 _HERE = os.path.abspath(__file__)
 _ASYNCIO = os.path.dirname(asyncio.__file__)
+_STDLIB = os.path.dirname(os.__file__)
 
 
 def creation_site(skip: int = 2) -> str:
@@ -55,6 +56,8 @@ def creation_site(skip: int = 2) -> str:
 
 
 def _short(path: str) -> str:
+    if path.startswith(_STDLIB) and "/site-packages/" not in path:
+        return path[len(_STDLIB) :].lstrip("/")
     for marker in ("/site-packages/", "/pipecat_actions/", "/bench/"):
         if marker in path:
             head = "" if marker == "/site-packages/" else marker.strip("/") + "/"
@@ -83,6 +86,7 @@ class AsyncioCounter:
     threadsafe: Counter[str] = field(default_factory=Counter)
     """callback name -> ``call_soon_threadsafe`` calls (a hand-off from a thread to the loop)."""
     active: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def totals(self) -> dict[str, int]:
         """How many of each were counted."""
@@ -124,9 +128,10 @@ class AsyncioCounter:
             return run_in_executor(executor, func, *args)
 
         def counted_threadsafe(callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-            if self.active:  # read from other threads: a bool, no lock needed
+            if self.active:
                 name = getattr(callback, "__qualname__", type(callback).__qualname__)
-                self.threadsafe[str(name)] += 1
+                with self._lock:  # called from other threads
+                    self.threadsafe[str(name)] += 1
             return call_soon_threadsafe(callback, *args, **kwargs)
 
         loop.set_task_factory(factory)
@@ -280,6 +285,63 @@ def statement_label(sql: str) -> str:
             table = words[at + 2] if verb == "INSERT" else words[at + 1]
             return f"WITH {verb} {table} (+ events)"
     return " ".join(words[:2]).upper() if head in ("BEGIN", "PRAGMA") else head
+
+
+@dataclass
+class CallCounter:
+    """Python function calls made in this thread while `counting` (``sys.setprofile``).
+
+    A count of work that no other process's load changes: where a call's instructions go,
+    by the code that ran (the interpreter's own C functions are counted in total only).
+    """
+
+    calls: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(file, function) -> Python calls."""
+    c_calls: int = 0
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        """Count the calls made while the block runs."""
+        calls = self.calls
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                calls[frame.f_code.co_filename, frame.f_code.co_name] += 1
+            elif event == "c_call":
+                self.c_calls += 1
+
+        sys.setprofile(profile)
+        try:
+            yield
+        finally:
+            sys.setprofile(None)
+
+    def by_area(self) -> Counter[str]:
+        """Python calls by area: a package of ours, or a library, or the standard library."""
+        areas: Counter[str] = Counter()
+        for (file, _), n in self.calls.items():
+            areas[area(file)] += n
+        return areas
+
+    def top(self, n: int) -> list[tuple[str, int]]:
+        """The ``n`` functions called most, as ``area: function``."""
+        named: Counter[str] = Counter()
+        for (file, function), count in self.calls.items():
+            named[f"{_short(file)} {function}"] += count
+        return named.most_common(n)
+
+
+def area(file: str) -> str:
+    """``pipecat_actions/<part>``, a library's name, ``asyncio`` or ``stdlib``."""
+    short = _short(file)
+    if short.startswith("pipecat_actions/"):
+        parts = short.split("/")
+        return "/".join(parts[:2]) if len(parts) > 2 else short
+    if "/site-packages/" in file:
+        return short.split("/")[0]
+    if file.startswith(_ASYNCIO):
+        return "asyncio"
+    return "bench" if short.startswith("bench/") else "stdlib (other)"
 
 
 def wal_bytes(database: Path) -> int:

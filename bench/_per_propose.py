@@ -32,7 +32,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _counters import AsyncioCounter, StatementCounter, page_size, statement_label, wal_bytes
+from _counters import (
+    AsyncioCounter,
+    CallCounter,
+    StatementCounter,
+    page_size,
+    statement_label,
+    wal_bytes,
+)
 
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
 from pipecat_actions.actions import ActionDefinition
@@ -49,6 +56,9 @@ tools:
 """
 
 Statement = tuple[str, tuple[Any, ...]]
+PROFILED = 50
+"""Proposes whose Python calls are counted (a profile hook slows them: not the others)."""
+TOP_FUNCTIONS = 12
 
 
 def booking_action() -> ActionDefinition:
@@ -92,6 +102,10 @@ class Work:
     """(coroutine, creation site, tasks per call)."""
     shield_sites: list[tuple[str, float]] = field(default_factory=list)
     executor_sites: list[tuple[str, float]] = field(default_factory=list)
+    python_calls: float = 0.0
+    """Python function calls per call (`CallCounter`, on calls of their own after the rest)."""
+    calls_by_area: dict[str, float] = field(default_factory=dict)
+    top_functions: list[tuple[str, float]] = field(default_factory=list)
     wal_frames: float | None = None
     wal_bytes: float | None = None
     sent: list[list[Statement]] = field(default_factory=list, repr=False)
@@ -122,6 +136,11 @@ async def count_proposes(url: str, *, proposes: int, warmup: int) -> Work:
                         await propose(runtime, i)
                         per_call.append(_taken(statements, database))
                 after = wal_bytes(database) if database else 0
+            profiled = min(proposes, PROFILED)
+            python_calls = CallCounter()
+            with python_calls.counting():
+                for i in range(warmup + proposes, warmup + proposes + profiled):
+                    await propose(runtime, i)
         finally:
             await runtime.close()
     work = Work(
@@ -133,6 +152,9 @@ async def count_proposes(url: str, *, proposes: int, warmup: int) -> Work:
         shield_sites=[(s, c / proposes) for s, c in loop_counter.shields.most_common()],
         executor_sites=[(s, c / proposes) for s, c in loop_counter.executor.most_common()],
         sent=per_call,
+        python_calls=sum(python_calls.calls.values()) / profiled,
+        calls_by_area={k: v / profiled for k, v in python_calls.by_area().most_common()},
+        top_functions=[(k, v / profiled) for k, v in python_calls.top(TOP_FUNCTIONS)],
     )
     if database is not None:
         work.wal_bytes = (after - before) / proposes

@@ -178,6 +178,13 @@ def _where(report: Report, backend: str, ours: Work, floor: Work | None) -> None
     lines.append("  asyncio.shield calls, at:")
     for site, n in ours.shield_sites:
         lines.append(f"    {n:5.2f}  {site}")
+    lines.append(f"  Python function calls: {ours.python_calls:,.0f} (sys.setprofile), by area:")
+    for where, n in ours.calls_by_area.items():
+        if n >= 1:
+            lines.append(f"    {n:7.0f}  {where}")
+    lines.append("  functions called most:")
+    for function, n in ours.top_functions:
+        lines.append(f"    {n:7.1f}  {function}")
     if ours.executor_sites:
         lines.append("  run_in_executor (loop -> thread), at:")
         for site, n in ours.executor_sites:

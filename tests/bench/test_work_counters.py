@@ -41,6 +41,8 @@ async def test_counting_proposes_on_sqlite_sees_tasks_statements_and_wal_frames(
     assert counted.wal_frames is not None
     assert counted.wal_frames > 0
     assert all(name and site.startswith("pipecat_actions/") for name, site, _ in counted.task_sites)
+    assert counted.python_calls > 0
+    assert any(area.startswith("pipecat_actions/") for area in counted.calls_by_area)
     assert len(counted.sent) == WARMUP + PROPOSES
 
 
