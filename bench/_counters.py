@@ -12,10 +12,10 @@ recorded while it does it:
   ``sqlite3`` connection opened after `install` (its trace callback: BEGIN and COMMIT
   included, one per row of an ``executemany``); it also keeps the ``(sql, parameters)`` that
   went through a connection's ``execute``, so that a floor can replay the same rows. On
-  PostgreSQL the statements sent on asyncpg connections opened after `install` (asyncpg's query
-  logger: the ledger's fast path, and SQLAlchemy's BEGIN/COMMIT) plus SQLAlchemy's own
-  statements (``before_cursor_execute``: it runs them as prepared statements, which asyncpg's
-  logger does not see).
+  PostgreSQL the statements sent on asyncpg connections opened after `install` (a subclass of
+  ``asyncpg.Connection`` that records each as it is sent: the ledger's fast path, and
+  SQLAlchemy's BEGIN/COMMIT) plus SQLAlchemy's own statements (``before_cursor_execute``: it
+  runs them as prepared statements, which do not go through the connection's methods).
 * `wal_bytes`: the size of a SQLite ledger's ``-wal`` file; with every connection's automatic
   checkpoint off (`StatementCounter.install` does that), it grows by exactly the frames
   written: ``(page size + 24)`` bytes each.
@@ -178,7 +178,7 @@ class StatementCounter:
     executed: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
     """SQLite: ``(sql, parameters)`` of each ``Connection.execute`` (not ``executemany``)."""
     sent: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
-    """PostgreSQL: ``(sql, parameters)`` of each statement asyncpg logged."""
+    """PostgreSQL: ``(sql, parameters)`` of each statement sent on an asyncpg connection."""
     active: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -200,6 +200,11 @@ class StatementCounter:
             yield
         finally:
             self.active = False
+
+    def _sent(self, sql: str, args: tuple[Any, ...]) -> None:
+        if self.active:
+            self.sent.append((sql, args))
+            self._count(sql)
 
     def _count(self, sql: str) -> None:
         if self.active:
@@ -232,22 +237,31 @@ class StatementCounter:
                 conn.execute("PRAGMA wal_autocheckpoint=0")
             return conn
 
+        class TracedAsyncpg(asyncpg.Connection):  # type: ignore[misc]
+            # Recorded as each statement is sent (asyncpg's own query logger answers a loop
+            # iteration later, past the end of the call that sent it).
+            async def execute(self, query: str, *args: Any, timeout: Any = None) -> Any:
+                if not args:  # with arguments, `execute` goes through `_execute`
+                    counter._sent(query, ())
+                return await super().execute(query, *args, timeout=timeout)
+
+            async def _execute(self, query: str, args: Any, *rest: Any, **kwargs: Any) -> Any:
+                counter._sent(query, tuple(args))
+                return await super()._execute(query, args, *rest, **kwargs)
+
+            async def _executemany(self, query: str, args: Any, *rest: Any, **kw: Any) -> Any:
+                counter._sent(query, ())
+                return await super()._executemany(query, args, *rest, **kw)
+
         async def traced_asyncpg(*args: Any, **kwargs: Any) -> Any:
-            conn = await asyncpg_connect(*args, **kwargs)
-
-            def logged(record: Any) -> None:
-                if counter.active:
-                    counter.sent.append((record.query, tuple(record.args or ())))
-                    counter._count(record.query)
-
-            conn.add_query_logger(logged)
-            return conn
+            kwargs.setdefault("connection_class", TracedAsyncpg)
+            return await asyncpg_connect(*args, **kwargs)
 
         def before_cursor_execute(
             conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool
         ) -> None:
-            # On asyncpg, SQLAlchemy's statements are prepared ones that asyncpg's logger does
-            # not see (its executemany it does); on SQLite the trace callback sees them all.
+            # On asyncpg, SQLAlchemy's statements are prepared ones that the connection's methods
+            # do not see (its executemany they do); on SQLite the trace callback sees them all.
             if conn.dialect.name == "postgresql" and not many:
                 counter._count(statement)
 

@@ -89,6 +89,10 @@ class Report:
         self.rows.append(Row(what, f"not measured: {why}"))
 
 
+def _duration(secs: float) -> str:
+    return f"{secs:.2f} s" if secs >= 1 else f"{secs * 1000:.1f} ms"
+
+
 def _x(now: float, floor: float) -> str:
     return f"{now / floor:.2f}x" if floor else "-"
 
@@ -328,8 +332,8 @@ async def stats(args: argparse.Namespace, report: Report, tmp: Path, pg: bool) -
             continue
         report.figures[f"stats {backend}"] = vars(timing)
         report.rows.append(
-            Row(what, f"{timing.stats_secs:.2f} s (first {timing.first_secs:.2f})",
-                f"{timing.floor_secs:.3f} s", _x(timing.stats_secs, timing.floor_secs), goal)
+            Row(what, f"{_duration(timing.stats_secs)} (first {_duration(timing.first_secs)})",
+                _duration(timing.floor_secs), _x(timing.stats_secs, timing.floor_secs), goal)
         )  # fmt: skip
         report.where.append(
             f"stats, {backend}: built {timing.operations:,} operations and {timing.events:,} "
@@ -484,6 +488,7 @@ def print_report(report: Report, args: argparse.Namespace) -> None:
     measured = [r for r in report.rows if not r.now.startswith("not measured")]
     cells = [[r.what, r.now, r.floor, r.ratio, r.goal] for r in [header, *measured]]
     widths = [max(len(row[i]) for row in cells) + 2 for i in range(5)]
+    widths[0] = max(len(r.what) + 2 for r in [header, *report.rows])
     for row in [header, *report.rows]:
         if row.now.startswith("not measured"):
             print(f"{row.what:<{widths[0]}}{row.now}")
