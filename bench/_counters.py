@@ -1,23 +1,25 @@
 """Counters of work, not of time: what a stretch of code asked of asyncio and of the database.
 
 Imported by ``bench/work.py`` as ``_counters`` (the scripts of this folder run with the folder on
-their path) and by ``tests/bench``. Nothing here changes what the product does, only what is
-recorded while it does it:
+their path) and by ``tests/bench``. Nothing here changes what the product does (but for SQLite's
+automatic checkpoints, see `wal_bytes`), only what is recorded while it does it:
 
 * `AsyncioCounter`: tasks created (a task factory on the loop, each task's coroutine name and
   the line of the product that created it), ``asyncio.shield`` calls, and thread hand-offs:
   ``loop.run_in_executor`` (loop to a thread) and ``loop.call_soon_threadsafe`` (a thread back
   to the loop: every reply of a thread, aiosqlite's included).
 * `StatementCounter`: SQL statements. On SQLite every statement SQLite itself runs, on every
-  ``sqlite3`` connection opened after `install` (its trace callback: BEGIN and COMMIT
+  ``sqlite3`` connection opened after `installed` (its trace callback: BEGIN and COMMIT
   included, one per row of an ``executemany``); it also keeps the ``(sql, parameters)`` that
   went through a connection's ``execute``, so that a floor can replay the same rows. On
-  PostgreSQL the statements sent on asyncpg connections opened after `install` (a subclass of
+  PostgreSQL the statements sent on asyncpg connections opened after `installed` (a subclass of
   ``asyncpg.Connection`` that records each as it is sent: the ledger's fast path, and
   SQLAlchemy's BEGIN/COMMIT) plus SQLAlchemy's own statements (``before_cursor_execute``: it
   runs them as prepared statements, which do not go through the connection's methods).
+* `CallCounter`: Python function calls (``sys.setprofile``), by area of the code and by
+  function: where the instructions of a call go, in a count that other processes leave alone.
 * `wal_bytes`: the size of a SQLite ledger's ``-wal`` file; with every connection's automatic
-  checkpoint off (`StatementCounter.install` does that), it grows by exactly the frames
+  checkpoint off (`StatementCounter.installed` does that), it grows by exactly the frames
   written: ``(page size + 24)`` bytes each.
 """
 
