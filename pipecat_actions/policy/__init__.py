@@ -4,13 +4,20 @@ A policy file (YAML) lists every tool the bot may call under ``tools:``, with sh
 under ``defaults:``. `load_policy` reads one into a `PolicySet` of merged, checked
 `ToolPolicy` objects, or raises `PolicyError` naming the file, key path and reason of every
 problem; `check_policy_files` reports on files for the ``pipecat-actions policy check``
-command.
+command. Checking a file costs time in proportion to its size: the ``MAX_*`` limits bound what
+a file may hold, and how many of its problems are listed.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "MAX_DEFAULTS_CHARS",
+    "MAX_DEPTH",
+    "MAX_LISTED_PROBLEMS",
+    "MAX_NUMBER_CHARS",
     "MAX_POLICY_BYTES",
+    "MAX_TOOLS",
+    "MAX_VALUES",
     "AdmitWhen",
     "CompensationPolicy",
     "ConfirmationMode",
@@ -56,7 +63,13 @@ from pipecat_actions.policy.enums import (
 )
 from pipecat_actions.policy.limits import LimitsPolicy
 from pipecat_actions.policy.loader import (
+    MAX_DEFAULTS_CHARS,
+    MAX_DEPTH,
+    MAX_LISTED_PROBLEMS,
+    MAX_NUMBER_CHARS,
     MAX_POLICY_BYTES,
+    MAX_TOOLS,
+    MAX_VALUES,
     check_policy_files,
     load_policy,
     load_policy_data,

@@ -3,21 +3,27 @@
 Each problem names the key path from the document root (``tools.book_table.retry.max_attempts``,
 list items as ``redact[2]``) and says what is wrong in plain words, with what was found. No
 pydantic jargon or documentation URLs reach the reader.
+
+`ProblemList` keeps the first `MAX_LISTED_PROBLEMS` problems of a file and only counts the
+others, without wording them: a file of a hundred thousand mistakes costs no more to report than
+one of a hundred, and its report stays a screenful.
 """
 
 from __future__ import annotations
 
-__all__ = ["Loc", "key_path", "problems_from_validation", "shown"]
+__all__ = ["Loc", "ProblemList", "key_path", "shown"]
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
+from pydantic_core import ErrorDetails
 
 from pipecat_actions._printable import bounded, quoted
 from pipecat_actions.errors import PolicyProblem
 from pipecat_actions.policy._rules import RULE_ERROR_TYPE, Violation
+from pipecat_actions.policy._yaml import MAX_LISTED_PROBLEMS, not_listed
 from pipecat_actions.policy.document import PolicyFile, nested_model_type
 from pipecat_actions.policy.model import ToolPolicy
 
@@ -109,33 +115,58 @@ def shown(value: object) -> str:
     return text if len(text) <= _MAX_SHOWN_CHARS else text[: _MAX_SHOWN_CHARS - 3] + "..."
 
 
-def problems_from_validation(
-    exc: ValidationError, *, file: str, prefix: Loc = ()
-) -> list[PolicyProblem]:
-    """Translate every error of a pydantic validation into problems, in order, without repeats.
+class ProblemList:
+    """The problems of one file in the order found: the first few worded, the others counted.
 
-    Args:
-        exc: The error raised by validating a `PolicyFile` or a merged `ToolPolicy`.
-        file: The policy's source, for `PolicyProblem.file`.
-        prefix: Location of the validated object in the document (``("tools", "book_table")``
-            for a merged tool policy).
-
-    Returns:
-        One problem per error; a broken-rules error gives one problem per broken rule.
+    The first `MAX_LISTED_PROBLEMS` distinct problems are kept; each one after that is only
+    counted (check `full` before working out a reason that costs something, such as a "did you
+    mean" suggestion). `report` lists them, with a last problem saying how many were left out.
     """
-    problems: list[PolicyProblem] = []
-    for error in exc.errors(include_url=False):
-        loc: Loc = prefix + tuple(error["loc"])
-        if error["type"] == RULE_ERROR_TYPE:
-            violations: tuple[Violation, ...] = error["ctx"]["violations"]
-            problems.extend(
-                PolicyProblem(file, key_path(loc + v.path), v.reason) for v in violations
-            )
-            continue
-        if loc and loc[-1] == "[key]":
-            loc = loc[:-1]
-        problems.append(PolicyProblem(file, key_path(loc), _reason(loc, error)))
-    return list(dict.fromkeys(problems))
+
+    def __init__(self, file: str) -> None:
+        """Start an empty list of the problems of ``file`` (`PolicyProblem.file`)."""
+        self.file = file
+        self._listed: dict[PolicyProblem, None] = {}
+        self._unlisted = 0
+
+    def __len__(self) -> int:
+        """Return the number of problems found: listed and counted."""
+        return len(self._listed) + self._unlisted
+
+    @property
+    def full(self) -> bool:
+        """True when a further problem would only be counted."""
+        return len(self._listed) >= MAX_LISTED_PROBLEMS
+
+    def add(self, loc: Loc, reason: str) -> None:
+        """Add a problem at a key path (``loc``, from the document root)."""
+        if self.full:
+            self._unlisted += 1
+        else:
+            self._listed[PolicyProblem(self.file, key_path(loc), reason)] = None
+
+    def add_errors(self, errors: Sequence[ErrorDetails], prefix: Loc = ()) -> None:
+        """Add the errors of a pydantic validation, ``prefix`` locating what was validated."""
+        for error in errors:
+            loc: Loc = prefix + tuple(error["loc"])
+            if error["type"] == RULE_ERROR_TYPE:
+                violations: tuple[Violation, ...] = error["ctx"]["violations"]
+                for violation in violations:
+                    self.add(loc + violation.path, violation.reason)
+                continue
+            if self.full:
+                self._unlisted += 1
+                continue
+            if loc and loc[-1] == "[key]":
+                loc = loc[:-1]
+            self.add(loc, _reason(loc, error))
+
+    def report(self) -> list[PolicyProblem]:
+        """Return the listed problems, then one counting the others (if any were left out)."""
+        listed = list(self._listed)
+        if self._unlisted:
+            listed.append(PolicyProblem(self.file, "", not_listed(self._unlisted)))
+        return listed
 
 
 def _reason(loc: Loc, error: Mapping[str, Any]) -> str:

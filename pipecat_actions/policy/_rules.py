@@ -51,6 +51,26 @@ class Violation:
         return f"{where}: {self.reason}" if where else self.reason
 
 
+_SUMMARISED = 10
+"""How many broken rules the error's message spells out; ``ctx["violations"]`` has them all."""
+
+
+class _Violations(tuple[Violation, ...]):
+    """The broken rules in an error's context, shown in short.
+
+    pydantic writes out every value of an error's context when it words the error's message,
+    whether the message names it or not: a hundred thousand broken rules (placeholders that
+    are not arguments) must not cost a hundred thousand ``repr`` each time.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} broken rules>"
+
+    __str__ = __repr__
+
+
 def raise_violations(violations: Sequence[Violation]) -> None:
     """Raise every violation as one pydantic error, or return when there is none.
 
@@ -58,14 +78,18 @@ def raise_violations(violations: Sequence[Violation]) -> None:
         violations: The broken rules found by a model validator.
 
     Raises:
-        PydanticCustomError: Of type `RULE_ERROR_TYPE`; ``ctx["violations"]`` holds the tuple.
+        PydanticCustomError: Of type `RULE_ERROR_TYPE`; ``ctx["violations"]`` holds them all,
+            in a tuple; the message spells out the first ten.
     """
     if not violations:
         return
+    summary = "; ".join(str(v) for v in violations[:_SUMMARISED])
+    if len(violations) > _SUMMARISED:
+        summary += f"; and {len(violations) - _SUMMARISED} more"
     raise PydanticCustomError(
         RULE_ERROR_TYPE,
         "{summary}",
-        {"summary": "; ".join(str(v) for v in violations), "violations": tuple(violations)},
+        {"summary": summary, "violations": _Violations(violations)},
     )
 
 

@@ -148,6 +148,18 @@ class PolicyFile(BaseModel):
         """Return the tool names, in file order."""
         return tuple(self.tools)
 
+    def merged_settings(self) -> dict[str, dict[str, Any]]:
+        """Return every tool's settings merged over ``defaults:``, in file order.
+
+        The same as `settings_for` of each name, with ``defaults:`` read out of its model once
+        rather than once per tool: the tools share its values (read them, never change them).
+        """
+        defaults = {} if self.defaults is None else self.defaults.model_dump(exclude_unset=True)
+        return {
+            name: merge_settings(defaults, entry.model_dump(exclude_unset=True))
+            for name, entry in self.tools.items()
+        }
+
     def settings_for(self, name: str) -> dict[str, Any]:
         """Return a tool's settings merged over ``defaults:``, before cross-field checks.
 

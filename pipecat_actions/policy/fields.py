@@ -241,33 +241,47 @@ def _describe(value: object) -> str:
     return f"{type(value).__name__} {value}"
 
 
-def _check_plain(value: object, where: str) -> None:
+def _where(path: tuple[str | int, ...]) -> str:
+    where = ""
+    for part in path:
+        if isinstance(part, int):
+            where += f"[{part}]"
+        else:
+            where = f"{where}.{bounded(part, 60)}" if where else bounded(part, 60)
+    return where
+
+
+def _check_plain(value: object, path: tuple[str | int, ...]) -> None:
+    # The path is worded only for the value refused: wording it at every value would cost the
+    # length of the path (up to the nesting times the longest key) for each.
     if value is None or isinstance(value, str | bool | int):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(
-                f"{where or 'the value'} is {_describe(value)}; numbers must be finite"
+                f"{_where(path) or 'the value'} is {_describe(value)}; numbers must be finite"
             )
         return
     if isinstance(value, list):
         for index, item in enumerate(value):
-            _check_plain(item, f"{where}[{index}]")
+            _check_plain(item, (*path, index))
         return
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise ValueError(f"key {quoted(str(key))} at {where or 'the top'} must be text")
-            _check_plain(item, f"{where}.{key}" if where else key)
+                raise ValueError(
+                    f"key {quoted(str(key))} at {_where(path) or 'the top'} must be text"
+                )
+            _check_plain(item, (*path, key))
         return
     raise ValueError(
-        f"{where or 'the value'} is {_describe(value)}; only text, numbers, true/false, null, "
-        "lists and mappings are allowed"
+        f"{_where(path) or 'the value'} is {_describe(value)}; only text, numbers, true/false, "
+        "null, lists and mappings are allowed"
     )
 
 
 def _check_plain_data(value: dict[str, Any]) -> dict[str, Any]:
-    _check_plain(value, "")
+    _check_plain(value, ())
     return value
 
 

@@ -11,12 +11,24 @@ passes so that independent mistakes are all reported at once:
 
 A tool whose own entry failed the first pass is not merged (its problems would repeat);
 nothing is merged when ``defaults:`` failed.
+
+Checking costs time in proportion to the file's size, whatever it holds. The YAML reader bounds
+the file (`MAX_POLICY_BYTES`, nesting, values); before any validation, a file of more than
+`MAX_TOOLS` tools, or whose ``defaults:`` (checked again under every tool) is larger than
+`MAX_DEFAULTS_CHARS`, is refused; and only the first `MAX_LISTED_PROBLEMS` problems are worded,
+the others counted.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "MAX_DEFAULTS_CHARS",
+    "MAX_DEPTH",
+    "MAX_LISTED_PROBLEMS",
+    "MAX_NUMBER_CHARS",
     "MAX_POLICY_BYTES",
+    "MAX_TOOLS",
+    "MAX_VALUES",
     "check_policy_files",
     "load_policy",
     "load_policy_data",
@@ -33,9 +45,13 @@ from pydantic import ValidationError
 
 from pipecat_actions._printable import printable
 from pipecat_actions.errors import PolicyError, PolicyProblem
-from pipecat_actions.policy._problems import Loc, key_path, problems_from_validation, shown
+from pipecat_actions.policy._problems import Loc, ProblemList, key_path, shown
 from pipecat_actions.policy._yaml import (
+    MAX_DEPTH,
+    MAX_LISTED_PROBLEMS,
+    MAX_NUMBER_CHARS,
     MAX_POLICY_BYTES,
+    MAX_VALUES,
     YamlRefused,
     parse_policy_yaml,
     too_large,
@@ -43,6 +59,20 @@ from pipecat_actions.policy._yaml import (
 from pipecat_actions.policy.document import PolicyFile, PolicySet
 from pipecat_actions.policy.fields import cancel_tool_name
 from pipecat_actions.policy.model import ToolPolicy
+
+MAX_TOOLS = 1000
+"""The most tools a policy file may list (a model is rarely offered more than a hundred)."""
+
+MAX_DEFAULTS_CHARS = 2048
+"""The largest ``defaults:`` a policy file may have, in characters of its keys and text (a
+number, true/false or null counts one): they are checked again as part of every tool."""
+
+_MAX_SUGGESTIONS = 5
+"""The most "did you mean" suggestions worked out for one file; each compares a name with every
+tool's."""
+
+_MAX_LISTED_NAMES_CHARS = 300
+"""About how much of the list of the file's tools a problem shows."""
 
 
 def load_policy(path: str | os.PathLike[str]) -> PolicySet:
@@ -98,7 +128,7 @@ def load_policy_text(text: str, *, source: str = "<string>") -> PolicySet:
         raise PolicyError(
             [PolicyProblem(source, key_path(loc), reason) for loc, reason in exc.problems]
         ) from None
-    return load_policy_data(data, source=source)
+    return _load(data, source, text_keys=True)
 
 
 def load_policy_data(data: object, *, source: str = "<data>") -> PolicySet:
@@ -116,6 +146,11 @@ def load_policy_data(data: object, *, source: str = "<data>") -> PolicySet:
     Raises:
         PolicyError: The data is not a valid policy; ``problems`` lists every problem.
     """
+    return _load(data, source, text_keys=False)
+
+
+def _load(data: object, source: str, *, text_keys: bool) -> PolicySet:
+    """Check and merge parsed data; ``text_keys`` when the YAML reader made sure of its keys."""
     if not isinstance(data, Mapping):
         raise PolicyError(
             [
@@ -127,15 +162,21 @@ def load_policy_data(data: object, *, source: str = "<data>") -> PolicySet:
                 )
             ]
         )
+    problems = ProblemList(source)
+    policies: dict[str, ToolPolicy] = {}
     try:
-        problems = _non_text_keys(data, (), source)
-        policies: dict[str, ToolPolicy] = {}
+        refusal = _too_large_to_check(data)
+        if refusal is not None:
+            raise PolicyError([PolicyProblem(source, key_path(refusal[0]), refusal[1])])
+        if not text_keys:
+            _non_text_keys(data, (), problems)
         if not problems:
-            problems, policies = _check_document(data, source)
+            policies = _check_document(data, problems)
     except RecursionError:
-        problems = [PolicyProblem(source, "", "the document is nested too deeply to check")]
+        problems = ProblemList(source)
+        problems.add((), "the document is nested too deeply to check")
     if problems:
-        raise PolicyError(problems)
+        raise PolicyError(problems.report())
     return PolicySet(policies, source=source)
 
 
@@ -194,53 +235,94 @@ def _read_bytes(source: str) -> bytes:
     return data
 
 
-def _non_text_keys(value: object, loc: Loc, source: str) -> list[PolicyProblem]:
+def _too_large_to_check(data: Mapping[Any, Any]) -> tuple[Loc, str] | None:
+    """Refuse, before any validation, a document whose checking would cost out of proportion.
+
+    Returns:
+        The key path and reason of the refusal, or None when the document may be checked.
+    """
+    tools = data.get("tools")
+    if isinstance(tools, Mapping) and len(tools) > MAX_TOOLS:
+        return ("tools",), (
+            f"lists {len(tools)} tools; a policy file may list at most {MAX_TOOLS} tools"
+        )
+    defaults = data.get("defaults")
+    if defaults is not None and _size_passes(defaults, MAX_DEFAULTS_CHARS):
+        count = len(tools) if isinstance(tools, Mapping) else 0
+        return ("defaults",), (
+            f"holds more than {MAX_DEFAULTS_CHARS} characters of settings; defaults may hold "
+            f"at most {MAX_DEFAULTS_CHARS}, as they are checked again as part of each tool "
+            f"({count} here): move what only some tools need to their own entries"
+        )
+    return None
+
+
+def _size_passes(value: object, limit: int) -> bool:
+    """True when ``value`` holds more than ``limit`` characters of keys and text.
+
+    A number, true/false, null, list or mapping counts one. Stops looking once past the limit.
+    """
+    size = 0
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        size += len(item) if isinstance(item, str) else 1
+        if isinstance(item, Mapping):
+            for key, nested in item.items():
+                size += len(key) if isinstance(key, str) else 1
+                pending.append(nested)
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+        if size > limit:
+            return True
+    return False
+
+
+def _non_text_keys(value: object, loc: Loc, problems: ProblemList) -> None:
     # Parsed YAML never has these (the YAML reader refuses them); other data sources may.
-    problems: list[PolicyProblem] = []
     if isinstance(value, Mapping):
         for key, item in value.items():
             if isinstance(key, str):
-                problems.extend(_non_text_keys(item, (*loc, key), source))
+                _non_text_keys(item, (*loc, key), problems)
             else:
-                reason = f"key {shown(key)} is not text"
-                problems.append(PolicyProblem(source, key_path(loc), reason))
+                problems.add(loc, f"key {shown(key)} is not text")
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            problems.extend(_non_text_keys(item, (*loc, index), source))
-    return problems
+            _non_text_keys(item, (*loc, index), problems)
 
 
-def _check_document(
-    data: Mapping[Any, Any], source: str
-) -> tuple[list[PolicyProblem], dict[str, ToolPolicy]]:
-    problems: list[PolicyProblem] = []
+def _check_document(data: Mapping[Any, Any], problems: ProblemList) -> dict[str, ToolPolicy]:
     document: PolicyFile | None
     try:
         document = PolicyFile.model_validate(data)
     except ValidationError as exc:
-        problems = problems_from_validation(exc, file=source)
-        document = _checkable_part(data, exc)
+        errors = exc.errors(include_url=False)
+        problems.add_errors(errors)
+        document = _checkable_part(data, errors)
     policies: dict[str, ToolPolicy] = {}
-    if document is not None:
-        for name in document.names():
-            try:
-                policies[name] = ToolPolicy.model_validate(document.settings_for(name))
-            except ValidationError as exc:
-                problems.extend(problems_from_validation(exc, file=source, prefix=("tools", name)))
+    if document is None:
+        return policies
+    # Each tool's settings are merged once; ``defaults:`` is read out of its model once.
+    settings = document.merged_settings()
+    for name, merged in settings.items():
+        try:
+            policies[name] = ToolPolicy.model_validate(merged)
+        except ValidationError as exc:
+            problems.add_errors(exc.errors(include_url=False), ("tools", name))
     tools = data.get("tools")
-    if document is not None and isinstance(tools, Mapping):
+    if isinstance(tools, Mapping):
         names = [name for name in tools if isinstance(name, str)]
-        problems.extend(_compensation_problems(document, names, source))
-        problems.extend(_cancel_tool_problems(document, names, source))
-    return list(dict.fromkeys(problems)), policies
+        _compensation_problems(settings, names, problems)
+        _cancel_tool_problems(settings, frozenset(names), problems)
+    return policies
 
 
-def _checkable_part(data: Mapping[Any, Any], exc: ValidationError) -> PolicyFile | None:
+def _checkable_part(data: Mapping[Any, Any], errors: Sequence[Any]) -> PolicyFile | None:
     """Return the tools whose own entries passed, with the defaults, to merge and cross-check.
 
     None when ``defaults:`` or ``tools:`` themselves are broken, or no tool entry passed.
     """
-    locs: list[Loc] = [tuple(error["loc"]) for error in exc.errors()]
+    locs: list[Loc] = [tuple(error["loc"]) for error in errors]
     if any(loc[:1] == ("defaults",) or loc == ("tools",) for loc in locs):
         return None
     broken = {loc[1] for loc in locs if loc[:1] == ("tools",) and len(loc) > 1}
@@ -259,46 +341,58 @@ def _checkable_part(data: Mapping[Any, Any], exc: ValidationError) -> PolicyFile
 
 
 def _compensation_problems(
-    document: PolicyFile, tool_names: Sequence[str], source: str
-) -> list[PolicyProblem]:
-    problems: list[PolicyProblem] = []
-    for name in document.names():
-        compensation = document.settings_for(name).get("compensation")
+    settings: Mapping[str, Mapping[str, Any]], tool_names: Sequence[str], problems: ProblemList
+) -> None:
+    known = frozenset(tool_names)
+    suggestions = 0
+    listed = _listed_names(tool_names)
+    for name, merged in settings.items():
+        compensation = merged.get("compensation")
         target = compensation.get("tool") if isinstance(compensation, Mapping) else None
         if not isinstance(target, str):
             continue
+        loc = ("tools", name, "compensation", "tool")
         if target == name:
-            reason = "a tool cannot compensate itself; name the tool that undoes this one"
-        elif target not in tool_names:
+            problems.add(loc, "a tool cannot compensate itself; name the tool that undoes this one")
+        elif target not in known:
             reason = f"names {target!r}, which is not a tool in this file"
+            if problems.full or suggestions >= _MAX_SUGGESTIONS:
+                problems.add(loc, f"{reason} (tools: {listed})")
+                continue
+            suggestions += 1
             close = difflib.get_close_matches(target, tool_names, n=1)
-            listed = ", ".join(tool_names)
             reason += f"; did you mean {close[0]!r}?" if close else f" (tools: {listed})"
-        elif target in document.tools and document.settings_for(target).get("kind") == "read":
-            reason = f"names {target!r}, which is kind: read; only a mutation can undo a change"
-        else:
-            continue
-        problems.append(
-            PolicyProblem(source, key_path(("tools", name, "compensation", "tool")), reason)
-        )
-    return problems
+            problems.add(loc, reason)
+        elif target in settings and settings[target].get("kind") == "read":
+            problems.add(
+                loc,
+                f"names {target!r}, which is kind: read; only a mutation can undo a change",
+            )
+
+
+def _listed_names(tool_names: Sequence[str]) -> str:
+    """The file's tool names for a problem: the first few, and how many there are."""
+    shown_names: list[str] = []
+    length = 0
+    for name in tool_names:
+        if length > _MAX_LISTED_NAMES_CHARS:
+            return f"{', '.join(shown_names)}... ({len(tool_names)} tools)"
+        shown_names.append(name)
+        length += len(name) + 2
+    return ", ".join(shown_names)
 
 
 def _cancel_tool_problems(
-    document: PolicyFile, tool_names: Sequence[str], source: str
-) -> list[PolicyProblem]:
+    settings: Mapping[str, Mapping[str, Any]], tool_names: frozenset[str], problems: ProblemList
+) -> None:
     """A tool the model may cancel needs its ``cancel_<name>`` free for the runtime's tool."""
-    problems: list[PolicyProblem] = []
-    for name in document.names():
-        if document.settings_for(name).get("cancellable_by_llm") is not True:
+    for name, merged in settings.items():
+        if merged.get("cancellable_by_llm") is not True:
             continue
         cancel = cancel_tool_name(name)
         if cancel in tool_names:
-            reason = (
+            problems.add(
+                ("tools", name, "cancellable_by_llm"),
                 f"the model stops {name} with the tool {cancel!r}, which is already a tool in "
-                "this file; rename one of them, or set cancellable_by_llm: false"
+                "this file; rename one of them, or set cancellable_by_llm: false",
             )
-            problems.append(
-                PolicyProblem(source, key_path(("tools", name, "cancellable_by_llm")), reason)
-            )
-    return problems
