@@ -276,7 +276,9 @@ def _build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--once",
         action="store_true",
-        help="claim what is stale, finish it, and exit (for a scheduled job)",
+        help="claim what is stale, finish it, print a summary and exit (for a scheduled job): "
+        "exit status 0 when all it claimed is finished or waits for a person, 3 when it left "
+        "some that need someone, 1 when it cannot run",
     )
     opening = [listing, show, *decide, ledger_list, ledger_show, undelivered, stats, reconcile]
     for sub in [*db_parsers, *opening, worker]:
@@ -509,6 +511,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
             owner=args.owner,
             lease_secs=args.lease_secs,
             once=args.once,
+            as_json=args.json,
         )
     finally:
         for sig in handled:
