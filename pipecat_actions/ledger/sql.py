@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loguru import logger
 from sqlalchemy import (
@@ -53,7 +53,6 @@ from pipecat_actions.ledger import _sqlite, migrate
 from pipecat_actions.ledger._filters import filter_conditions
 from pipecat_actions.ledger._notices import Notices, PostgresNotices, SqliteNotices
 from pipecat_actions.ledger._opening import other_tables, postgres_unreachable
-from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
 from pipecat_actions.ledger._reader import SqliteReader, create_reader_engine, open_reader
 from pipecat_actions.ledger._rows import (
     ADMIT_STATUSES,
@@ -107,6 +106,9 @@ from pipecat_actions.status import (
     ActionStatus,
     check_transition,
 )
+
+if TYPE_CHECKING:
+    from pipecat_actions.ledger._postgres import PostgresFastPath
 
 T = TypeVar("T")
 _ADMIT_RETRIES = 5
@@ -271,6 +273,9 @@ class SqlLedger(Ledger):
         if is_sqlite:
             notices = SqliteNotices(Path(parsed.database or ""), url=redact_url(parsed))
         else:
+            # Imported for PostgreSQL ledgers only: a SQLite ledger's process never loads asyncpg.
+            from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
+
             dsn = asyncpg_dsn(parsed)
             fast = PostgresFastPath(
                 dsn=dsn,
