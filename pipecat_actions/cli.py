@@ -4,8 +4,8 @@ Every failure the user can cause (a bad file, a bad URL, an unreachable database
 line on stderr and a non-zero exit status, never a traceback::
 
     pipecat-actions policy check FILE...      validate policy files (exit 1 if any is invalid)
-    pipecat-actions db upgrade [URL]          create or upgrade the ledger schema
-    pipecat-actions db status [URL]           show the schema revision of a ledger database
+    pipecat-actions db upgrade                create or upgrade the ledger schema
+    pipecat-actions db status                 show the schema revision of a ledger database
     pipecat-actions approvals list|show|approve|reject   operations waiting for a person
     pipecat-actions ledger list [filters] | ledger show OP  operations and their audit timeline
     pipecat-actions undelivered               committed operations nobody was told about
@@ -15,8 +15,10 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions scenario new FILE                    start a scenario file from a template
     pipecat-actions worker --app MODULE:ATTR [--once]     own the work of bots that are gone
 
-``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``; a plain path is a SQLite file) names the
-ledger; ``--json`` prints machine-readable output. ``ledger list`` and ``undelivered`` print
+Every command that opens a ledger names it with ``--ledger URL`` (default
+``$PIPECAT_ACTIONS_LEDGER_URL``; a plain path is a SQLite file); the older ``db upgrade URL``,
+``db status URL`` and ``scenario run --ledger-url URL`` still work, with a one-line warning.
+``--json`` prints machine-readable output. ``ledger list`` and ``undelivered`` print
 pages of ``--limit`` rows, oldest first; a full page ends with the ``--after CURSOR`` that
 reads the next one (on stderr with ``--json``).
 
@@ -25,10 +27,12 @@ the ledger read (``ledger: URL``, password hidden; on stderr with ``--json``, wh
 the JSON alone), every text line goes through `printable` (a control character or a bidi
 override from the ledger is shown escaped, never obeyed) and nothing from the ledger is read as
 rich markup. Only ``db upgrade`` creates a ledger: the other commands open an existing one and
-say so when there is none, or when what is there is not a ledger. The read commands (``ledger``,
-``undelivered``, ``stats``, ``approvals list|show``, ``db status``) open it read-only: they
-change nothing on disk, neither the file nor its folder. A reader that goes away (``| head``)
-ends the command quietly, with the status of a command killed by SIGPIPE (141).
+say so when there is none, or when what is there is not a ledger (never with a hint to make a
+ledger of someone else's database), or when it cannot be reached (what to check, in one
+line). The read commands (``ledger``, ``undelivered``, ``stats``, ``approvals list|show``,
+``db status``) open it read-only: they change nothing on disk, neither the file nor its
+folder. A reader that goes away (``| head``) ends the command quietly, with the status of a
+command killed by SIGPIPE (141).
 """
 
 from __future__ import annotations

@@ -107,6 +107,7 @@ class _Report:
     finished: Counter[str] = field(default_factory=Counter)
 
     def started(self, *, owner: str, url: str, lease_secs: float, once: bool) -> None:
+        """Say which ledger the worker owns work of, under which name, and how it claims."""
         unsent = "run" if self.app.authorizer is not None else "fail"
         if self.as_json:
             self._json(
