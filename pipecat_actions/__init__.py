@@ -12,61 +12,67 @@ machine's tables (`pipecat_actions.status`: ``TRANSITIONS``, ``TERMINAL_STATUSES
 testing kit (`pipecat_actions.testing`).
 """
 
-import dis as _dis
 import sys as _sys
 import types as _types
+import typing as _typing
 
-from pipecat_actions.actions import (
-    ActionContext,
-    ActionDefinition,
-    CancelOutcome,
-    Reconciliation,
-    Refused,
-    action,
-    action_context,
-)
-from pipecat_actions.admission.authorization import (
-    AllowAll,
-    AuthorizationRequest,
-    Authorizer,
-    Decision,
-)
-from pipecat_actions.approvals import ApprovalRefused, Approver
-from pipecat_actions.clock import Clock, ManualClock, SystemClock
-from pipecat_actions.errors import (
-    ConfigurationError,
-    IdempotencyMismatch,
-    IllegalTransition,
-    LedgerConfigurationError,
-    LedgerError,
-    LedgerIntegrityError,
-    LedgerUnavailable,
-    OperationNotFound,
-    PipecatActionsError,
-    PolicyError,
-    PolicyProblem,
-    SchemaVersionMismatch,
-    StaleFence,
-    StatusError,
-    TransitionRefused,
-    UnexpectedStatus,
-)
-from pipecat_actions.execution.executor import ReconcileSchedule
-from pipecat_actions.execution.outcomes import (
-    EffectFailed,
-    EffectNotSent,
-    EffectOutcomeUnknown,
-    EffectRetryable,
-)
-from pipecat_actions.ledger import Ledger, LedgerSettings, Operation, SqlLedger
-from pipecat_actions.policy import PolicySet, ToolPolicy, load_policy, load_policy_text
-from pipecat_actions.runtime import ActionRuntime
-from pipecat_actions.session import SessionState
-from pipecat_actions.status import ActionStatus
+if _typing.TYPE_CHECKING:
+    from pipecat_actions.actions import (
+        ActionContext,
+        ActionDefinition,
+        CancelOutcome,
+        Reconciliation,
+        Refused,
+        action,
+        action_context,
+    )
+    from pipecat_actions.admission.authorization import (
+        AllowAll,
+        AuthorizationRequest,
+        Authorizer,
+        Decision,
+    )
+    from pipecat_actions.approvals import ApprovalRefused, Approver
+    from pipecat_actions.clock import Clock, ManualClock, SystemClock
+    from pipecat_actions.errors import (
+        ConfigurationError,
+        IdempotencyMismatch,
+        IllegalTransition,
+        LedgerConfigurationError,
+        LedgerError,
+        LedgerIntegrityError,
+        LedgerUnavailable,
+        OperationNotFound,
+        PipecatActionsError,
+        PolicyError,
+        PolicyProblem,
+        SchemaVersionMismatch,
+        StaleFence,
+        StatusError,
+        TransitionRefused,
+        UnexpectedStatus,
+    )
+    from pipecat_actions.execution.executor import ReconcileSchedule
+    from pipecat_actions.execution.outcomes import (
+        EffectFailed,
+        EffectNotSent,
+        EffectOutcomeUnknown,
+        EffectRetryable,
+    )
+    from pipecat_actions.ledger import Ledger, LedgerSettings, Operation, SqlLedger
+    from pipecat_actions.pipeline import build_pipeline, check_placement
+    from pipecat_actions.policy import PolicySet, ToolPolicy, load_policy, load_policy_text
+    from pipecat_actions.processors import (
+        ActionResultGate,
+        ActionStatusReporter,
+        ActionTurnTracker,
+        rtvi_observer_params,
+    )
+    from pipecat_actions.runtime import ActionRuntime
+    from pipecat_actions.session import SessionState
+    from pipecat_actions.status import ActionStatus
 
 __version__ = "0.1.0"
-
-_IMPORT_FROM = _dis.opmap["IMPORT_FROM"]
 
 __all__ = [
     # runtime
@@ -136,15 +142,66 @@ __all__ = [
     "UnexpectedStatus",
 ]
 
-# Names that need Pipecat are imported when first used, so that the ledger, the policies and
-# the `pipecat-actions` command start without importing Pipecat (which logs a banner).
-_LAZY = {
+# Where each exported name lives. A name is imported from its module when first used, so that
+# `import pipecat_actions` (and the `pipecat-actions` command, an operator's tool) costs only
+# what is used: the ledger's commands never import Pipecat (which logs a banner), and the ones
+# that open no ledger never import SQLAlchemy. `tests/test_exported_members.py` checks that
+# this table and `__all__` name the same things, and that each resolves.
+_EXPORTS = {
+    "ActionRuntime": "pipecat_actions.runtime",
+    "ReconcileSchedule": "pipecat_actions.execution.executor",
+    "SessionState": "pipecat_actions.session",
     "ActionResultGate": "pipecat_actions.processors",
     "ActionStatusReporter": "pipecat_actions.processors",
     "ActionTurnTracker": "pipecat_actions.processors",
     "build_pipeline": "pipecat_actions.pipeline",
     "check_placement": "pipecat_actions.pipeline",
     "rtvi_observer_params": "pipecat_actions.processors",
+    "ActionContext": "pipecat_actions.actions",
+    "ActionDefinition": "pipecat_actions.actions",
+    "CancelOutcome": "pipecat_actions.actions",
+    "Reconciliation": "pipecat_actions.actions",
+    "Refused": "pipecat_actions.actions",
+    "action": "pipecat_actions.actions",
+    "action_context": "pipecat_actions.actions",
+    "EffectFailed": "pipecat_actions.execution.outcomes",
+    "EffectNotSent": "pipecat_actions.execution.outcomes",
+    "EffectOutcomeUnknown": "pipecat_actions.execution.outcomes",
+    "EffectRetryable": "pipecat_actions.execution.outcomes",
+    "AllowAll": "pipecat_actions.admission.authorization",
+    "AuthorizationRequest": "pipecat_actions.admission.authorization",
+    "Authorizer": "pipecat_actions.admission.authorization",
+    "Decision": "pipecat_actions.admission.authorization",
+    "ActionStatus": "pipecat_actions.status",
+    "Ledger": "pipecat_actions.ledger",
+    "LedgerSettings": "pipecat_actions.ledger",
+    "Operation": "pipecat_actions.ledger",
+    "SqlLedger": "pipecat_actions.ledger",
+    "PolicySet": "pipecat_actions.policy",
+    "ToolPolicy": "pipecat_actions.policy",
+    "load_policy": "pipecat_actions.policy",
+    "load_policy_text": "pipecat_actions.policy",
+    "Approver": "pipecat_actions.approvals",
+    "Clock": "pipecat_actions.clock",
+    "ManualClock": "pipecat_actions.clock",
+    "SystemClock": "pipecat_actions.clock",
+    "ApprovalRefused": "pipecat_actions.approvals",
+    "ConfigurationError": "pipecat_actions.errors",
+    "IdempotencyMismatch": "pipecat_actions.errors",
+    "IllegalTransition": "pipecat_actions.errors",
+    "LedgerConfigurationError": "pipecat_actions.errors",
+    "LedgerError": "pipecat_actions.errors",
+    "LedgerIntegrityError": "pipecat_actions.errors",
+    "LedgerUnavailable": "pipecat_actions.errors",
+    "OperationNotFound": "pipecat_actions.errors",
+    "PipecatActionsError": "pipecat_actions.errors",
+    "PolicyError": "pipecat_actions.errors",
+    "PolicyProblem": "pipecat_actions.errors",
+    "SchemaVersionMismatch": "pipecat_actions.errors",
+    "StaleFence": "pipecat_actions.errors",
+    "StatusError": "pipecat_actions.errors",
+    "TransitionRefused": "pipecat_actions.errors",
+    "UnexpectedStatus": "pipecat_actions.errors",
 }
 
 
@@ -167,8 +224,10 @@ _MOVED = {
 def __getattr__(name: str) -> object:
     import importlib
 
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # found here from now on, without this function
+        return value
     if name in _MOVED:
         message = (
             f"pipecat_actions.{name} is no longer exported by the package; "
@@ -184,7 +243,13 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'pipecat_actions' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 def _importing_from(frame: _types.FrameType) -> bool:
     """Whether ``frame`` is executing a ``from ... import`` (the IMPORT_FROM instruction)."""
+    import dis
+
     code = frame.f_code.co_code
-    return 0 <= frame.f_lasti < len(code) and code[frame.f_lasti] == _IMPORT_FROM
+    return 0 <= frame.f_lasti < len(code) and code[frame.f_lasti] == dis.opmap["IMPORT_FROM"]

@@ -4,8 +4,8 @@ Every failure the user can cause (a bad file, a bad URL, an unreachable database
 line on stderr and a non-zero exit status, never a traceback::
 
     pipecat-actions policy check FILE...      validate policy files (exit 1 if any is invalid)
-    pipecat-actions db upgrade [URL]          create or upgrade the ledger schema
-    pipecat-actions db status [URL]           show the schema revision of a ledger database
+    pipecat-actions db upgrade                create or upgrade the ledger schema
+    pipecat-actions db status                 show the schema revision of a ledger database
     pipecat-actions approvals list|show|approve|reject   operations waiting for a person
     pipecat-actions ledger list [filters] | ledger show OP  operations and their audit timeline
     pipecat-actions undelivered               committed operations nobody was told about
@@ -15,8 +15,10 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions scenario new FILE                    start a scenario file from a template
     pipecat-actions worker --app MODULE:ATTR [--once]     own the work of bots that are gone
 
-``--ledger URL`` (or ``$PIPECAT_ACTIONS_LEDGER_URL``; a plain path is a SQLite file) names the
-ledger; ``--json`` prints machine-readable output. ``ledger list`` and ``undelivered`` print
+Every command that opens a ledger names it with ``--ledger URL`` (default
+``$PIPECAT_ACTIONS_LEDGER_URL``; a plain path is a SQLite file); the older ``db upgrade URL``,
+``db status URL`` and ``scenario run --ledger-url URL`` still work, with a one-line warning.
+``--json`` prints machine-readable output. ``ledger list`` and ``undelivered`` print
 pages of ``--limit`` rows, oldest first; a full page ends with the ``--after CURSOR`` that
 reads the next one (on stderr with ``--json``).
 
@@ -25,25 +27,27 @@ the ledger read (``ledger: URL``, password hidden; on stderr with ``--json``, wh
 the JSON alone), every text line goes through `printable` (a control character or a bidi
 override from the ledger is shown escaped, never obeyed) and nothing from the ledger is read as
 rich markup. Only ``db upgrade`` creates a ledger: the other commands open an existing one and
-say so when there is none, or when what is there is not a ledger. The read commands (``ledger``,
-``undelivered``, ``stats``, ``approvals list|show``, ``db status``) open it read-only: they
-change nothing on disk, neither the file nor its folder. A reader that goes away (``| head``)
-ends the command quietly, with the status of a command killed by SIGPIPE (141).
+say so when there is none, or when what is there is not a ledger (never with a hint to make a
+ledger of someone else's database), or when it cannot be reached (what to check, in one
+line). The read commands (``ledger``, ``undelivered``, ``stats``, ``approvals list|show``,
+``db status``) open it read-only: they change nothing on disk, neither the file nor its
+folder. A reader that goes away (``| head``) ends the command quietly, with the status of a
+command killed by SIGPIPE (141).
 """
 
 from __future__ import annotations
 
 __all__ = ["main", "run"]
 
+# `pipecat-actions --help` and an operator's command start in a fraction of a second: this
+# module imports only the standard library and the package's light modules; what a command
+# needs (the ledger and SQLAlchemy, the runtime, the policy model, loguru) is imported when
+# that command runs. `tests/test_cli_startup.py` checks which libraries each command loads.
 import argparse
-import asyncio
-import json
 import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from pipecat_actions._printable import printable, printable_lines
@@ -53,13 +57,13 @@ from pipecat_actions.console.command import (
     add_users_parser,
 )
 from pipecat_actions.errors import PipecatActionsError
-from pipecat_actions.ledger.records import Operation, OperationFilter
 from pipecat_actions.status import ActionStatus
 
 if TYPE_CHECKING:
     import loguru
 
-    from pipecat_actions.ledger import SqlLedger
+    from pipecat_actions.ledger import Ledger, SqlLedger
+    from pipecat_actions.ledger.records import Operation, OperationFilter
 
 
 def _cursor(text: str) -> tuple[float, str]:
@@ -75,8 +79,10 @@ def _cursor(text: str) -> tuple[float, str]:
         ) from None
 
 
-async def _every(ledger: Any, filters: OperationFilter) -> list[Operation]:
+async def _every(ledger: Ledger, filters: OperationFilter) -> list[Operation]:
     """Every operation ``filters`` selects, a page at a time (lists are never cut short)."""
+    from dataclasses import replace
+
     found: list[Operation] = []
     page = replace(filters, limit=1000)
     while True:
@@ -119,6 +125,13 @@ def _cursor_of(op: Operation) -> str:
     return f"{op.created_at!r}/{op.operation_id}"
 
 
+_LEDGER_HELP = (
+    "the ledger: sqlite:///PATH (or a plain PATH) or postgresql://USER@HOST/DB "
+    "(default: $PIPECAT_ACTIONS_LEDGER_URL, else ./.pipecat_actions/ledger.db)"
+)
+"""How every command that opens a ledger describes its ``--ledger URL``."""
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line on stderr (and exit status 2)."""
 
@@ -142,24 +155,20 @@ def _build_parser() -> argparse.ArgumentParser:
 
     db = commands.add_parser("db", help="manage the ledger database")
     db_commands = db.add_subparsers(dest="db_command", required=True)
+    db_parsers = []
     for name, help_text in (
         ("upgrade", "create the ledger schema, or upgrade it to this version"),
         ("status", "show the ledger schema revision"),
     ):
         sub = db_commands.add_parser(name, help=help_text)
-        sub.add_argument(
-            "url",
-            nargs="?",
-            default=None,
-            help="sqlite:///PATH or postgresql://USER@HOST/DB "
-            "(default: $PIPECAT_ACTIONS_LEDGER_URL or ./.pipecat_actions/ledger.db)",
-        )
+        # The URL as an argument is the older form: it still works, with a warning.
+        sub.add_argument("positional_url", nargs="?", default=None, help=argparse.SUPPRESS)
         sub.add_argument(
             "--allow-unsafe-postgres",
             action="store_true",
             help="accept a PostgreSQL server running with synchronous_commit=off or fsync=off",
         )
-        sub.add_argument("--json", action="store_true", help="machine-readable output")
+        db_parsers.append(sub)
     approvals = commands.add_parser("approvals", help="operations waiting for a person")
     approval_commands = approvals.add_subparsers(dest="approvals_command", required=True)
     listing = approval_commands.add_parser("list", help="list operations awaiting approval")
@@ -220,11 +229,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "--verbose", "-v", action="store_true", help="every check and the story of each run"
     )
     scenario_run.add_argument(
-        "--ledger-url",
+        "--ledger",
         default=None,
         metavar="URL",
         help="an empty database for the scenarios' ledgers (default: a temporary SQLite file)",
     )
+    # The option's older name: it still works, with a warning.
+    scenario_run.add_argument("--ledger-url", default=None, help=argparse.SUPPRESS)
     scenario_run.add_argument("--json", action="store_true", help="machine-readable output")
     scenario_new = scenario_commands.add_parser(
         "new", help="write a scenario file that runs as it is, to start a new one from"
@@ -269,19 +280,26 @@ def _build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--once",
         action="store_true",
-        help="claim what is stale, finish it, and exit (for a scheduled job)",
+        help="claim what is stale, finish it, print a summary and exit (for a scheduled job): "
+        "exit status 0 when all it claimed is finished or waits for a person, 3 when it left "
+        "some that need someone, 1 when it cannot run",
     )
-    for sub in (
-        listing, show, *decide, ledger_list, ledger_show, undelivered, stats, reconcile, worker
-    ):  # fmt: skip
-        sub.add_argument("--ledger", default=None, metavar="URL", help="the ledger database")
+    opening = [listing, show, *decide, ledger_list, ledger_show, undelivered, stats, reconcile]
+    for sub in [*db_parsers, *opening, worker]:
+        sub.add_argument("--ledger", default=None, metavar="URL", help=_LEDGER_HELP)
         sub.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    args = _build_parser().parse_args(argv)
+    return _run_command(_parse(argv))
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """Run the command ``args`` names; a `PipecatActionsError` is one line on stderr."""
+    import asyncio
+
     try:
         if args.command == "policy":
             return _policy_check(args, sys.stdout)
@@ -305,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     err=sys.stderr,
                     as_json=args.json,
                     verbose=args.verbose,
-                    ledger_url=args.ledger_url,
+                    ledger_url=args.ledger,
                 )
             )
         if args.command == "reconcile":
@@ -328,11 +346,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover
 
 
+_OLDER_LEDGER_FORMS = {
+    ("db", "upgrade"): ("positional_url", "URL"),
+    ("db", "status"): ("positional_url", "URL"),
+    ("scenario", "run"): ("ledger_url", "--ledger-url URL"),
+}
+"""Where a command took its ledger before every command took ``--ledger URL``."""
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; a ledger given in an older form becomes ``args.ledger``, with a warning.
+
+    The older form still works and says, in one line on stderr, how to write it now; the
+    ledger given both ways is a usage error (exit status 2).
+    """
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    command = (args.command, getattr(args, f"{args.command}_command", None))
+    if command not in _OLDER_LEDGER_FORMS:
+        return args
+    attribute, old_form = _OLDER_LEDGER_FORMS[command]
+    old = getattr(args, attribute)
+    if old is None:
+        return args
+    said = " ".join(command)
+    if args.ledger is not None:
+        parser.error(f"{said}: give the ledger once, as --ledger URL (not also as {old_form})")
+    print(
+        f"pipecat-actions: warning: `{said} {old_form}` is deprecated; write `{said} --ledger URL`",
+        file=sys.stderr,
+    )
+    args.ledger = old
+    return args
+
+
 async def _open_existing(url: str | None, **options: Any) -> SqlLedger:
     """Open the ledger a command uses: one that exists, never a new one (`must_exist`).
 
     The read commands pass ``read_only=True``.
     """
+    from pathlib import PurePath
+
     from pipecat_actions.errors import LedgerNotFound
     from pipecat_actions.ledger import SqlLedger
     from pipecat_actions.ledger.engine import ENV_LEDGER_URL
@@ -366,7 +420,9 @@ def _print_read(
     Text starts with the ``ledger:`` line; with ``--json`` that line (and ``more``, a page's
     cursor) goes to stderr, and ``render`` is never called.
     """
-    from pipecat_actions.operator import ledger_line
+    import json
+
+    from pipecat_actions._operator_text import ledger_line
 
     if args.json:
         for line in (ledger_line(url), more):
@@ -378,6 +434,8 @@ def _print_read(
 
 
 def _policy_check(args: argparse.Namespace, out: TextIO) -> int:
+    import json
+
     from pipecat_actions.policy import PolicyError, check_policy_files, load_policy
 
     if not args.json:
@@ -424,6 +482,7 @@ async def _reconcile(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
+    import asyncio
     import signal
 
     from pipecat_actions import operator
@@ -456,6 +515,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
             owner=args.owner,
             lease_secs=args.lease_secs,
             once=args.once,
+            as_json=args.json,
         )
     finally:
         for sig in handled:
@@ -463,26 +523,33 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _db(args: argparse.Namespace, out: TextIO) -> int:
+    from pipecat_actions._operator_text import shown_url
     from pipecat_actions.ledger import LedgerSettings, SqlLedger
 
     settings = LedgerSettings(allow_unsafe_postgres=args.allow_unsafe_postgres)
     if args.db_command == "upgrade":
         ledger = await SqlLedger.create(
-            args.url, settings=settings, create_schema=False, check_schema=False
+            args.ledger, settings=settings, create_schema=False, check_schema=False
         )
         try:
+            beside = (await ledger.schema_state()).other_tables
             before, after = await ledger.upgrade_schema()
         finally:
             await ledger.close()
-        data = {"url": ledger.url, "before": before, "after": after}
+        data = {"url": ledger.url, "before": before, "after": after, "beside": list(beside)}
         said = (
             f"schema already at revision {after}"
             if before == after
             else f"schema upgraded from {before or 'empty'} to {after}"
         )
+        if beside and before != after:
+            # Said, since a mistyped URL puts a ledger into someone else's database.
+            said += f" (beside the database's own tables: {', '.join(beside)})"
         _print_read(args, ledger.url, data, lambda: said, out)
         return 0
-    ledger = await _open_existing(args.url, settings=settings, check_schema=False, read_only=True)
+    ledger = await _open_existing(
+        args.ledger, settings=settings, check_schema=False, read_only=True
+    )
     try:
         state = await ledger.schema_state()
     finally:
@@ -490,9 +557,12 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
     if state.up_to_date:
         verdict = "up to date"
     elif state.empty:
-        verdict = "empty: run `pipecat-actions db upgrade`"
+        verdict = f"empty: run `pipecat-actions db upgrade --ledger {shown_url(ledger.url)}`"
     elif state.known:
-        verdict = f"older than this code ({state.head}): run `pipecat-actions db upgrade`"
+        verdict = (
+            f"older than this code ({state.head}): "
+            f"run `pipecat-actions db upgrade --ledger {shown_url(ledger.url)}`"
+        )
     else:
         verdict = f"newer than this code ({state.head}): upgrade pipecat_actions"
     status: dict[str, object] = {
@@ -511,6 +581,7 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
 async def _approvals_read(args: argparse.Namespace, out: TextIO) -> int:
     """``approvals list`` and ``approvals show``."""
     from pipecat_actions import operator
+    from pipecat_actions.ledger.records import OperationFilter
 
     ledger = await _open_existing(args.ledger, read_only=True)
     try:
@@ -533,13 +604,13 @@ async def _approvals_read(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _approvals(args: argparse.Namespace, out: TextIO) -> int:
+    if args.approvals_command in ("list", "show"):
+        return await _approvals_read(args, out)
     from pipecat_actions.approvals import approve_operation, reject_operation
     from pipecat_actions.clock import SystemClock
     from pipecat_actions.console.command import authenticated_approver
     from pipecat_actions.operator import describe_approval as describe
 
-    if args.approvals_command in ("list", "show"):
-        return await _approvals_read(args, out)
     ledger = await _open_existing(args.ledger)
     try:
         command = args.approvals_command
@@ -571,8 +642,10 @@ async def _approvals(args: argparse.Namespace, out: TextIO) -> int:
 
 async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
     import time
+    from dataclasses import replace
 
     from pipecat_actions import operator
+    from pipecat_actions.ledger.records import OperationFilter
 
     since = None if getattr(args, "since", None) is None else time.time() - args.since
     more = None
@@ -616,16 +689,18 @@ def _warn(message: loguru.Message) -> None:
 
 
 def run() -> None:
-    """The console script: warnings and errors only on stderr, then `main`."""
+    """The console script: `main`, with warnings and errors only on stderr."""
     import signal
 
-    from loguru import logger
-
-    # A command's output is what it prints, and a failure is one line: no debug logging.
-    logger.remove()
-    logger.add(_warn, level="WARNING", format="{message}")
     try:
-        status = main()
+        args = _parse(None)
+        # Once the arguments are good (`--help` and a usage error import no logging library):
+        # a command's output is what it prints, and a failure is one line, so no debug log.
+        from loguru import logger
+
+        logger.remove()
+        logger.add(_warn, level="WARNING", format="{message}")
+        status = _run_command(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, rather than at exit
     except BrokenPipeError:
         # The reader went away (`| head`). As the signal module's documentation does: point

@@ -73,3 +73,10 @@ def app() -> OperatorApp:
 
 def app_without_authorizer() -> OperatorApp:
     return OperatorApp(policy=POLICY, actions=ACTIONS)
+
+
+def app_without_bookings() -> OperatorApp:
+    """The application of a process that does not run ``book_table`` (another service does)."""
+    return OperatorApp(
+        policy=POLICY, actions=[book_later, refund], authorizer=AllowAll(), routed=["book_table"]
+    )

@@ -3,6 +3,7 @@ the commands open one: an existing ledger only, by URL or plain path, private to
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pipecat_actions.cli import main
+from pipecat_actions.cli import _build_parser, main
 from pipecat_actions.errors import LedgerConfigurationError, LedgerNotFound, SchemaVersionMismatch
 from pipecat_actions.ledger import NewOperation, SqlLedger
 from pipecat_actions.ledger.engine import normalize_url
@@ -211,7 +212,7 @@ def test_files_that_exist_keep_the_mode_their_owner_gave_them(
     os.chmod(tmp_path, 0o750)
     os.chmod(path, 0o640)  # a team's choice: a group reads the ledger
     os.chmod(lock, 0o660)
-    for argv in (["db", "upgrade", url], ["ledger", "list", "--ledger", url]):
+    for argv in (["db", "upgrade", "--ledger", url], ["ledger", "list", "--ledger", url]):
         assert _cli(capsys, *argv)[::2] == (0, "")  # and not a word about them
     assert (_mode(tmp_path), _mode(path), _mode(lock)) == (0o750, 0o640, 0o660)
 
@@ -278,7 +279,7 @@ def test_a_read_command_in_an_empty_folder_creates_nothing_and_says_where_it_loo
     assert err.count("\n") == 1, err
     default = tmp_path / ".pipecat_actions" / "ledger.db"
     assert f"no ledger at {default}" in err
-    assert f"pipecat-actions db upgrade sqlite:///{default}" in err
+    assert f"pipecat-actions db upgrade --ledger sqlite:///{default}" in err
     assert ".pipecat_actions/demo.db" in err  # where `make demo` keeps its own
     assert _tree(tmp_path) == []
 
@@ -292,7 +293,7 @@ def test_a_read_command_names_a_missing_ledger_and_creates_neither_it_nor_its_di
     assert code == 1
     assert err.strip() == (
         f"pipecat-actions: no ledger at {missing} (no directory {missing.parent}): create one "
-        f"with `pipecat-actions db upgrade sqlite:///{missing}`"
+        f"with `pipecat-actions db upgrade --ledger sqlite:///{missing}`"
     )
     assert _tree(tmp_path) == []
 
@@ -301,12 +302,12 @@ def test_db_status_of_a_missing_file_creates_nothing_and_db_upgrade_creates_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = f"sqlite:///{tmp_path / 'new' / 'ledger.db'}"
-    code, _, err = _cli(capsys, "db", "status", missing)
+    code, _, err = _cli(capsys, "db", "status", "--ledger", missing)
     assert code == 1
     assert "no ledger at" in err
     assert _tree(tmp_path) == []
-    assert _cli(capsys, "db", "upgrade", missing)[0] == 0
-    code, out, _ = _cli(capsys, "db", "status", missing)
+    assert _cli(capsys, "db", "upgrade", "--ledger", missing)[0] == 0
+    code, out, _ = _cli(capsys, "db", "status", "--ledger", missing)
     assert code == 0
     assert out.splitlines()[0] == f"ledger: {missing}"
     assert out.splitlines()[1].endswith("up to date")
@@ -320,14 +321,14 @@ def test_approvals_list_of_an_empty_database_file_does_not_give_it_a_schema(
     code, _, err = _cli(capsys, "approvals", "list", "--ledger", f"sqlite:///{empty}")
     assert code == 1
     assert "pipecat-actions db upgrade" in err
-    assert _cli(capsys, "db", "status", f"sqlite:///{empty}")[0] == 1  # still empty
+    assert _cli(capsys, "db", "status", "--ledger", f"sqlite:///{empty}")[0] == 1  # still empty
 
 
 def test_a_plain_path_works_as_ledger_and_in_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    assert _cli(capsys, "db", "upgrade", "./x/ledger.db")[0] == 0
+    assert _cli(capsys, "db", "upgrade", "--ledger", "./x/ledger.db")[0] == 0
     named = f"ledger: sqlite:///{tmp_path / 'x' / 'ledger.db'}"
     code, out, _ = _cli(capsys, "ledger", "list", "--ledger", "x/ledger.db")
     assert (code, out.splitlines()) == (0, [named, "no operation matches"])
@@ -345,7 +346,9 @@ def test_an_empty_postgres_database_says_which_command_creates_it_and_where_its_
     assert main(["ledger", "list", "--ledger", with_password]) == 1
     err = capsys.readouterr().err
     shown = pg_fresh_url.replace("postgres@", "postgres:***@", 1).replace("+asyncpg", "")
-    assert f"run `pipecat-actions db upgrade {shown}` (its password in place of ***)" in err
+    assert (
+        f"run `pipecat-actions db upgrade --ledger {shown}` (its password in place of ***)" in err
+    )
     assert "s3cret" not in err
 
 
@@ -365,7 +368,7 @@ def test_a_page_size_or_window_no_ledger_can_answer_is_a_usage_error(
     argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    assert main(["db", "upgrade", url]) == 0
+    assert main(["db", "upgrade", "--ledger", url]) == 0
     capsys.readouterr()
     with pytest.raises(SystemExit) as done:
         main([*argv, "--ledger", url])
@@ -379,8 +382,78 @@ def test_a_cursor_no_page_could_have_printed_is_a_usage_error(
     cursor: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    assert main(["db", "upgrade", url]) == 0
+    assert main(["db", "upgrade", "--ledger", url]) == 0
     with pytest.raises(SystemExit) as done:
         main(["ledger", "list", "--after", cursor, "--ledger", url])
     assert done.value.code == 2
     assert "is not a cursor" in capsys.readouterr().err
+
+
+# --- every command names its ledger with --ledger URL --------------------------------------
+
+OPENING_COMMANDS = {
+    "approvals list", "approvals show", "approvals approve", "approvals reject", "console",
+    "db status", "db upgrade", "ledger list", "ledger show", "reconcile", "scenario run",
+    "stats", "undelivered", "worker",
+}  # fmt: skip
+"""The commands that open a ledger (or, for ``scenario run``, make their ledgers in one)."""
+
+
+def _leaves(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, set[str]]:
+    """Each command line's words (``db upgrade``) and the options its parser takes."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return {prefix.strip(): {o for a in parser._actions for o in a.option_strings}}
+    found: dict[str, set[str]] = {}
+    for name, sub in subs[0].choices.items():
+        found.update(_leaves(sub, f"{prefix} {name}"))
+    return found
+
+
+def test_every_command_that_opens_a_ledger_takes_it_as_ledger_url_and_no_other_does() -> None:
+    leaves = _leaves(_build_parser())
+    taking = {command for command, options in leaves.items() if "--ledger" in options}
+    assert taking == OPENING_COMMANDS
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["db", "status"]], ids=" ".join)
+def test_the_ledger_as_the_db_commands_argument_still_works_with_a_one_line_warning(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert main(["db", "upgrade", "--ledger", url]) == 0
+    capsys.readouterr()
+    code, out, err = _cli(capsys, *command, url)
+    assert code == 0
+    said = " ".join(command)
+    assert err == (
+        f"pipecat-actions: warning: `{said} URL` is deprecated; write `{said} --ledger URL`\n"
+    )
+    assert out.splitlines()[0] == f"ledger: {url}"
+
+
+def test_the_ledger_given_both_ways_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with pytest.raises(SystemExit) as done:
+        main(["db", "upgrade", url, "--ledger", url])
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (
+        "pipecat-actions: db upgrade: give the ledger once, as --ledger URL (not also as URL) "
+        "(see --help)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_scenario_runs_older_ledger_url_option_still_works_with_a_one_line_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "missing.yaml")
+    code = main(["scenario", "run", missing, "--ledger-url", f"sqlite:///{tmp_path / 'x.db'}"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2  # the file is not there: said after the warning
+    assert err[0] == (
+        "pipecat-actions: warning: `scenario run --ledger-url URL` is deprecated; "
+        "write `scenario run --ledger URL`"
+    )

@@ -212,8 +212,8 @@ def test_every_text_output_starts_with_the_ledger_it_read_and_json_says_it_on_st
     url, ids = hostile
     named = f"ledger: sqlite:///{tmp_path / 'ledger.db'}"
     for argv in [
-        ["db", "status", url],
-        ["db", "upgrade", url],
+        ["db", "status", "--ledger", url],
+        ["db", "upgrade", "--ledger", url],
         *_text_commands(url, ids),
     ]:
         code, out, _ = _cli(capsys, *argv)
@@ -231,7 +231,7 @@ def test_a_postgres_ledger_is_named_with_its_password_hidden(
 ) -> None:
     with_password = pg_session_url.replace("postgres@", "postgres:s3cret@", 1)
     assert with_password != pg_session_url
-    assert main(["db", "upgrade", with_password]) == 0
+    assert main(["db", "upgrade", "--ledger", with_password]) == 0
     code, out, err = _cli(capsys, "ledger", "list", "--ledger", with_password)
     assert code == 0, err
     shown = pg_session_url.replace("postgres@", "postgres:***@", 1)

@@ -196,7 +196,7 @@ def _installed(argv: list[str]) -> subprocess.CompletedProcess[str]:
         ["approvals", "list", "--ledger", UNREACHABLE],
         ["ledger", "list", "--ledger", UNREACHABLE],
         ["undelivered", "--ledger", UNREACHABLE, "--json"],
-        ["db", "status", UNREACHABLE],
+        ["db", "status", "--ledger", UNREACHABLE],
     ],
     ids=lambda argv: " ".join(argv[:2]),
 )
@@ -232,8 +232,8 @@ def test_every_command_prints_json(
     policy = str(ROOT / "configs" / "restaurant.yaml")
     for argv in (
         ["policy", "check", policy],
-        ["db", "status", url],
-        ["db", "upgrade", url],
+        ["db", "status", "--ledger", url],
+        ["db", "upgrade", "--ledger", url],
         ["approvals", "list", "--ledger", url],
         ["approvals", "show", ids["done"], "--ledger", url],
         ["ledger", "list", "--ledger", url],

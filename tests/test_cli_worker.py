@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pipecat_actions._operator_text import shown_url, when
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.approvals import approve_operation
 from pipecat_actions.cli import main
 from pipecat_actions.clock import ManualClock
-from pipecat_actions.ledger import SqlLedger
+from pipecat_actions.ledger import Operation, SqlLedger
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
-from pipecat_actions.worker import run_worker
+from pipecat_actions.worker import LEFT_UNFINISHED, run_worker
 from tests import _worker_app as shop
 from tests._waiting import eventually, guarded
 
@@ -133,7 +135,38 @@ async def test_a_worker_finishes_what_a_dead_bot_left_and_leaves_it_untold(
     finally:
         stop.set()
         assert await guarded(working, what="the worker to stop") == 0
-    assert "worker worker on" in out.getvalue()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"ledger: {shown_url(_redacted(url))}"
+    assert lines[1] == "worker worker claims stale operations every 10 s (lease 30 s)"
+    # Each operation as it ended; the refund that waited for a person twice: when it was
+    # claimed, and when its window closed.
+    assert _said(lines, ids["sent"]) == ["book_table in RUNNING: COMMITTED"]
+    assert _said(lines, ids["turn"]) == [
+        "book_later in ADMITTED: CANCELLED (not sent: the conversation ended before the "
+        "user's turn was confirmed)"
+    ]
+    assert _said(lines, ids["approved"]) == ["refund in ADMITTED: COMMITTED"]
+    waited = _said(lines, ids["waiting"])
+    assert waited[0].startswith("refund in AWAITING_APPROVAL: waiting for a person until 20")
+    assert waited[1:] == [
+        "refund in AWAITING_APPROVAL: EXPIRED (deadline: not confirmed or approved in time)"
+    ]
+    assert lines[-1] == (
+        "stopped: 4 claimed: 4 finished (1 CANCELLED, 2 COMMITTED, 1 EXPIRED), "
+        "0 waiting for a person, 0 left unfinished"
+    )
+
+
+def _said(lines: list[str], operation_id: str) -> list[str]:
+    """What the worker said of one operation: its lines, without ``claimed OP``."""
+    head = f"claimed {operation_id} "
+    return [line.removeprefix(head) for line in lines if line.startswith(head)]
+
+
+def _redacted(url: str) -> str:
+    from pipecat_actions.ledger.engine import normalize_url, redact_url
+
+    return redact_url(normalize_url(url))
 
 
 async def _status(ledger: SqlLedger, operation_id: str, status: ActionStatus) -> bool:
@@ -167,22 +200,127 @@ async def test_without_an_authorizer_a_worker_fails_unsent_work_instead_of_sendi
     assert ids["approved"] not in shop.SENT
 
 
-async def test_the_worker_command_runs_one_pass_and_exits(
+async def test_one_pass_says_what_it_claimed_in_which_status_and_how_each_ended(
+    ledger_url: str,
+) -> None:
+    clock, ids = await after_the_bot_died(ledger_url)
+    out = io.StringIO()
+    code = await guarded(
+        run_worker(
+            shop.app(), ledger_url=ledger_url, stop=asyncio.Event(), out=out, owner="worker",
+            clock=clock, once=True,
+        ),
+        what="one pass of the worker",
+    )  # fmt: skip
+    assert code == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"ledger: {shown_url(_redacted(ledger_url))}"
+    assert lines[1] == "worker worker claims stale operations once, then exits (lease 30 s)"
+    assert _said(lines, ids["sent"]) == ["book_table in RUNNING: COMMITTED"]  # reconciled
+    assert _said(lines, ids["turn"])[0].startswith("book_later in ADMITTED: CANCELLED (not sent")
+    assert _said(lines, ids["approved"]) == ["refund in ADMITTED: COMMITTED"]  # sent once
+    [waiting] = _said(lines, ids["waiting"])
+    deadline = when((await _op(ledger_url, ids["waiting"])).deadline_at)
+    assert waiting == f"refund in AWAITING_APPROVAL: waiting for a person until {deadline}"
+    assert lines[-1] == (
+        "one pass: 4 claimed: 3 finished (1 CANCELLED, 2 COMMITTED), 1 waiting for a person, "
+        "0 left unfinished"
+    )
+    assert len(lines) == 7
+
+
+async def _op(url: str, operation_id: str) -> Operation:
+    async with await SqlLedger.create(url, read_only=True) as ledger:
+        return await ledger.get(operation_id)
+
+
+async def test_a_pass_that_leaves_work_someone_must_finish_says_why_and_exits_3(
+    ledger_url: str,
+) -> None:
+    clock, ids = await after_the_bot_died(ledger_url)
+    out = io.StringIO()
+    code = await guarded(
+        run_worker(
+            shop.app_without_bookings(), ledger_url=ledger_url, stop=asyncio.Event(), out=out,
+            clock=clock, once=True, as_json=True, err=io.StringIO(),
+        ),
+        what="one pass of the worker",
+    )  # fmt: skip
+    assert code == LEFT_UNFINISHED == 3
+    said = [json.loads(line) for line in out.getvalue().splitlines()]
+    by_id = {event["operation_id"]: event for event in said if event["event"] == "operation"}
+    assert by_id[ids["sent"]] == {
+        "event": "operation",
+        "operation_id": ids["sent"],
+        "tool": "book_table",
+        "claimed_in": "RUNNING",
+        "status": "RUNNING",  # a process with the booking action claims it
+        "outcome": "left",
+        "error": None,
+        "escalated": False,
+    }
+    assert said[-1] == {
+        "event": "summary",
+        "claimed": 4,
+        "finished": {"CANCELLED": 1, "COMMITTED": 1},
+        "waiting": 1,
+        "left": 1,
+        "running": 0,
+        "exit_status": 3,
+    }
+
+
+async def test_the_worker_command_says_each_operation_as_json_lines_and_the_ledger_on_stderr(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     # The bot ran an hour ago on the wall clock: its leases ran out long since.
     ids = await leave_work_behind(url, ManualClock(time.time() - 3600))
-    code = await asyncio.to_thread(
-        main, ["worker", "--app", "tests._worker_app:app", "--ledger", url, "--once"]
-    )
+    argv = ["worker", "--app", "tests._worker_app:app", "--ledger", url, "--once", "--json"]
+    code = await asyncio.to_thread(main, argv)
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "claims stale operations" in out
+    assert err == f"ledger: {url}\n"
+    said = [json.loads(line) for line in out.splitlines()]
+    assert said[0]["event"] == "started" and said[0]["once"] is True
+    assert said[0]["ledger"] == url and said[0]["recover_unsent"] == "run"
+    ended = {e["operation_id"]: (e["claimed_in"], e["status"], e["outcome"]) for e in said[1:-1]}
+    assert ended == {
+        ids["sent"]: ("RUNNING", "COMMITTED", "finished"),
+        ids["turn"]: ("ADMITTED", "CANCELLED", "finished"),
+        ids["approved"]: ("ADMITTED", "COMMITTED", "finished"),
+        ids["waiting"]: ("AWAITING_APPROVAL", "AWAITING_APPROVAL", "waiting"),
+    }
+    assert said[-1]["event"] == "summary" and said[-1]["exit_status"] == 0
     async with await SqlLedger.create(url) as ledger:
         assert (await ledger.get(ids["sent"])).status is S.COMMITTED
         assert (await ledger.get(ids["turn"])).status is S.CANCELLED
         assert (await ledger.get(ids["approved"])).status is S.COMMITTED
+
+
+async def test_a_pass_with_nothing_stale_says_so_and_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert await asyncio.to_thread(main, ["db", "upgrade", "--ledger", url]) == 0
+    capsys.readouterr()
+    argv = ["worker", "--app", "tests._worker_app:app", "--ledger", url, "--once"]
+    code = await asyncio.to_thread(main, argv)
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    assert out.splitlines()[-1] == "one pass: nothing was stale"
+
+
+async def test_the_worker_command_opens_an_existing_ledger_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere" / "ledger.db"
+    argv = ["worker", "--app", "tests._worker_app:app", "--ledger", str(missing), "--once"]
+    code = await asyncio.to_thread(main, argv)
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert err.startswith(f"pipecat-actions: no ledger at {missing}") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 async def test_the_worker_command_without_an_app_says_what_it_needs(
@@ -213,6 +351,7 @@ async def test_the_worker_process_stops_cleanly_on_sigterm(tmp_path: Path) -> No
     import sys
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    await (await SqlLedger.create(url)).close()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -228,7 +367,11 @@ async def test_the_worker_process_stops_cleanly_on_sigterm(tmp_path: Path) -> No
     )
     assert process.stdout is not None and process.stderr is not None
     first = await guarded(process.stdout.readline(), what="the worker to start")
-    assert b"claims stale operations" in first
+    assert first == f"ledger: {url}\n".encode()
+    second = await guarded(process.stdout.readline(), what="the worker to start")
+    assert b"claims stale operations every 10 s" in second
     process.send_signal(signal.SIGTERM)
     assert await guarded(process.wait(), what="the worker to stop") == 0
+    said = await process.stdout.read()
+    assert said.decode().splitlines()[-1] == "stopped: nothing was stale"
     assert b"Traceback" not in await process.stderr.read()

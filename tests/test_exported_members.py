@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -32,11 +34,32 @@ def _groups_of_all(module: object) -> list[list[str]]:
     return [g for g in groups if g]
 
 
-def test_every_public_name_of_the_package_is_exported() -> None:
-    public = {name for name in vars(pipecat_actions) if not name.startswith("_")}
-    modules = {name for name, value in vars(pipecat_actions).items() if inspect.ismodule(value)}
-    lazy = set(pipecat_actions._LAZY)
-    assert (public - modules) | lazy == set(pipecat_actions.__all__)
+@pytest.mark.parametrize("module", [pipecat_actions, pipecat_actions.ledger], ids=str)
+def test_every_public_name_of_the_package_is_exported_and_found_where_it_lives(
+    module: types.ModuleType,
+) -> None:
+    exports: dict[str, str] = module._EXPORTS  # type: ignore[attr-defined]
+    assert set(exports) == set(module.__all__)
+    for name, where in exports.items():
+        assert getattr(module, name) is getattr(importlib.import_module(where), name), name
+    public = {name for name in vars(module) if not name.startswith("_")}
+    modules = {name for name, value in vars(module).items() if inspect.ismodule(value)}
+    assert public - modules <= set(module.__all__)  # nothing public beside the exports
+    assert set(module.__all__) <= set(dir(module))
+
+
+def test_the_package_imports_each_name_when_first_used() -> None:
+    code = (
+        "import sys, pipecat_actions, pipecat_actions.ledger\n"
+        "print(sorted(m for m in sys.modules if m.startswith('pipecat_actions')))\n"
+        "from pipecat_actions import ManualClock\n"
+        "from pipecat_actions.ledger import Operation\n"
+        "print('sqlalchemy' in sys.modules, 'pipecat_actions.runtime' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded, after = done.stdout.splitlines()
+    assert loaded == "['pipecat_actions', 'pipecat_actions.ledger']"
+    assert after == "False False"
 
 
 def test_importing_the_package_does_not_import_pipecat() -> None:

@@ -11,6 +11,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -78,24 +79,24 @@ def test_db_upgrade_creates_then_reports_up_to_date(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
-    assert main(["db", "status", url]) == 1
+    assert main(["db", "status", "--ledger", url]) == 1
     assert "no ledger at" in capsys.readouterr().err  # and none made: status only looks
     assert not (tmp_path / "cli.db").exists()
     (tmp_path / "cli.db").touch()
-    assert main(["db", "status", url]) == 1
+    assert main(["db", "status", "--ledger", url]) == 1
     assert "empty" in capsys.readouterr().out
-    assert main(["db", "upgrade", url]) == 0
+    assert main(["db", "upgrade", "--ledger", url]) == 0
     assert f"from empty to {head_revision()}" in capsys.readouterr().out
-    assert main(["db", "upgrade", url]) == 0
+    assert main(["db", "upgrade", "--ledger", url]) == 0
     assert "already at revision" in capsys.readouterr().out
-    assert main(["db", "status", url]) == 0
+    assert main(["db", "status", "--ledger", url]) == 0
     assert "up to date" in capsys.readouterr().out
 
 
 @pytest.mark.postgres
 def test_db_upgrade_on_postgres(pg_fresh_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["db", "upgrade", pg_fresh_url]) == 0
-    assert main(["db", "status", pg_fresh_url]) == 0
+    assert main(["db", "upgrade", "--ledger", pg_fresh_url]) == 0
+    assert main(["db", "status", "--ledger", pg_fresh_url]) == 0
     assert "up to date" in capsys.readouterr().out
 
 
@@ -105,13 +106,13 @@ def test_db_upgrade_on_postgres(pg_fresh_url: str, capsys: pytest.CaptureFixture
         ("mysql://root@localhost/x", "unsupported ledger database 'mysql'"),
         ("sqlite://", "in-memory SQLite"),
         ("not a url: at all", "not a database URL"),
-        ("postgresql://postgres@127.0.0.1:1/nothing", "failed: "),
+        ("postgresql://postgres@127.0.0.1:1/nothing", "PostgreSQL at 127.0.0.1:1 refused"),
     ],
 )
 def test_db_commands_fail_in_one_line_without_traceback(
     url: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["db", "upgrade", url]) == 1
+    assert main(["db", "upgrade", "--ledger", url]) == 1
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
@@ -151,8 +152,37 @@ def test_upgrading_a_0001_ledger_keeps_what_each_conversation_was_told(
                 (operation_id, f"key-{operation_id}", delivered_at),
             )
 
-    assert main(["db", "upgrade", f"sqlite:///{path}"]) == 0
+    assert main(["db", "upgrade", "--ledger", f"sqlite:///{path}"]) == 0
     assert "from 0001 to" in capsys.readouterr().out
     with sqlite3.connect(path) as raw:
         told = dict(raw.execute("SELECT operation_id, delivered_status FROM pa_operations"))
     assert told == {"op_told": "COMMITTED", "op_untold": None}
+
+
+def test_the_revisions_read_without_alembic_are_the_ones_alembic_reads() -> None:
+    # Opening a ledger reads the shipped revisions from the scripts' text, not through Alembic.
+    script = ScriptDirectory.from_config(migrate._config())
+    assert migrate.head_revision() == script.get_current_head()
+    assert migrate.known_revisions() == {
+        revision.revision: revision.down_revision for revision in script.walk_revisions()
+    }
+
+
+@pytest.mark.parametrize("revision", [None, "0001", "0003", "head"])
+def test_the_revision_a_database_holds_is_read_as_alembic_reads_it(
+    revision: str | None, tmp_path: Path
+) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        with engine.begin() as conn:
+            if revision is not None:
+                config = migrate._config()
+                config.attributes["connection"] = conn
+                command.upgrade(config, revision)
+        with engine.connect() as conn:
+            alembic = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            state = migrate.read_schema_state(conn)
+            assert state.current == alembic.get_current_revision()
+            assert state.known and state.empty is (revision is None)
+    finally:
+        engine.dispose()

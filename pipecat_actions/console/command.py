@@ -19,15 +19,18 @@ __all__ = [
 ]
 
 import argparse
-import getpass
 import os
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from pipecat_actions._operator_text import ledger_line
 from pipecat_actions._printable import printable, printable_json
-from pipecat_actions.approvals import Approver
-from pipecat_actions.console.users import Credentials, UsersFileError
+
+if TYPE_CHECKING:
+    from pipecat_actions.approvals import Approver
+
+# The command's parsers are built for every `pipecat-actions` command line: what only running
+# one of these commands needs (the credentials file's code, the policy model behind an
+# approver's name) is imported when it runs.
 
 ENV_USERS = "PIPECAT_ACTIONS_USERS"
 """The environment variable naming the credentials file."""
@@ -53,6 +56,10 @@ def add_approver_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _password(args: argparse.Namespace, prompt: str, *, twice: bool = False) -> str:
+    import getpass
+
+    from pipecat_actions.console.users import UsersFileError
+
     if args.password_stdin:
         line = sys.stdin.readline()
         return line.rstrip("\r\n")
@@ -72,6 +79,8 @@ def authenticated_approver(args: argparse.Namespace) -> Approver:
     Raises:
         UsersFileError: No credentials file, or the name or password is wrong.
     """
+    from pipecat_actions.console.users import Credentials, UsersFileError
+
     if not args.users:
         raise UsersFileError(
             "deciding on an approval needs the operators' credentials file to check who you "
@@ -111,6 +120,8 @@ def add_users_parser(commands: Any) -> None:
 
 def run_users(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``pipecat-actions users``."""
+    from pipecat_actions.console.users import Credentials, UsersFileError
+
     if not args.users:
         raise UsersFileError(f"name the credentials file: --users FILE or ${ENV_USERS}")
     credentials = Credentials(args.users)
@@ -189,7 +200,9 @@ def add_console_parser(commands: Any) -> None:
 
 async def run_console(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``pipecat-actions console`` until interrupted."""
+    from pipecat_actions._operator_text import ledger_line
     from pipecat_actions.console import ConsoleSettings, serve
+    from pipecat_actions.console.users import Credentials
 
     if args.user_header and args.users and args.users == os.environ.get(ENV_USERS):
         args.users = None  # the environment's default gives way to an explicit proxy sign-in

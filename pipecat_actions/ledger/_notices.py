@@ -26,12 +26,12 @@ import socket
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import asyncpg
 from loguru import logger
 
-from pipecat_actions.ledger._postgres import CHANNEL, close_connection
+if TYPE_CHECKING:
+    import asyncpg
 
 OPEN_WAIT_SECS = 1.0
 """How long a waiter waits for listening to start before it goes on without (real time)."""
@@ -129,12 +129,19 @@ class PostgresNotices(Notices):
         await super().close()
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
+            from pipecat_actions.ledger._postgres import close_connection
+
             await close_connection(conn, within_secs=5)
 
     def _listening(self) -> bool:
         return self._conn is not None and not self._conn.is_closed()
 
     async def _listen(self) -> None:
+        # Imported by PostgreSQL ledgers only: a SQLite ledger's process never loads asyncpg.
+        import asyncpg
+
+        from pipecat_actions.ledger._postgres import CHANNEL
+
         conn = await asyncpg.connect(self._dsn, timeout=10)
         try:
             conn.add_termination_listener(self._lost)

@@ -32,7 +32,7 @@ the reader holds the lock skips its checkpoint on close and leaves its ``-wal`` 
 
 from __future__ import annotations
 
-__all__ = ["SqliteReader", "create_reader_engine", "not_a_ledger", "open_reader"]
+__all__ = ["SqliteReader", "create_reader_engine", "open_reader"]
 
 import contextlib
 import fcntl
@@ -48,8 +48,10 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from pipecat_actions.errors import LedgerConfigurationError, LedgerNotFound
+from pipecat_actions.errors import LedgerConfigurationError
+from pipecat_actions.ledger._opening import in_directory, is_denied, not_a_ledger, sqlite_denied
 from pipecat_actions.ledger.engine import (
+    SQLITE_HEADER,
     LedgerSettings,
     allow_table_hints,
     damaged_file,
@@ -58,7 +60,6 @@ from pipecat_actions.ledger.engine import (
     not_found,
 )
 
-_SQLITE_HEADER = b"SQLite format 3\x00"
 _WAL = 2
 """The file format version bytes (18 and 19 of the header) of a database in WAL mode."""
 _SHARED_FIRST = 0x40000000 + 2
@@ -67,11 +68,6 @@ _SHARED_SIZE = 510
 and remove a WAL database's ``-wal`` and ``-shm`` when it closes (``os_unix.c``)."""
 _FLOCK = "hhqqi0q"
 """Linux's ``struct flock``: l_type, l_whence, l_start, l_len (64-bit), l_pid, padded."""
-
-
-def not_a_ledger(path: Path, why: str, *, hint: str = "") -> LedgerNotFound:
-    """The refusal of a file that holds no ledger, ``why`` in brackets."""
-    return LedgerNotFound(f"{path} is not a pipecat_actions ledger ({why}){hint}", path=str(path))
 
 
 class SqliteReader:
@@ -139,13 +135,15 @@ def open_reader(path: Path, settings: LedgerSettings) -> SqliteReader:
     except (FileNotFoundError, NotADirectoryError):
         raise (lost_file(path) if kept_at(lock_path) else not_found(path)) from None
     except OSError as exc:
+        if is_denied(exc):
+            raise sqlite_denied(path, exc, doing="read") from None
         raise LedgerConfigurationError(
             f"cannot read the ledger file {path}: {exc.strerror or exc}"
         ) from None
     try:
         found = os.fstat(fd)
         if stat.S_ISDIR(found.st_mode):
-            raise not_a_ledger(path, "it is a directory")
+            raise not_a_ledger(path, "it is a directory", hint=in_directory(path))
         if not stat.S_ISREG(found.st_mode):
             raise not_a_ledger(path, "not a regular file")
         if found.st_size == 0:
@@ -158,7 +156,7 @@ def open_reader(path: Path, settings: LedgerSettings) -> SqliteReader:
         guarded = _lock_shared(fd)
         # Read under the lock: leaving WAL mode (or entering it) takes the exclusive lock.
         header = os.pread(fd, 100, 0)
-        if len(header) < 100 or not header.startswith(_SQLITE_HEADER):
+        if len(header) < 100 or not header.startswith(SQLITE_HEADER):
             if kept_at(lock_path):
                 raise damaged_file(path, "file is not a database")
             raise not_a_ledger(path, "not a SQLite database")

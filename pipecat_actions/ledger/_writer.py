@@ -30,7 +30,6 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import asyncpg
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
@@ -44,20 +43,29 @@ Work = Callable[[Connection], T]
 _MAX_GROUP = 128
 
 
-_DRIVER_INTEGRITY_ERRORS = (
-    sqlite3.IntegrityError,
-    sqlite3.DataError,
-    asyncpg.IntegrityConstraintViolationError,
-    asyncpg.DataError,
-)
-_DRIVER_ERRORS = (
-    sqlite3.Error,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-)
-"""What the drivers raise for a failure of the database or of the connection to it (asyncpg's
-InternalClientError: its protocol caught mid-operation by the server's goodbye, say)."""
+def _driver_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """What the drivers raise: for a broken constraint or value, and for any failure.
+
+    The second: a failure of the database or of the connection to it (asyncpg's
+    InternalClientError: its protocol caught mid-operation by the server's goodbye, say).
+    asyncpg is imported here, on the path of an error, so that a SQLite ledger's process does
+    not load it to start.
+    """
+    import asyncpg
+
+    integrity = (
+        sqlite3.IntegrityError,
+        sqlite3.DataError,
+        asyncpg.IntegrityConstraintViolationError,
+        asyncpg.DataError,
+    )
+    failures = (
+        sqlite3.Error,
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        asyncpg.InternalClientError,
+    )
+    return integrity, failures
 
 
 def as_ledger_error(exc: Exception, *, url: str) -> Exception:
@@ -70,6 +78,7 @@ def as_ledger_error(exc: Exception, *, url: str) -> Exception:
     """
     if isinstance(exc, LedgerError):
         return exc
+    integrity_errors, driver_errors = _driver_errors()
     # The hot path's statements run on the drivers themselves (`_sqlite`, `_postgres`): their
     # errors come bare, not wrapped by SQLAlchemy.
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
@@ -78,9 +87,9 @@ def as_ledger_error(exc: Exception, *, url: str) -> Exception:
             f"ledger database {url} is damaged ({orig}): its records cannot be trusted; "
             "restore it from a backup"
         )
-    elif isinstance(exc, (IntegrityError, DataError, *_DRIVER_INTEGRITY_ERRORS)):
+    elif isinstance(exc, (IntegrityError, DataError, *integrity_errors)):
         error = LedgerIntegrityError(f"ledger database {url} refused the write: {orig}")
-    elif isinstance(exc, _DRIVER_ERRORS):
+    elif isinstance(exc, driver_errors):
         error = LedgerUnavailable(
             f"ledger database {url} failed: {type(exc).__name__}: {str(exc)[:300]}"
         )

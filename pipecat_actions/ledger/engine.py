@@ -27,6 +27,7 @@ from __future__ import annotations
 __all__ = [
     "DEFAULT_LEDGER_DIR",
     "ENV_LEDGER_URL",
+    "SQLITE_HEADER",
     "LedgerSettings",
     "SqliteFile",
     "allow_table_hints",
@@ -47,6 +48,7 @@ import fcntl
 import os
 import re
 import sqlite3
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -65,8 +67,11 @@ from pipecat_actions.errors import (
     LedgerNotFound,
     LedgerUnavailable,
 )
+from pipecat_actions.ledger._opening import in_directory, is_denied, not_a_ledger, sqlite_denied
 
 DEFAULT_LEDGER_DIR = ".pipecat_actions"
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first bytes of every SQLite database file."""
 _KEPT_MARKER = b"pipecat_actions ledger"
 """First bytes of a SQLite ledger's lock file once the ledger has been opened there."""
 ENV_LEDGER_URL = "PIPECAT_ACTIONS_LEDGER_URL"
@@ -240,19 +245,29 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings, *, must_exist: bool 
         must_exist: Create nothing: a missing file (or directory) is `LedgerNotFound`.
 
     Raises:
-        LedgerNotFound: ``must_exist`` and no file is there.
+        LedgerNotFound: ``must_exist`` and no file is there; or what is there is not a ledger
+            (a directory, a file that is not a SQLite database where no ledger was kept).
         LedgerLost: The file is missing or empty where a ledger was kept, or is not a SQLite
             database.
-        LedgerConfigurationError: The directory cannot be created.
+        LedgerConfigurationError: The directory cannot be created; the file, its folder or its
+            sidecar may not be read or written by this user.
         LedgerUnavailable: SQLite could not open it (locked, I/O).
     """
     path = Path(url.database or "")
     lock_path = path.with_name(path.name + ".lock")
+    if path.is_dir():
+        raise not_a_ledger(path, "it is a directory", hint=in_directory(path))
     if not must_exist:
         _make_private_directory(path.parent)
     elif not path.exists() and not kept_at(lock_path):  # else: lost, said under the lock
         raise not_found(path)
-    created = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, _PRIVATE_FILE)
+    _refuse_foreign_file(path, lock_path)
+    try:
+        created = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, _PRIVATE_FILE)
+    except OSError as exc:
+        if is_denied(exc):
+            raise sqlite_denied(path, exc, doing="open") from None
+        raise
     with os.fdopen(created, "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -271,6 +286,13 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings, *, must_exist: bool 
                 finally:
                     connection.close()
             except sqlite3.OperationalError as exc:
+                if "unable to open" in str(exc) or "readonly" in str(exc):
+                    # Its folder or its -wal and -shm, which SQLite makes beside it.
+                    raise LedgerConfigurationError(
+                        f"SQLite cannot open the ledger file {path} for writing ({exc}): check "
+                        "the owner and mode of the file and its folder (ls -l), and run as a "
+                        "user who may write both"
+                    ) from exc
                 raise LedgerUnavailable(f"ledger database {path} failed: {exc}") from exc
             except sqlite3.DatabaseError as exc:
                 raise damaged_file(path, str(exc)) from exc
@@ -283,6 +305,30 @@ def prepare_sqlite_file(url: URL, settings: LedgerSettings, *, must_exist: bool 
         raise LedgerConfigurationError(
             f"SQLite refused WAL mode for {path} (it reports {mode!r}); the ledger needs it"
         )
+
+
+def _refuse_foreign_file(path: Path, lock_path: Path) -> None:
+    """Refuse a file that is not a SQLite database, before anything is written beside it.
+
+    Where a ledger was kept (`kept_at`) it is one damaged, said under the lock (`damaged_file`).
+    """
+    try:
+        # Non-blocking: a FIFO left at the path must not hang the command.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if is_denied(exc):
+            raise sqlite_denied(path, exc, doing="read") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise not_a_ledger(path, "not a regular file")
+        header = os.pread(fd, len(SQLITE_HEADER), 0)
+    finally:
+        os.close(fd)
+    if header and header != SQLITE_HEADER and not kept_at(lock_path):
+        raise not_a_ledger(path, "not a SQLite database")
 
 
 def kept_at(lock_path: Path) -> bool:
@@ -319,7 +365,7 @@ def not_found(path: Path) -> LedgerNotFound:
     why = "no such file" if os.path.isdir(directory) else f"no directory {directory}"
     return LedgerNotFound(
         f"no ledger at {where} ({why}): create one with "
-        f"`pipecat-actions db upgrade sqlite:///{where}`",
+        f"`pipecat-actions db upgrade --ledger sqlite:///{where}`",
         path=where,
     )
 
@@ -335,7 +381,8 @@ def _make_private_directory(directory: Path) -> None:
             each.mkdir(mode=_PRIVATE_DIRECTORY, exist_ok=True)
         except OSError as exc:
             raise LedgerConfigurationError(
-                f"cannot create the ledger directory {each}: {exc.strerror or exc}"
+                f"cannot create the ledger directory {each}: {exc.strerror or exc}: check the "
+                f"owner and mode of {each.parent} (ls -ld), or run as a user who may write there"
             ) from exc
 
 

@@ -3,43 +3,74 @@
 The migrations are Alembic scripts shipped in the package (``migrations/versions``). Their
 version is kept in the table ``pa_schema_version``, apart from any Alembic table of the
 application sharing the database.
+
+Opening a ledger reads its revision and compares it with this code's without Alembic: the
+revisions are read from the scripts' ``revision`` and ``down_revision`` lines (parsed, not
+run), and the version table with one query. Alembic (with Mako) is imported to upgrade only;
+`tests/test_schema_migrations.py` checks that both read the scripts alike.
 """
 
 from __future__ import annotations
 
-__all__ = ["SchemaState", "head_revision", "read_schema_state", "upgrade_connection"]
+__all__ = [
+    "VERSION_TABLE",
+    "SchemaState",
+    "head_revision",
+    "known_revisions",
+    "read_schema_state",
+    "upgrade_connection",
+]
 
+import ast
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, inspect
+from sqlalchemy import Connection, column, inspect, select, table
+
+from pipecat_actions.errors import LedgerConfigurationError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 VERSION_TABLE = "pa_schema_version"
 _MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 def _config() -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
     return config
 
 
 @cache
-def _script() -> ScriptDirectory:
-    return ScriptDirectory.from_config(_config())
+def known_revisions() -> dict[str, str | None]:
+    """Every revision the package ships, with the one it revises (None for the first)."""
+    revisions: dict[str, str | None] = {}
+    for script in sorted((_MIGRATIONS / "versions").glob("*.py")):
+        found: dict[str, object] = {}
+        for node in ast.parse(script.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+                if isinstance(target, ast.Name) and target.id in ("revision", "down_revision"):
+                    found[target.id] = ast.literal_eval(node.value)
+        revision = found.get("revision")
+        if isinstance(revision, str):
+            down = found.get("down_revision")
+            revisions[revision] = down if isinstance(down, str) else None
+    return revisions
 
 
 def head_revision() -> str:
-    """Return the schema revision this code is written for."""
-    head = _script().get_current_head()
-    if head is None:  # pragma: no cover - the package always ships migrations
-        raise RuntimeError(f"no ledger migrations found in {_MIGRATIONS}")
-    return head
+    """Return the schema revision this code is written for: the one nothing revises."""
+    revisions = known_revisions()
+    heads = set(revisions) - set(revisions.values())
+    if len(heads) != 1:  # pragma: no cover - the package ships one line of migrations
+        raise RuntimeError(f"ledger migrations in {_MIGRATIONS} have heads {sorted(heads)}")
+    return heads.pop()
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +82,15 @@ class SchemaState:
         head: The revision this code needs.
         empty: True when the database holds no ledger tables at all.
         known: True when ``current`` is a revision this code ships (an older or the head one).
+        other_tables: When ``empty``, the tables the database holds (none of them the
+            ledger's): a database that has some is someone else's, not a ledger yet to create.
     """
 
     current: str | None
     head: str
     empty: bool
     known: bool
+    other_tables: tuple[str, ...] = ()
 
     @property
     def up_to_date(self) -> bool:
@@ -66,18 +100,27 @@ class SchemaState:
 
 def read_schema_state(connection: Connection) -> SchemaState:
     """Read the schema revision of the database behind ``connection`` (a sync connection)."""
-    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-    current = context.get_current_revision()
+    current = _current_revision(connection)
     empty = current is None and not inspect(connection).has_table("pa_operations")
-    known = current is None or _is_known(current)
-    return SchemaState(current=current, head=head_revision(), empty=empty, known=known)
+    known = current is None or current in known_revisions()
+    others = tuple(sorted(inspect(connection).get_table_names())) if empty else ()
+    return SchemaState(
+        current=current, head=head_revision(), empty=empty, known=known, other_tables=others
+    )
 
 
-def _is_known(revision: str) -> bool:
-    try:
-        return _script().get_revision(revision) is not None
-    except Exception:  # alembic raises several types for an unknown id
-        return False
+def _current_revision(connection: Connection) -> str | None:
+    """The revision the version table holds (as Alembic reads it), or None."""
+    if not inspect(connection).has_table(VERSION_TABLE):
+        return None
+    versions = table(VERSION_TABLE, column("version_num"))
+    found = [row[0] for row in connection.execute(select(versions.c.version_num))]
+    if len(found) > 1:
+        raise LedgerConfigurationError(
+            f"the ledger's version table {VERSION_TABLE} holds several revisions ({found}): "
+            "it was not written by pipecat_actions"
+        )
+    return str(found[0]) if found else None
 
 
 def upgrade_connection(connection: Connection) -> None:
@@ -86,6 +129,8 @@ def upgrade_connection(connection: Connection) -> None:
     The caller holds the transaction and the lock that keeps two processes from migrating
     at once (``BEGIN IMMEDIATE`` on SQLite, an advisory lock on PostgreSQL).
     """
+    from alembic import command
+
     config = _config()
     config.attributes["connection"] = connection
     command.upgrade(config, "head")

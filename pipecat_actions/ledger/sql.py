@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loguru import logger
 from sqlalchemy import (
@@ -30,13 +30,11 @@ from sqlalchemy import (
     bindparam,
     func,
     insert,
-    inspect,
     literal,
     or_,
     select,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -55,13 +53,8 @@ from pipecat_actions.ledger import _owners, _sqlite, migrate
 from pipecat_actions.ledger._filters import filter_conditions
 from pipecat_actions.ledger._life import Life, PostgresLife, SqliteLife
 from pipecat_actions.ledger._notices import Notices, PostgresNotices, SqliteNotices
-from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
-from pipecat_actions.ledger._reader import (
-    SqliteReader,
-    create_reader_engine,
-    not_a_ledger,
-    open_reader,
-)
+from pipecat_actions.ledger._opening import other_tables, postgres_unreachable
+from pipecat_actions.ledger._reader import SqliteReader, create_reader_engine, open_reader
 from pipecat_actions.ledger._rows import (
     ADMIT_STATUSES,
     CHANGEABLE_FIELDS,
@@ -115,6 +108,9 @@ from pipecat_actions.status import (
     check_transition,
 )
 
+if TYPE_CHECKING:
+    from pipecat_actions.ledger._postgres import PostgresFastPath
+
 T = TypeVar("T")
 _ADMIT_RETRIES = 5
 _STATUS_FIRST_UP_TO = 25_000
@@ -166,12 +162,21 @@ class SqlLedger(Ledger):
         self._reader = sqlite_reader
         self._read_only = read_only or sqlite_reader is not None
         self._sqlite = sqlite_writer is not None or sqlite_reader is not None
-        dialect_insert = sqlite.insert if self._sqlite else postgresql.insert
-        self._insert_operation = (
-            dialect_insert(operations)
-            .on_conflict_do_nothing(index_elements=["tenant", "key_slot"])
-            .returning(operations.c.operation_id)
-        )
+        # Each dialect's module is imported for its own ledgers only (the PostgreSQL one brings
+        # every PostgreSQL driver's module: a SQLite ledger's command starts without them).
+        if self._sqlite:
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            self._insert_operation: Any = sqlite_insert(operations).on_conflict_do_nothing(
+                index_elements=["tenant", "key_slot"]
+            )
+        else:
+            from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+            self._insert_operation = postgresql_insert(operations).on_conflict_do_nothing(
+                index_elements=["tenant", "key_slot"]
+            )
+        self._insert_operation = self._insert_operation.returning(operations.c.operation_id)
         self._insert_events = insert(events)
         self._select_slot = select(operations).where(
             operations.c.tenant == bindparam("tenant"),
@@ -271,6 +276,9 @@ class SqlLedger(Ledger):
         if is_sqlite:
             notices = SqliteNotices(Path(parsed.database or ""), url=redact_url(parsed))
         else:
+            # Imported for PostgreSQL ledgers only: a SQLite ledger's process never loads asyncpg.
+            from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
+
             dsn = asyncpg_dsn(parsed)
             fast = PostgresFastPath(
                 dsn=dsn,
@@ -305,8 +313,15 @@ class SqlLedger(Ledger):
         )
         try:
             await ledger._open(create_schema=create_schema, check_schema=check_schema)
-        except BaseException:
+        except BaseException as exc:
             await ledger.close()
+            cause = exc.__cause__
+            if isinstance(exc, LedgerUnavailable) and not is_sqlite and cause is not None:
+                said = postgres_unreachable(
+                    cause, parsed, timeout_secs=settings.connect_timeout_secs
+                )
+                if said is not None:
+                    raise said from cause
             raise
         return ledger
 
@@ -363,10 +378,8 @@ class SqlLedger(Ledger):
 
         def work(conn: Connection) -> migrate.SchemaState:
             state = migrate.read_schema_state(conn)
-            # A PostgreSQL database is often the application's too: only in a SQLite file do
-            # other tables say that it is something else.
-            if self._reader is not None and state.empty and inspect(conn).get_table_names():
-                raise not_a_ledger(self._reader.path, "no ledger schema in it")
+            if state.empty and state.other_tables:
+                raise self._not_a_ledger(state)
             if check_schema and not state.up_to_date:
                 raise self._schema_error(state)
             return state
@@ -382,17 +395,33 @@ class SqlLedger(Ledger):
             if state.up_to_date:
                 return state
             if state.empty and create_schema:
+                # A database the application shares (PostgreSQL, often) gets the ledger's
+                # tables beside its own: the application asked for this ledger there.
                 migrate.upgrade_connection(conn)
                 return migrate.read_schema_state(conn)
+            if state.empty and state.other_tables:
+                raise self._not_a_ledger(state)
             raise self._schema_error(state)
 
         return work
+
+    def _not_a_ledger(self, state: migrate.SchemaState) -> LedgerError:
+        """The refusal of a database with tables, none of them the ledger's: someone else's.
+
+        Said without a hint to create the ledger there (`db upgrade` would, beside them).
+        """
+        if self._sqlite:
+            where = self.url.partition(":///")[2]  # the file's path
+        else:
+            scheme, _, rest = self.url.partition("://")
+            where = f"{scheme.partition('+')[0]}://{rest}"
+        return other_tables(where, state.other_tables, sqlite=self._sqlite)
 
     def _schema_error(self, state: migrate.SchemaState) -> SchemaVersionMismatch:
         # The command as a person types it: without the async driver, and saying where the
         # hidden password goes rather than printing *** as if it were one.
         scheme, _, rest = self.url.partition("://")
-        command = f"run `pipecat-actions db upgrade {scheme.partition('+')[0]}://{rest}`"
+        command = f"run `pipecat-actions db upgrade --ledger {scheme.partition('+')[0]}://{rest}`"
         if ":***@" in rest:
             command += " (its password in place of ***)"
         if state.empty:

@@ -18,7 +18,7 @@ from tests._waiting import HANG_GUARD_SECS
 
 def _ledger(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    assert main(["db", "upgrade", url]) == 0
+    assert main(["db", "upgrade", "--ledger", url]) == 0
     return url
 
 

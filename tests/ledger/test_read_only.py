@@ -46,12 +46,11 @@ READ_COMMANDS = [
     ["approvals", "show", "op_x"],
     ["db", "status"],
 ]
-"""Each with ``--ledger PATH`` (``db status`` takes it as its argument)."""
+"""Each with ``--ledger PATH``."""
 
 
 def _argv(command: list[str], path: Path) -> list[str]:
-    url = f"sqlite:///{path}"
-    return [*command, url] if command[0] == "db" else [*command, "--ledger", url]
+    return [*command, "--ledger", f"sqlite:///{path}"]
 
 
 def _snapshot(root: Path) -> dict[str, tuple[object, ...]]:
@@ -120,8 +119,10 @@ def _newer_ledger(path: Path) -> None:
     raw.close()
 
 
-def _refusal(path: Path, why: str) -> str:
-    return f"pipecat-actions: {path} is not a pipecat_actions ledger ({why})\n"
+def _refusal(
+    path: Path, why: str, check: str = "check that the ledger URL names the ledger's file"
+) -> str:
+    return f"pipecat-actions: {path} is not a pipecat_actions ledger ({why}): {check}\n"
 
 
 SUBJECTS: dict[str, Callable[[Path], None]] = {
@@ -147,11 +148,22 @@ def _expected(kind: str, command: list[str], path: Path) -> tuple[int, Callable[
     """The exit status of ``command`` on ``kind`` and a check of its stderr."""
     db_status = command[0] == "db"
     if kind == "notes":
-        return 1, lambda err: err == _refusal(path, "no ledger schema in it")
+        # Someone's own database: said so, and never a hint to make a ledger of it.
+        return 1, lambda err: err == _refusal(path, "a SQLite database with other tables: notes")
     if kind == "random-bytes":
         return 1, lambda err: err == _refusal(path, "not a SQLite database")
     if kind == "directory":
-        return 1, lambda err: err == _refusal(path, "it is a directory")
+        return (
+            1,
+            lambda err: (
+                err
+                == _refusal(
+                    path,
+                    "it is a directory",
+                    f"name the ledger's file, not its folder (e.g. {path}/ledger.db)",
+                )
+            ),
+        )
     if kind == "empty-file":
         # An empty file is an empty SQLite database: `db upgrade` is what makes it a ledger.
         if db_status:
@@ -217,8 +229,9 @@ def test_a_file_the_reader_cannot_read_is_one_line_and_left_alone(tmp_path: Path
         check=False,
     )
     assert done.returncode == 1, done
-    assert (
-        done.stderr == f"pipecat-actions: cannot read the ledger file {path}: Permission denied\n"
+    assert done.stderr == (
+        f"pipecat-actions: cannot read the ledger file {path} (Permission denied): check the "
+        "owner and mode of the file and its folder (ls -l), or run as a user who may read it\n"
     )
     assert _snapshot(tmp_path) == before
 
