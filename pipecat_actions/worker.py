@@ -77,13 +77,19 @@ class _ClaimWatch(ForwardingLedger):
         self._held: dict[asyncio.Task[Any] | None, list[Operation]] = {}
 
     async def claim_stale(
-        self, owner: str, *, lease_secs: float, limit: int, except_ids: Collection[str] = ()
+        self,
+        owner: str,
+        *,
+        lease_secs: float,
+        limit: int,
+        except_ids: Collection[str] = (),
+        gone: Collection[str] = (),
     ) -> builtins.list[Operation]:
         """See `Ledger.claim_stale`."""
         task = asyncio.current_task()
         self.release(task)
         claimed = await super().claim_stale(
-            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids
+            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone
         )
         if claimed:
             self._held[task] = claimed

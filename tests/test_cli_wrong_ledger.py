@@ -112,7 +112,7 @@ def test_db_upgrade_puts_a_ledger_beside_other_tables_when_asked_and_says_so(
     assert main(["db", "upgrade", "--ledger", shop_database]) == 0
     said = capsys.readouterr().out.splitlines()
     assert said[-1] == (
-        "schema upgraded from empty to 0005 (beside the database's own tables: customers, "
+        "schema upgraded from empty to 0006 (beside the database's own tables: customers, "
         "invoices, orders, refunds)"
     )
     assert main(["ledger", "list", "--ledger", shop_database]) == 0

@@ -29,12 +29,12 @@ import hashlib
 import time
 from collections.abc import Collection
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
-import asyncpg
 from loguru import logger
 
-from pipecat_actions.ledger._postgres import close_connection
+if TYPE_CHECKING:
+    import asyncpg
 
 _HOLD_TRIES = 20
 """How often `SqliteLife.hold` tries a lock another runtime is testing at that very moment."""
@@ -90,6 +90,10 @@ class PostgresLife:
         self._lock = asyncio.Lock()
 
     async def hold(self, owner: str) -> bool:
+        import asyncpg  # a SQLite ledger's process never imports it
+
+        from pipecat_actions.ledger._postgres import close_connection
+
         async with self._lock:
             conn = await asyncpg.connect(self._dsn, timeout=self._timeout)
             try:
@@ -121,6 +125,8 @@ class PostgresLife:
             return False
 
     async def release(self, owner: str) -> None:
+        from pipecat_actions.ledger._postgres import close_connection
+
         async with self._lock:
             conn = self._held.pop(owner, None)
             if conn is None or conn.is_closed():

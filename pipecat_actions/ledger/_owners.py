@@ -19,8 +19,7 @@ import os
 import socket
 from collections.abc import Collection
 
-from sqlalchemy import Connection, bindparam, delete, exists, select, text
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, bindparam, delete, exists, insert, select, text
 
 from pipecat_actions.ledger._life import life_key
 from pipecat_actions.ledger._rows import NON_TERMINAL
@@ -29,21 +28,19 @@ from pipecat_actions.ledger.schema import operations, owners
 _OPEN = [s.value for s in NON_TERMINAL]
 
 
-def register(conn: Connection, owner: str, *, now: float, postgres: bool) -> None:
-    """Register ``owner`` (again: a new incarnation of the name replaces the old row)."""
-    insert = postgresql.insert if postgres else sqlite.insert
-    values = {
-        "owner": owner,
-        "life_key": life_key(owner),
-        "started_at": now,
-        "host": socket.gethostname()[:256],
-        "pid": os.getpid(),
-    }
-    statement = insert(owners).values(**values)
+def register(conn: Connection, owner: str, *, now: float) -> None:
+    """Register ``owner`` (again: a new incarnation of the name replaces the old row).
+
+    One transaction (the caller's): the old row goes and the new one comes together.
+    """
+    conn.execute(delete(owners).where(owners.c.owner == owner))
     conn.execute(
-        statement.on_conflict_do_update(
-            index_elements=["owner"],
-            set_={k: statement.excluded[k] for k in values if k != "owner"},
+        insert(owners).values(
+            owner=owner,
+            life_key=life_key(owner),
+            started_at=now,
+            host=socket.gethostname()[:256],
+            pid=os.getpid(),
         )
     )
 

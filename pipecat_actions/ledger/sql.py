@@ -894,9 +894,7 @@ class SqlLedger(Ledger):
             return False
         try:
             now = self._clock.now()
-            await self._write(
-                lambda conn: _owners.register(conn, owner, now=now, postgres=not self._sqlite)
-            )
+            await self._write(lambda conn: _owners.register(conn, owner, now=now))
         except BaseException:
             await self._life.release(owner)
             raise
