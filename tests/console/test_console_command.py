@@ -37,7 +37,7 @@ def _console(*argv: str, cwd: Path) -> subprocess.Popen[str]:
 
 def test_the_console_serves_names_its_ledger_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     url = _ledger(tmp_path)
-    Credentials(tmp_path / "users").add("rosa", "pw", frozenset({"manager"}))
+    Credentials(tmp_path / "users").add("rosa", "pw", frozenset({"manager"}), {"default"})
     console = _console(
         "--ledger", url, "--users", str(tmp_path / "users"), "--port", "0", cwd=tmp_path
     )
@@ -78,7 +78,7 @@ def test_a_console_that_cannot_start_says_why_in_one_line(
     tmp_path: Path, argv: list[str], problem: str
 ) -> None:
     url = _ledger(tmp_path / "there")
-    Credentials(tmp_path / "users").add("rosa", "pw")
+    Credentials(tmp_path / "users").add("rosa", "pw", tenants={"default"})
     args = [a.replace("LEDGER", url) for a in argv]
     if "--ledger" not in args:
         args += ["--ledger", f"sqlite:///{tmp_path / 'absent' / 'ledger.db'}"]
