@@ -327,6 +327,8 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
     env.filters["visible"] = lambda value: printable("" if value is None else str(value))
     env.filters["pretty"] = _sorted_json
     env.filters["when"] = _when
+    # A session id is the application's: "/" and ".." in it must stay in the one path segment.
+    env.filters["pathpart"] = lambda value: urllib.parse.quote(str(value), safe="")
     env.globals["ledger_name"] = printable(ledger_name)
     env.globals["ledger_arg"] = shlex.quote(printable(ledger_name))
 

@@ -153,3 +153,22 @@ async def test_the_conversation_is_drawn_lane_by_lane_and_a_wrong_telling_stands
     assert "|told COMMITTED;||the ledger holds REJECTED|" in mismatch
     assert re.findall(r"turn (\d+)</text>", svg) == ["1", "2"]
     assert "1 operation told the caller something other than what the ledger holds" in page
+
+
+async def test_a_conversation_whose_ledger_holds_hostile_text_is_drawn_as_text(
+    tmp_path: Path,
+) -> None:
+    hostile = "<script>alert(1)</script>/../x\x1b]0;owned\x07\u202e"
+    async with console_bench(tmp_path) as bench:
+        op = await bench.ask_refund(SessionState(hostile, principal=f"<b>{hostile}"))
+        await bench.sign_in("rosa")
+        card = (await bench.client.get("/")).text
+        link = re.search(r'href="(/sessions/[^"]+)" data-testid="conversation"', card)
+        assert link is not None
+        answer = await bench.client.get(html.unescape(link.group(1)))
+    page = answer.text
+    assert answer.status_code == 200
+    assert op.operation_id in page
+    assert "<script>" not in page and "<b>" not in page
+    assert "\x1b" not in page and "\x07" not in page and "\u202e" not in page
+    assert r"&lt;script&gt;alert(1)&lt;/script&gt;/../x\x1b]0;owned\x07\u202e" in page
