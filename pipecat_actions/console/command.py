@@ -24,6 +24,8 @@ import os
 import sys
 from typing import Any, TextIO
 
+from loguru import logger
+
 from pipecat_actions._operator_text import ledger_line
 from pipecat_actions._printable import printable, printable_json
 from pipecat_actions.approvals import ALL_TENANTS, Approver
@@ -283,6 +285,11 @@ async def run_console(args: argparse.Namespace, out: TextIO) -> int:
     )
     if settings.users is not None:
         settings.users.operators()  # a missing or malformed file says so now, not at sign-in
+    elif settings.tenants_header is None:
+        logger.warning(
+            "console: no --tenants-header: operators the proxy signs in belong to no tenant "
+            "and may decide nothing"
+        )
     if settings.app is not None:
         from pipecat_actions import operator
 
