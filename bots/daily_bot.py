@@ -61,7 +61,7 @@ A missing key is reported in one line and the bot exits with status 2 before any
 The operator works on the same ledger while the bot runs (``pipecat-actions`` is in
 ``.venv/bin``). A refund waits for a manager::
 
-    pipecat-actions users add rosa --role manager --users ops/users   # once
+    pipecat-actions users add rosa --role manager --tenant default --users ops/users  # once
     pipecat-actions console --ledger URL --users ops/users            # in a browser, or:
     pipecat-actions approvals list --ledger URL
     pipecat-actions approvals show OPERATION_ID --ledger URL

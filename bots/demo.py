@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 from bots.restaurant_api import RESTAURANT, RestaurantAPI, build_actions  # noqa: E402
 from bots.restaurant_service.process import RestaurantProcess  # noqa: E402
 from pipecat_actions import ActionRuntime, AllowAll, SessionState  # noqa: E402
+from pipecat_actions.approvals import Approver  # noqa: E402
 from pipecat_actions.ledger import Operation, OperationFilter  # noqa: E402
 from pipecat_actions.policy import ConfirmationMode, load_policy  # noqa: E402
 from pipecat_actions.status import ActionStatus  # noqa: E402
@@ -218,7 +219,7 @@ class Director:
                 self.note(f"manager rosa approves {op.operation_id} (args {op.args_hash[:12]})")
                 await self.runtime.approve(
                     op.operation_id,
-                    approver="rosa",
+                    approver=Approver("rosa", tenants={"default"}),
                     reason="deposit policy",
                     args_hash=op.args_hash,
                 )
@@ -514,7 +515,10 @@ def operator_commands(ledger_url: str, ops: Sequence[Operation], out: Any = sys.
     print(f"  {cli} approvals list --ledger {ledger}", file=out)
     print(f"  {cli} stats --ledger {ledger}", file=out)
     print("  the approvals console in a browser (add an operator once, then serve it):", file=out)
-    print(f"  {cli} users add rosa --role manager --users .pipecat_actions/users", file=out)
+    print(
+        f"  {cli} users add rosa --role manager --tenant default --users .pipecat_actions/users",
+        file=out,
+    )
     print(f"  {cli} console --ledger {ledger} --users .pipecat_actions/users", file=out)
 
 

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 from bots.demo import operator_commands  # noqa: E402
 from bots.restaurant import RESTAURANT, build_actions, new_system_of_record  # noqa: E402
 from pipecat_actions import ActionRuntime, AllowAll, SessionState  # noqa: E402
+from pipecat_actions.approvals import Approver  # noqa: E402
 from pipecat_actions.ledger import Operation, OperationFilter, SqlLedger  # noqa: E402
 from pipecat_actions.policy import load_policy  # noqa: E402
 from pipecat_actions.status import ActionStatus  # noqa: E402
@@ -273,7 +274,7 @@ async def story(provider: Provider, runtime: ActionRuntime, session: SessionStat
     (pending,) = await runtime.pending_approvals()
     await runtime.approve(
         pending.operation_id,
-        approver="rosa",
+        approver=Approver("rosa", tenants={"default"}),
         reason="deposit policy",
         args_hash=pending.args_hash,
     )

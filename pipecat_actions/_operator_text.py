@@ -99,11 +99,12 @@ def render_approvals(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no operation is waiting for approval"
     return _table(
-        ["operation", "tool", "requester", "args hash", "expires"],
+        ["operation", "tool", "tenant", "requester", "args hash", "expires"],
         [
             [
                 row["operation_id"],
                 row["tool"],
+                row["tenant"],
                 row["principal"],
                 row["args_hash"][:12],
                 when(row["expires_at"]) or _NOTHING,

@@ -52,6 +52,7 @@ from pipecat_actions._operator_text import (
 )
 from pipecat_actions.errors import ConfigurationError, PipecatActionsError
 from pipecat_actions.ledger import Ledger, Operation, OperationEvent, OperationFilter
+from pipecat_actions.policy.summary import render_summary, summary_text
 from pipecat_actions.status import ActionStatus
 
 if TYPE_CHECKING:
@@ -94,13 +95,25 @@ def describe_approval(op: Operation, rule: ApprovalRule | None = None) -> dict[s
     """Return what an approver decides on as plain data (times in epoch seconds).
 
     The console shows the same: the arguments and their hash, the before-state snapshot,
-    the model's rationale and, given the request's ``rule``, its risk and who may decide.
+    the model's rationale and, given the request's ``rule``, what the tool does, the summary
+    of what is approved (its ``confirmation.summary`` filled in, a field the request does not
+    hold as ``[missing: before.x]``), its risk and who may decide.
     """
     data: dict[str, Any] = {
         "operation_id": op.operation_id,
         "tool": op.tool,
+    }
+    if rule is not None:
+        data["description"] = rule.description
+        data["summary"] = (
+            None
+            if rule.summary is None
+            else summary_text(render_summary(rule.summary, op.args, op.before_state))
+        )
+    data |= {
         "status": op.status.value,
         "principal": op.principal,
+        "tenant": op.tenant,
         "session_id": op.session_id,
         "args": op.args,
         "args_hash": op.args_hash,

@@ -37,7 +37,11 @@ tools:
   refund_deposit:
     kind: mutation
     risk: high
-    confirmation: {mode: approval, approvers: [bob], expires_after_secs: 60}
+    confirmation:
+      mode: approval
+      approvers: [bob]
+      expires_after_secs: 60
+      summary: Refund {amount_cents} cents for booking {booking_id} (paid {before.paid_cents})
 """
 LEASE_SECS = 30.0
 
@@ -131,11 +135,12 @@ async def waiting(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     refunds: list[int] = []
     users = Credentials(tmp_path / "users")
     for name, password in PASSWORDS.items():
-        users.add(name, password)
+        users.add(name, password, tenants={"default"})
     monkeypatch.setenv("PIPECAT_ACTIONS_USERS", str(users.path))
 
     @action
     async def refund_deposit(ctx: ActionContext, booking_id: str, amount_cents: int) -> dict:
+        """Refund a booking's deposit to the card that paid it."""
         refunds.append(amount_cents)
         return {"refunded_cents": amount_cents}
 
@@ -346,10 +351,10 @@ async def test_the_users_command_adds_lists_and_removes_operators(
     users = str(tmp_path / "ops" / "users")
     with _stdin("s3cret\n"):
         code, out, _ = await _cli(
-            capsys, "users", "add", "rosa", "--role", "manager", "--users", users,
-            "--password-stdin",
+            capsys, "users", "add", "rosa", "--role", "manager", "--tenant", "main-st",
+            "--users", users, "--password-stdin",
         )  # fmt: skip
-    assert code == 0 and "rosa (manager)" in out
+    assert code == 0 and "rosa (manager; tenants: main-st)" in out
     assert Credentials(users).authenticate("rosa", "s3cret") is not None
     code, out, _ = await _cli(capsys, "users", "list", "--users", users)
     assert code == 0 and "rosa" in out and "manager" in out and "s3cret" not in out
@@ -412,3 +417,66 @@ async def test_approvals_list_prints_every_waiting_request_expiring_first(
     listed = json.loads(out)
     assert len(listed) == 1002
     assert listed[0]["args"] == {"n": 1001}  # the newest expires first here
+
+
+async def test_approvals_show_says_what_the_tool_does_and_what_is_approved_in_words(
+    waiting: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runtime, url, operation_id, _, _ = waiting
+    hostile = await runtime.propose(
+        "refund_deposit",
+        {"booking_id": "b-2\x1b]0;owned\x07", "amount_cents": 1},
+        SessionState(session_id="call-2", principal="carol"),
+    )
+    code, out, _ = await _cli(capsys, "approvals", "show", operation_id, "--ledger", url)
+    assert code == 0
+    assert "description: Refund a booking's deposit to the card that paid it." in out
+    # No snapshot was taken: the before-state field is shown as missing, not left out.
+    assert "summary: Refund 2500 cents for booking b-1 (paid [missing: before.paid_cents])" in out
+    assert "tenant: default" in out
+    code, out, _ = await _cli(capsys, "approvals", "show", operation_id, "--ledger", url, "--json")
+    assert json.loads(out)["summary"] == (
+        "Refund 2500 cents for booking b-1 (paid [missing: before.paid_cents])"
+    )
+    code, out, _ = await _cli(
+        capsys, "approvals", "show", str(hostile["operation_id"]), "--ledger", url
+    )
+    assert "\x1b" not in out and "\x07" not in out
+    assert r"for booking b-2\x1b]0;owned\x07 (paid" in out
+
+
+async def test_an_approver_of_another_tenant_is_refused_from_the_cli_and_it_is_recorded(
+    waiting: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    runtime, url, operation_id, refunds, clock = waiting
+    Credentials(tmp_path / "users").set_tenants("bob", ["main-st"])
+    code, _, err = await _decide(capsys, "approve", operation_id, url, "deposit policy")
+    assert code == 1
+    assert f"bob may not approve operation {operation_id}: it belongs to tenant 'default'" in err
+    assert "Traceback" not in err
+    await _heartbeat(clock)
+    assert (await runtime.ledger.get(operation_id)).status is ActionStatus.AWAITING_APPROVAL
+    assert refunds == []
+    (note,) = [
+        e.detail
+        for e in await runtime.ledger.events(operation_id)
+        if "decision_refused" in (e.detail or {})
+    ]
+    assert note["approver"] == "bob" and note["tenants"] == ["main-st"]
+    assert note["via"] == f"cli: credentials file {tmp_path / 'users'}"
+
+
+async def test_an_approver_whose_line_predates_tenants_is_told_how_to_give_them_some(
+    waiting: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from pipecat_actions.console.users import hash_password
+
+    runtime, url, operation_id, _, _ = waiting
+    path = tmp_path / "users"
+    path.write_text(f"bob::{hash_password(PASSWORDS['bob'])}\n")
+    path.chmod(0o600)
+    code, _, err = await _decide(capsys, "reject", operation_id, url, "no")
+    assert code == 1
+    assert "bob belongs to no tenant, so may reject nothing" in err
+    assert "`pipecat-actions users tenants bob --tenant TENANT` (or --all-tenants)" in err
+    assert (await runtime.ledger.get(operation_id)).status is ActionStatus.AWAITING_APPROVAL

@@ -270,11 +270,14 @@ def test_approvals_list_is_a_table_with_a_header_and_show_is_readable_text(
     code, out, _ = _cli(capsys, "approvals", "list", "--ledger", url)
     assert code == 0
     lines = out.splitlines()
-    assert lines[1].split() == ["operation", "tool", "requester", "args", "hash", "expires"]
+    assert lines[1].split() == [
+        "operation", "tool", "tenant", "requester", "args", "hash", "expires",
+    ]  # fmt: skip
     (row,) = [line for line in lines if ids["waiting"] in line]
-    assert row.split()[:4] == [
+    assert row.split()[:5] == [
         ids["waiting"],
         "refund\\x1b]0;owned\\x07",
+        waiting["tenant"],
         "[bold]eve\\u202e",
         waiting["args_hash"][:12],
     ]

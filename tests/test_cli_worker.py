@@ -20,7 +20,7 @@ import pytest
 
 from pipecat_actions._operator_text import shown_url, when
 from pipecat_actions.admission.authorization import AllowAll
-from pipecat_actions.approvals import approve_operation
+from pipecat_actions.approvals import Approver, approve_operation
 from pipecat_actions.cli import main
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import Operation, SqlLedger
@@ -78,7 +78,7 @@ async def leave_work_behind(url: str, clock: ManualClock) -> dict[str, str]:
         await approve_operation(
             ledger,
             ids["approved"],
-            approver="ops",
+            approver=Approver("ops", tenants={"default"}),
             reason="ok",
             now=clock.now(),
             args_hash=waiting.args_hash,

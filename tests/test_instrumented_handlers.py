@@ -23,6 +23,7 @@ from pipecat.services.llm_service import FunctionCallParams
 
 from pipecat_actions.actions import action_context
 from pipecat_actions.admission.authorization import AllowAll, Decision
+from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.runtime import ActionRuntime
@@ -218,7 +219,10 @@ async def test_an_approved_call_runs_with_its_calls_params_after_the_call_return
     assert _tool_results(context)[0]["status"] == "awaiting_approval" and seen == []
 
     await runtime.approve(
-        waiting.operation_id, approver="maria", reason="regular guest", args_hash=waiting.args_hash
+        waiting.operation_id,
+        approver=Approver("maria", tenants={"default"}),
+        reason="regular guest",
+        args_hash=waiting.args_hash,
     )
     done = await runtime.wait(waiting.operation_id)
 
@@ -251,7 +255,7 @@ async def test_an_operation_run_without_its_call_gets_a_clear_error_for_what_it_
         later.register_function("refund", refund)
         await second.approve(
             waiting.operation_id,
-            approver="maria",
+            approver=Approver("maria", tenants={"default"}),
             reason="regular guest",
             args_hash=waiting.args_hash,
         )

@@ -168,7 +168,7 @@ async def _late_refund(tmp_path: Path) -> str:
         waiting = await runtime.ledger.get(answer["operation_id"])
         await runtime.approve(
             waiting.operation_id,
-            approver=Approver("rosa", frozenset({"manager"})),
+            approver=Approver("rosa", frozenset({"manager"}), frozenset({"default"})),
             reason="paid twice",
             args_hash=waiting.args_hash,
         )

@@ -418,7 +418,7 @@ class Admitter:
                 "principal": session.principal,
                 "reason": _ADMISSION_REASONS[status],
                 **(
-                    {APPROVAL_RULE: _approval_rule(policy).to_detail()}
+                    {APPROVAL_RULE: _approval_rule(binding).to_detail()}
                     if status is S.AWAITING_APPROVAL
                     else {}
                 ),
@@ -547,12 +547,18 @@ _ADMISSION_REASONS = {
 """Why an admitted operation starts in each status (the audit reason of its insert)."""
 
 
-def _approval_rule(policy: ToolPolicy) -> ApprovalRule:
+def _approval_rule(binding: Binding) -> ApprovalRule:
+    """Who may decide, and what they are shown (the tool's description, the summary)."""
+    policy = binding.policy
     confirmation = policy.confirmation
+    # An action without a docstring is described by its own name: that tells nobody more.
+    own = binding.action.description
     return ApprovalRule(
         approvers=tuple(confirmation.approvers),
         roles=tuple(confirmation.approver_roles),
         risk=policy.risk.value,
+        description=policy.description or (own if own and own != binding.action.name else None),
+        summary=confirmation.summary,
     )
 
 

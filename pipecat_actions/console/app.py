@@ -1,12 +1,13 @@
 """The console's web application: pages on the ledger, and the decisions made from them.
 
-Every page needs a signed-in operator (`Identity`); every decision goes through
-`pipecat_actions.approvals`, so the console enforces exactly the rules the CLI and the runtime
-enforce. Pages are rendered on the server (Jinja2, autoescaped, every value from the ledger
-shown through `printable`); a small script keeps them live: it listens to ``/events``
-(server-sent events), sent when what the pages show changed in the ledger (the agent asked for
-an approval, an operation settled), and swaps in the new fragments, keeping what an operator
-is typing.
+Every page needs a signed-in operator (`Identity`) and shows the operations of their tenants
+only, of the requests waiting for approval those they may decide (`Scope`); every decision
+goes through `pipecat_actions.approvals`, so the console enforces exactly the rules the CLI and
+the runtime enforce, whatever a form says. Pages are rendered on the server (Jinja2,
+autoescaped, every value from the ledger shown through `printable`); a small script keeps them
+live: it listens to ``/events`` (server-sent events), sent when what the pages show changed in
+the ledger (the agent asked for an approval, an operation settled), and swaps in the new
+fragments, keeping what an operator is typing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import secrets
 import shlex
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,22 +38,25 @@ from starlette.middleware.sessions import SessionMiddleware
 from pipecat_actions._printable import printable, printable_json
 from pipecat_actions.approvals import (
     ApprovalRefused,
-    ApprovalRule,
     Approver,
-    approval_rule,
     approve_operation,
     reject_operation,
 )
-from pipecat_actions.console.users import Credentials, Operator, UsersFileError
+from pipecat_actions.console.scope import Rules, Scope, all_lists
+from pipecat_actions.console.timeline import session_timeline
+from pipecat_actions.console.users import (
+    Credentials,
+    Operator,
+    UsersFileError,
+    check_tenants,
+)
 from pipecat_actions.errors import OperationNotFound, PipecatActionsError
-from pipecat_actions.ledger import Ledger, Operation, OperationFilter
+from pipecat_actions.ledger import Ledger
 from pipecat_actions.policy.fields import check_approver_name
 from pipecat_actions.status import ActionStatus
 
 S = ActionStatus
 _HERE = Path(__file__).parent
-_PAGE = 100
-"""The most rows a list on a page shows (the CLI lists them all)."""
 _SIGN_INS = 10_000
 """The most sign-ins the console holds at once; past it the oldest is signed out."""
 _FAILURES_ALLOWED = 5
@@ -66,13 +70,15 @@ class ConsoleSettings:
 
     Exactly one sign-in: ``users`` (a credentials file, see `pipecat_actions.console.users`),
     or ``user_header`` (a reverse proxy in front of the console authenticates operators and
-    names them in this header, their roles comma-separated in ``roles_header``; the console
-    must then be reachable only through the proxy).
+    names them in this header, their roles comma-separated in ``roles_header``, their tenants
+    in ``tenants_header``; the console must then be reachable only through the proxy).
 
     Attributes:
         users: The credentials file.
         user_header: The trusted header naming the signed-in operator.
         roles_header: The trusted header listing their roles.
+        tenants_header: The trusted header listing the tenants they decide in (``*``: every
+            one). Without it, operators signed in by the proxy belong to no tenant.
         app: The application's `OperatorApp` (``module:attr``), for the reconcile action.
         poll_secs: How often the ledger is read for changes to push to open pages.
         session_secs: How long a sign-in lasts, from signing in (it does not slide).
@@ -90,6 +96,7 @@ class ConsoleSettings:
     users: Credentials | None = None
     user_header: str | None = None
     roles_header: str | None = None
+    tenants_header: str | None = None
     app: str | None = None
     poll_secs: float = 1.0
     session_secs: float = 8 * 3600.0
@@ -104,6 +111,11 @@ class ConsoleSettings:
             raise UsersFileError(
                 "the console signs operators in one way: give a credentials file (--users) "
                 "or a trusted proxy header (--user-header), not both or neither"
+            )
+        if self.tenants_header is not None and self.user_header is None:
+            raise UsersFileError(
+                "--tenants-header goes with --user-header (a credentials file names each "
+                "operator's tenants itself)"
             )
         if self.poll_secs <= 0:
             raise UsersFileError("poll_secs must be positive")
@@ -315,15 +327,18 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
     env.filters["visible"] = lambda value: printable("" if value is None else str(value))
     env.filters["pretty"] = _sorted_json
     env.filters["when"] = _when
+    # A session id is the application's: "/" and ".." in it must stay in the one path segment.
+    env.filters["pathpart"] = lambda value: urllib.parse.quote(str(value), safe="")
     env.globals["ledger_name"] = printable(ledger_name)
     env.globals["ledger_arg"] = shlex.quote(printable(ledger_name))
 
     async def fingerprint() -> Any:
-        lists = await _lists(ledger)
+        lists = await all_lists(ledger)
         return {name: [(op.operation_id, op.status, op.event_seq) for op in ops]
                 for name, ops in lists.items()}  # fmt: skip
 
     changes = _Changes(fingerprint, settings.poll_secs)
+    rules = Rules(ledger)
     sign_ins = _SignIns(settings.now, settings.session_secs)
     failures = _Failures(settings.now)
 
@@ -364,7 +379,10 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
                 with contextlib.suppress(ValueError):
                     roles.add(check_approver_name(role.strip()))
             via = f"console: proxy header {settings.user_header}"
-            return Identity(Approver(name, frozenset(roles), via), csrf)
+            tenants: frozenset[str] = frozenset()
+            with contextlib.suppress(UsersFileError):  # none, or none well-formed: no tenant
+                tenants = check_tenants(_one_header(request, settings.tenants_header).split(","))
+            return Identity(Approver(name, frozenset(roles), tenants, via), csrf)
         assert settings.users is not None
         operator = sign_ins.find(session.get("sign_in"), settings.users)
         if operator is None:
@@ -511,33 +529,48 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
 
     # --- pages -----------------------------------------------------------------------------
 
+    def scope(who: Identity) -> Scope:
+        return Scope(ledger, who.approver, rules)
+
     @app.get("/", response_class=HTMLResponse)
     async def index(request: Request) -> Response:
         who = identity(request)
-        return page(request, "index.html", who, **await _sections(ledger, settings.now()))
+        sections = await scope(who).sections(settings.now())
+        return page(request, "index.html", who, **sections)
 
     @app.get("/fragments/{name}", response_class=HTMLResponse)
     async def fragment(request: Request, name: str) -> Response:
         who = identity(request)
         if name not in _FRAGMENTS:
             return Response(status_code=404)
-        sections = await _sections(ledger, settings.now())
+        sections = await scope(who).sections(settings.now())
         return page(request, f"_{name}.html", who, whole=False, **sections)
 
     @app.get("/operations/{operation_id}", response_class=HTMLResponse)
     async def operation(request: Request, operation_id: str) -> Response:
         who = identity(request)
+        seen = scope(who)
         try:
             op = await ledger.get(operation_id)
         except OperationNotFound:
             # A ledger that cannot be read is not a missing operation: that one goes to
             # the handler of PipecatActionsError (503, try again).
+            op = None
+        if op is None or not seen.sees(op):
+            # Another tenant's operation is not found either: its existence is not theirs.
             return page(request, "missing.html", who, status_code=404, operation_id=operation_id)
+        view = await seen.view(op)
         events = await ledger.events(operation_id)
-        rule = await approval_rule(ledger, operation_id)
-        return page(
-            request, "operation.html", who, op=op, events=events, rule=rule, view=_view(op, rule)
-        )
+        return page(request, "operation.html", who, op=op, events=events, rule=view.rule, view=view)
+
+    @app.get("/sessions/{session_id:path}", response_class=HTMLResponse)
+    async def session(request: Request, session_id: str) -> Response:
+        who = identity(request)
+        trails = await scope(who).session(session_id)
+        if not trails:
+            return page(request, "missing.html", who, status_code=404, session_id=session_id)
+        timeline = session_timeline(session_id, trails)
+        return page(request, "session.html", who, timeline=timeline, session_id=session_id)
 
     @app.get("/events")
     async def events(request: Request) -> Response:
@@ -667,58 +700,3 @@ def _trouble(request: Request, text: str) -> Response:
         '<p><a href="/">Try again</a></p>',
         status_code=503,
     )
-
-
-async def _lists(ledger: Ledger) -> dict[str, list[Operation]]:
-    """Each list the pages show; the first three read one row past a page to say 'more'.
-
-    Approvals come expiring first: of the first thousand waiting, by their deadline.
-    """
-    waiting, undelivered, unknown, recent = await asyncio.gather(
-        ledger.list(OperationFilter(status=[S.AWAITING_APPROVAL], limit=1000)),
-        ledger.list(OperationFilter(status=[S.COMMITTED], undelivered=True, limit=_PAGE + 1)),
-        ledger.list(OperationFilter(status=[S.UNKNOWN], limit=_PAGE + 1)),
-        ledger.list(OperationFilter(limit=30, newest_first=True)),
-    )
-    waiting.sort(key=lambda op: (op.deadline_at or float("inf"), op.created_at))
-    return {"approvals": waiting, "undelivered": undelivered, "unknown": unknown,
-            "recent": recent}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _View:
-    """An operation as a page shows it."""
-
-    op: Operation
-    rule: ApprovalRule | None
-    args: str
-    before_state: str | None
-    result: str | None
-
-
-def _view(op: Operation, rule: ApprovalRule | None) -> _View:
-    return _View(
-        op=op,
-        rule=rule,
-        args=_sorted_json(op.args),
-        before_state=None if op.before_state_json is None else _sorted_json(op.before_state),
-        result=None if op.result_json is None else _sorted_json(op.result),
-    )
-
-
-async def _sections(ledger: Ledger, now: float) -> Mapping[str, Any]:
-    lists = await _lists(ledger)
-    more = {name: len(ops) > _PAGE for name, ops in lists.items()}
-    shown = {name: ops[:_PAGE] for name, ops in lists.items()}
-    rules = await asyncio.gather(
-        *(approval_rule(ledger, op.operation_id) for op in shown["approvals"])
-    )
-    return {
-        "approvals": [_view(op, rule) for op, rule in zip(shown["approvals"], rules, strict=True)],
-        "undelivered": shown["undelivered"],
-        "unknown": shown["unknown"],
-        "recent": shown["recent"],
-        "more": more,
-        "page": _PAGE,
-        "now": now,
-    }

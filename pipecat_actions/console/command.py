@@ -23,10 +23,13 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
+from loguru import logger
+
 from pipecat_actions._printable import printable, printable_json
 
 if TYPE_CHECKING:
     from pipecat_actions.approvals import Approver
+    from pipecat_actions.console.users import Operator
 
 # The command's parsers are built for every `pipecat-actions` command line: what only running
 # one of these commands needs (the credentials file's code, the policy model behind an
@@ -98,39 +101,103 @@ def authenticated_approver(args: argparse.Namespace) -> Approver:
     return operator.approver(f"cli: credentials file {os.path.abspath(args.users)}")
 
 
+def _tenant_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tenant",
+        action="append",
+        default=[],
+        metavar="TENANT",
+        help="a tenant whose operations they may decide on (repeat for several)",
+    )
+    parser.add_argument(
+        "--all-tenants",
+        action="store_true",
+        help="they may decide on the operations of every tenant",
+    )
+
+
+def _tenants(args: argparse.Namespace) -> list[str] | None:
+    """The tenants ``--tenant``/``--all-tenants`` give, or None when neither is given."""
+    from pipecat_actions.approvals import ALL_TENANTS
+    from pipecat_actions.console.users import UsersFileError
+
+    if args.all_tenants and args.tenant:
+        raise UsersFileError("give --tenant or --all-tenants, not both")
+    if args.all_tenants:
+        return [ALL_TENANTS]
+    return list(args.tenant) or None
+
+
 def add_users_parser(commands: Any) -> None:
-    """Add ``pipecat-actions users add|remove|list``."""
+    """Add ``pipecat-actions users add|tenants|remove|list``."""
     users = commands.add_parser("users", help="the operators' credentials file (console, CLI)")
     sub = users.add_subparsers(dest="users_command", required=True)
-    add = sub.add_parser("add", help="add an operator, or change their password and roles")
+    add = sub.add_parser("add", help="add an operator, or change their password, roles and tenants")
     add.add_argument("name")
     add.add_argument(
         "--role", action="append", default=[], help="a role they hold (repeat for several)"
     )
+    _tenant_arguments(add)
     add.add_argument(
         "--password-stdin", action="store_true", help="read the password from standard input"
     )
+    tenants = sub.add_parser(
+        "tenants", help="set the tenants an operator decides in (their password is kept)"
+    )
+    tenants.add_argument("name")
+    _tenant_arguments(tenants)
     remove = sub.add_parser("remove", help="remove an operator")
     remove.add_argument("name")
-    listing = sub.add_parser("list", help="list the operators and their roles")
+    listing = sub.add_parser("list", help="list the operators, their roles and tenants")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
-    for parser in (add, remove, listing):
+    for parser in (add, tenants, remove, listing):
         _users_argument(parser)
+
+
+def _shown_tenants(operator: Operator) -> str:
+    from pipecat_actions.approvals import ALL_TENANTS
+
+    if operator.tenants is None:
+        return "none declared (decides nothing)"
+    return (
+        "every tenant" if ALL_TENANTS in operator.tenants else ", ".join(sorted(operator.tenants))
+    )
 
 
 def run_users(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``pipecat-actions users``."""
     from pipecat_actions.console.users import Credentials, UsersFileError
+    from pipecat_actions.policy.fields import check_approver_name
 
     if not args.users:
         raise UsersFileError(f"name the credentials file: --users FILE or ${ENV_USERS}")
     credentials = Credentials(args.users)
     where = printable(str(args.users))
-    if args.users_command == "add":
-        password = _password(args, f"new password for {printable(args.name)}: ", twice=True)
-        operator = credentials.add(args.name, password, frozenset(args.role))
+    if args.users_command in ("add", "tenants"):
+        tenants = _tenants(args)
+        if args.users_command == "tenants":
+            if tenants is None:
+                raise UsersFileError("name their tenants: --tenant TENANT... or --all-tenants")
+            operator = credentials.set_tenants(args.name, tenants)
+        else:
+            try:
+                check_approver_name(args.name)
+            except ValueError as exc:
+                raise UsersFileError(str(exc)) from None
+            listed = credentials.path.exists() and credentials.find(args.name) is not None
+            if tenants is None and not listed:
+                raise UsersFileError(
+                    f"say which tenants {printable(args.name)} decides in: --tenant TENANT "
+                    "(repeat for several) or --all-tenants; nobody is global by default"
+                )
+            password = _password(args, f"new password for {printable(args.name)}: ", twice=True)
+            operator = credentials.add(args.name, password, frozenset(args.role), tenants)
         roles = ", ".join(sorted(operator.roles)) or "no role"
-        print(f"{where}: {printable(operator.name)} ({printable(roles)})", file=out)
+        print(
+            f"{where}: {printable(operator.name)} ({printable(roles)}; tenants: "
+            f"{printable(_shown_tenants(operator))})",
+            file=out,
+        )
         return 0
     if args.users_command == "remove":
         if not credentials.remove(args.name):
@@ -140,17 +207,28 @@ def run_users(args: argparse.Namespace, out: TextIO) -> int:
     operators = credentials.operators()
     if getattr(args, "json", False):
         print(f"credentials: {where}", file=sys.stderr)
-        listed = [{"name": op.name, "roles": sorted(op.roles)} for op in operators.values()]
-        print(printable_json(listed), file=out)
+        rows: list[dict[str, Any]] = [
+            {
+                "name": op.name,
+                "roles": sorted(op.roles),
+                "tenants": None if op.tenants is None else sorted(op.tenants),
+            }
+            for op in operators.values()
+        ]
+        print(printable_json(rows), file=out)
         return 0
     print(f"credentials: {where}", file=out)
     if not operators:
         print("no operator", file=out)
         return 0
-    print(f"{'NAME':<32} ROLES", file=out)
+    print(f"{'NAME':<32} {'ROLES':<24} TENANTS", file=out)
     for operator in operators.values():
         roles = ", ".join(sorted(operator.roles))
-        print(f"{printable(operator.name):<32} {printable(roles)}", file=out)
+        print(
+            f"{printable(operator.name):<32} {printable(roles):<24} "
+            f"{printable(_shown_tenants(operator))}",
+            file=out,
+        )
     return 0
 
 
@@ -174,6 +252,14 @@ def add_console_parser(commands: Any) -> None:
         metavar="HEADER",
         help="with --user-header: the header listing their roles, comma-separated "
         "(e.g. X-Forwarded-Groups)",
+    )
+    console.add_argument(
+        "--tenants-header",
+        default=None,
+        metavar="HEADER",
+        help="with --user-header: the header listing the tenants the operator decides in, "
+        "comma-separated, * for every tenant (e.g. X-Forwarded-Tenants); without it, "
+        "operators signed in by the proxy decide nothing",
     )
     console.add_argument(
         "--app",
@@ -210,6 +296,7 @@ async def run_console(args: argparse.Namespace, out: TextIO) -> int:
         users=Credentials(args.users) if args.users else None,
         user_header=args.user_header,
         roles_header=args.roles_header,
+        tenants_header=args.tenants_header,
         app=args.app,
         secure_cookies=args.secure_cookies,
         public_origin=args.public_origin,
@@ -217,6 +304,11 @@ async def run_console(args: argparse.Namespace, out: TextIO) -> int:
     )
     if settings.users is not None:
         settings.users.operators()  # a missing or malformed file says so now, not at sign-in
+    elif settings.tenants_header is None:
+        logger.warning(
+            "console: no --tenants-header: operators the proxy signs in belong to no tenant "
+            "and may decide nothing"
+        )
     if settings.app is not None:
         from pipecat_actions import operator
 

@@ -1,23 +1,37 @@
 """The operators' credentials file: who may sign in to the console and decide from the CLI.
 
-One line per operator, ``NAME:ROLES:HASH``, where ROLES is a comma-separated list (possibly
-empty) and HASH is the password's scrypt key (RFC 7914, Python's `hashlib.scrypt`) with its
-parameters and salt, ``scrypt$N$r$p$SALT$KEY`` (base64). Lines starting with ``#`` and blank
-lines are ignored. A password is never stored, and the file is written readable by its owner
-only::
+One line per operator, ``NAME:ROLES:tenants=TENANTS:HASH``, where ROLES is a comma-separated
+list (possibly empty), TENANTS the comma-separated tenants whose operations they may decide on
+(``*`` for every tenant), and HASH is the password's scrypt key (RFC 7914, Python's
+`hashlib.scrypt`) with its parameters and salt, ``scrypt$N$r$p$SALT$KEY`` (base64). Lines
+starting with ``#`` and blank lines are ignored. A password is never stored, and the file is
+written readable by its owner only::
 
-    # pipecat-actions users add rosa --role manager --users ops/users
-    rosa:manager:scrypt$16384$8$1$0d3…$Yx…
+    # pipecat-actions users add rosa --role manager --tenant main-st --users ops/users
+    rosa:manager:tenants=main-st:scrypt$16384$8$1$0d3…$Yx…
+
+A line written before operators had tenants (``NAME:ROLES:HASH``) still signs in, but its
+operator belongs to no tenant and decides on nothing until ``pipecat-actions users tenants
+NAME --tenant T`` (or ``--all-tenants``) gives them some; each read of such a file logs one
+line naming them.
 
 Names and roles follow `pipecat_actions.policy.fields.check_approver_name`, so a name in the
 file is the name a policy's ``confirmation.approvers`` lists, and a role its
-``approver_roles``. The file is read again whenever it changes: removing a line signs the
-operator out of the console at their next request.
+``approver_roles``; a tenant is written the same way (without ``:``), as the sessions of the
+bot name it. The file is read again whenever it changes: removing a line signs the operator
+out of the console at their next request.
 """
 
 from __future__ import annotations
 
-__all__ = ["Credentials", "Operator", "UsersFileError", "hash_password", "verify_password"]
+__all__ = [
+    "Credentials",
+    "Operator",
+    "UsersFileError",
+    "check_tenants",
+    "hash_password",
+    "verify_password",
+]
 
 import base64
 import contextlib
@@ -25,10 +39,13 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipecat_actions.approvals import Approver
+from loguru import logger
+
+from pipecat_actions.approvals import ALL_TENANTS, Approver
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.policy.fields import check_approver_name
 
@@ -42,17 +59,30 @@ class UsersFileError(ConfigurationError):
     """The credentials file cannot be read, or a line of it is malformed."""
 
 
+_TENANTS = "tenants="
+"""What starts the tenants field of a line (a role never holds ``=``, so no older line does)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Operator:
-    """One line of the credentials file."""
+    """One line of the credentials file.
+
+    Attributes:
+        name: Their name.
+        roles: Their roles.
+        password_hash: Their password's scrypt hash.
+        tenants: The tenants they decide in (``*``: every one); None for a line written
+            before operators had tenants: they decide in none.
+    """
 
     name: str
     roles: frozenset[str]
     password_hash: str
+    tenants: frozenset[str] | None = None
 
     def approver(self, via: str = "credentials file") -> Approver:
-        """The operator as an `Approver` (their name and roles), signed in ``via``."""
-        return Approver(self.name, self.roles, via)
+        """The operator as an `Approver` (their name, roles and tenants), signed in ``via``."""
+        return Approver(self.name, self.roles, self.tenants or frozenset(), via)
 
 
 def _b64(data: bytes) -> str:
@@ -106,6 +136,36 @@ def _check_role(role: str) -> str:
     return role
 
 
+def _check_tenant(tenant: str) -> str:
+    if tenant == ALL_TENANTS:
+        return tenant
+    try:
+        check_approver_name(tenant)
+    except ValueError:
+        raise ValueError(
+            f"{tenant!r} is not a tenant: use at most 128 letters, digits and . _ @ + -, "
+            "starting with a letter or digit, or * for every tenant"
+        ) from None
+    if ":" in tenant:
+        raise ValueError(f"{tenant!r} is not a tenant: a tenant may not hold ':'")
+    return tenant
+
+
+def check_tenants(tenants: Iterable[str]) -> frozenset[str]:
+    """Return ``tenants`` checked, as a set (``{"*"}`` when ``*`` is among them).
+
+    Raises:
+        UsersFileError: A malformed tenant, or none at all.
+    """
+    try:
+        checked = frozenset(_check_tenant(t.strip()) for t in tenants if t.strip())
+    except ValueError as exc:
+        raise UsersFileError(str(exc)) from None
+    if not checked:
+        raise UsersFileError("name at least one tenant, or * for every tenant")
+    return frozenset({ALL_TENANTS}) if ALL_TENANTS in checked else checked
+
+
 def _parse(text: str, path: Path) -> dict[str, Operator]:
     found: dict[str, Operator] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -115,21 +175,28 @@ def _parse(text: str, path: Path) -> dict[str, Operator]:
         parts = line.split(":")
         where = f"{path}, line {number}"
         if len(parts) < 3:
-            raise UsersFileError(f"{where}: write NAME:ROLES:HASH (see `pipecat-actions users`)")
-        # A name may hold ':' (manager:rosa), a role list and a hash never do.
+            raise UsersFileError(
+                f"{where}: write NAME:ROLES:tenants=TENANTS:HASH (see `pipecat-actions users`)"
+            )
+        # A name may hold ':' (manager:rosa), a role list, the tenants and a hash never do.
+        tenants_text: str | None = None
+        if len(parts) >= 4 and parts[-2].startswith(_TENANTS):
+            tenants_text = parts[-2].removeprefix(_TENANTS)
+            parts = [*parts[:-2], parts[-1]]
         name, roles_text, password_hash = ":".join(parts[:-2]), parts[-2], parts[-1]
         try:
             check_approver_name(name)
             roles = frozenset(
                 _check_role(role.strip()) for role in roles_text.split(",") if role.strip()
             )
-        except ValueError as exc:
+            tenants = None if tenants_text is None else check_tenants(tenants_text.split(","))
+        except (ValueError, UsersFileError) as exc:
             raise UsersFileError(f"{where}: {exc}") from None
         if not password_hash.startswith("scrypt$"):
             raise UsersFileError(f"{where}: the password hash is not an scrypt hash")
         if name.casefold() in (n.casefold() for n in found):
             raise UsersFileError(f"{where}: {name} is listed twice")
-        found[name] = Operator(name=name, roles=roles, password_hash=password_hash)
+        found[name] = Operator(name=name, roles=roles, password_hash=password_hash, tenants=tenants)
     return found
 
 
@@ -172,7 +239,22 @@ class Credentials:
                 ) from None
             self._operators = _parse(text, self.path)
             self._seen = stamp
+            self._warn_undeclared()
         return self._operators
+
+    def _warn_undeclared(self) -> None:
+        """One line naming the operators of an older file, who decide in no tenant yet."""
+        undeclared = [op.name for op in self._operators.values() if op.tenants is None]
+        if undeclared:
+            logger.warning(
+                "credentials file {}: {} declare{} no tenant and may decide nothing until "
+                "given some: pipecat-actions users tenants NAME --tenant TENANT "
+                "(or --all-tenants) --users {}",
+                self.path,
+                ", ".join(undeclared),
+                "s" if len(undeclared) == 1 else "",
+                self.path,
+            )
 
     def find(self, name: str) -> Operator | None:
         """The operator named ``name`` (any case), or None."""
@@ -185,11 +267,24 @@ class Credentials:
         matched = verify_password(password, operator.password_hash if operator else _DUMMY_HASH)
         return operator if matched and operator is not None else None
 
-    def add(self, name: str, password: str, roles: frozenset[str] = frozenset()) -> Operator:
+    def add(
+        self,
+        name: str,
+        password: str,
+        roles: frozenset[str] = frozenset(),
+        tenants: Iterable[str] | None = None,
+    ) -> Operator:
         """Add ``name`` (or replace their password and roles); write the file 0600.
 
+        Args:
+            name: The operator's name.
+            password: Their password (only its hash is written).
+            roles: Their roles.
+            tenants: The tenants they decide in (``*``: every one); None keeps an existing
+                operator's, and gives a new one none (they decide on nothing).
+
         Raises:
-            UsersFileError: A malformed name or role, or the file cannot be written.
+            UsersFileError: A malformed name, role or tenant, or the file cannot be written.
         """
         try:
             check_approver_name(name)
@@ -197,13 +292,39 @@ class Credentials:
                 _check_role(role)
         except ValueError as exc:
             raise UsersFileError(str(exc)) from None
+        checked = None if tenants is None else check_tenants(tenants)
         existing = self.operators() if self.path.exists() else {}
+        before = next((op for n, op in existing.items() if n.casefold() == name.casefold()), None)
         operator = Operator(
-            name=name, roles=frozenset(roles), password_hash=hash_password(password)
+            name=name,
+            roles=frozenset(roles),
+            password_hash=hash_password(password),
+            tenants=checked if tenants is not None or before is None else before.tenants,
         )
         kept = {n: op for n, op in existing.items() if n.casefold() != name.casefold()}
         kept[name] = operator
         self._write(kept)
+        return operator
+
+    def set_tenants(self, name: str, tenants: Iterable[str]) -> Operator:
+        """Give ``name`` the ``tenants`` they decide in (``*``: every one); keep the rest.
+
+        Raises:
+            UsersFileError: ``name`` is not listed, a tenant is malformed, or the file cannot
+                be written.
+        """
+        checked = check_tenants(tenants)
+        existing = self.operators()
+        found = next((n for n in existing if n.casefold() == name.casefold()), None)
+        if found is None:
+            raise UsersFileError(f"{name} is not in {self.path}")
+        operator = Operator(
+            name=found,
+            roles=existing[found].roles,
+            password_hash=existing[found].password_hash,
+            tenants=checked,
+        )
+        self._write({**existing, found: operator})
         return operator
 
     def remove(self, name: str) -> bool:
@@ -216,11 +337,13 @@ class Credentials:
         return True
 
     def _write(self, operators: dict[str, Operator]) -> None:
-        lines = ["# pipecat-actions operators: NAME:ROLES:HASH (see `pipecat-actions users`)"]
-        lines += [
-            f"{op.name}:{','.join(sorted(op.roles))}:{op.password_hash}"
-            for op in operators.values()
+        lines = [
+            "# pipecat-actions operators: NAME:ROLES:tenants=TENANTS:HASH "
+            "(see `pipecat-actions users`)"
         ]
+        for op in operators.values():
+            tenants = "" if op.tenants is None else f"{_TENANTS}{','.join(sorted(op.tenants))}:"
+            lines.append(f"{op.name}:{','.join(sorted(op.roles))}:{tenants}{op.password_hash}")
         temporary = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

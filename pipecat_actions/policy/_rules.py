@@ -26,6 +26,7 @@ from pipecat_actions.policy.enums import (
     Risk,
 )
 from pipecat_actions.policy.fields import number_text, redact_root, template_placeholders
+from pipecat_actions.policy.summary import BEFORE, summary_placeholders
 
 if TYPE_CHECKING:
     from pipecat_actions.policy.model import ToolPolicy
@@ -130,7 +131,7 @@ def tool_policy_violations(policy: ToolPolicy) -> list[Violation]:
                 "mode: blocking",
             )
         )
-    return found + _argument_violations(policy)
+    return found + _argument_violations(policy) + _summary_violations(policy)
 
 
 def _approver_violations(policy: ToolPolicy) -> list[Violation]:
@@ -151,6 +152,48 @@ def _approver_violations(policy: ToolPolicy) -> list[Violation]:
             Violation(
                 ("confirmation", key),
                 f"{key} name who approves a request, so they need confirmation.mode: approval",
+            )
+        )
+    if confirmation.mode is not ConfirmationMode.APPROVAL and confirmation.summary is not None:
+        found.append(
+            Violation(
+                ("confirmation", "summary"),
+                "is what an approver is shown, so it needs confirmation.mode: approval (a "
+                "verbal confirmation asks with confirmation.prompt)",
+            )
+        )
+    return found
+
+
+def _summary_violations(policy: ToolPolicy) -> list[Violation]:
+    """Each summary placeholder names a declared argument or before-state field."""
+    summary = policy.confirmation.summary
+    if summary is None:
+        return []
+    path = ("confirmation", "summary")
+    found: list[Violation] = []
+    declared = {BEFORE: policy.before_state_fields, None: policy.arguments}
+    for placeholder in dict.fromkeys(summary_placeholders(summary)):
+        reads_before = placeholder[0] == BEFORE
+        known = declared[BEFORE if reads_before else None]
+        name = placeholder[1] if reads_before else placeholder[0]
+        if known is None or name in known:
+            continue
+        listed = bounded(", ".join(known), 300) if known else "it declares none"
+        which = "before_state_fields" if reads_before else "arguments"
+        found.append(
+            Violation(
+                path,
+                f"placeholder {{{'.'.join(placeholder)}}} reads {name!r}, which is not one of "
+                f"the tool's {which} ({listed})",
+            )
+        )
+    if policy.arguments is not None and BEFORE in policy.arguments:
+        found.append(
+            Violation(
+                path,
+                "{before.…} reads the before-state, so an argument named 'before' cannot be "
+                "placed in a summary; rename the argument",
             )
         )
     return found

@@ -20,6 +20,7 @@ __all__ = [
     "PlainData",
     "RedactPath",
     "RedactPaths",
+    "SummaryTemplate",
     "Template",
     "ToolName",
     "cancel_tool_name",
@@ -39,6 +40,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Strict
 
 from pipecat_actions._printable import bounded, quoted
+from pipecat_actions.policy.summary import check_summary
 
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -329,6 +331,10 @@ RedactPaths = Annotated[tuple[RedactPath, ...], Strict(False), AfterValidator(_n
 
 Template = Annotated[str, AfterValidator(_check_template)]
 """Text with ``{argument_name}`` placeholders, filled in from a call's arguments."""
+
+SummaryTemplate = Annotated[str, AfterValidator(check_summary)]
+"""What an approver approves, in words: ``{argument}`` and ``{before.field}`` placeholders
+(see `pipecat_actions.policy.summary`)."""
 
 Announcement = Annotated[str, AfterValidator(_check_announcement)]
 """What the bot says while an action runs (``announce``, a filler line); it claims no outcome."""

@@ -41,6 +41,7 @@ from pipecat_actions.policy.fields import (
     ApproverNames,
     ArgumentNames,
     RedactPaths,
+    SummaryTemplate,
     Template,
     ToolName,
     render_template,
@@ -139,6 +140,16 @@ class ConfirmationPolicy(BaseModel):
         description=(
             "mode approval: roles whose members may approve or reject a request (the roles "
             "of the console's credentials file, or a proxy's groups header)."
+        ),
+    )
+    summary: SummaryTemplate | None = Field(
+        default=None,
+        description=(
+            "mode approval: what the approver is asked to approve, in words, shown above the "
+            "arguments (console, approvals show), with {argument} and {before.field} "
+            "placeholders filled in from the call and the snapshot's before-state, e.g. "
+            "'Transfer {rx_id} for {before.patient_name} to {to_pharmacy}'. A field the "
+            "request does not hold is shown as missing."
         ),
     )
 
@@ -331,8 +342,16 @@ class ToolPolicy(BaseModel):
         default=None,
         description=(
             "The names of the tool's arguments, for review. When given, every "
-            "idempotency.key_fields entry, resource and prompt placeholder and redact path "
-            "must use one of them."
+            "idempotency.key_fields entry, resource, prompt and summary placeholder and "
+            "redact path must use one of them."
+        ),
+    )
+    before_state_fields: ArgumentNames | None = Field(
+        default=None,
+        description=(
+            "The fields of the before-state the action's snapshot hook returns, for review. "
+            "When given, every {before.field} placeholder of confirmation.summary must use one "
+            "of them."
         ),
     )
     coerce_arguments: bool = Field(

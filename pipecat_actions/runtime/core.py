@@ -396,14 +396,16 @@ class ActionRuntime:
     ) -> Operation:
         """Approve an operation waiting for approval; it then runs.
 
-        The rules of `pipecat_actions.approvals` hold: ``approver`` must be one its policy
-        names (by name or role) and not its requester, ``reason`` is required, and
-        ``args_hash`` is the hash of the arguments the approver was shown. The caller vouches
-        for who ``approver`` is (it signed them in).
+        The rules of `pipecat_actions.approvals` hold: ``approver`` must belong to the
+        operation's tenant (``Approver(name, roles, tenants)``; a plain name belongs to none),
+        be one its policy names (by name or role) and not its requester, ``reason`` is
+        required, and ``args_hash`` is the hash of the arguments the approver was shown. The
+        caller vouches for who ``approver`` is (it signed them in).
 
         Raises:
             ApprovalRefused: Not waiting for approval, expired, approved for other arguments
-                than the ones it holds, by someone who may not, or without a reason.
+                than the ones it holds, by someone who may not (another tenant's approver
+                among them: recorded on the operation), or without a reason.
         """
         return await self._decisions.approve(
             operation_id, approver=approver, reason=reason, args_hash=args_hash

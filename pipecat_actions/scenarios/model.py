@@ -298,7 +298,9 @@ class ApproveStep(_Strict):
 
     op: Label
     approver: str = Field(
-        default="rosa", min_length=1, description="Who approves, signed in (a name)."
+        default="rosa",
+        min_length=1,
+        description="Who approves, signed in (a name), working for the scenario's tenant.",
     )
     roles: list[str] = Field(
         default_factory=lambda: ["manager"], description="The roles their sign-in gives them."

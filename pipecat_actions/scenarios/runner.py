@@ -592,7 +592,8 @@ class _Scene:
         try:
             await self.runtime.approve(
                 op.operation_id,
-                approver=Approver(step.approver, frozenset(step.roles)),
+                # A scenario's approver works for the scenario's own tenant.
+                approver=Approver(step.approver, frozenset(step.roles), frozenset({op.tenant})),
                 reason=step.reason,
                 args_hash=seen,
             )
@@ -601,11 +602,11 @@ class _Scene:
 
     async def reject(self, step: RejectStep) -> None:
         assert self.runtime is not None
-        op_id = await self.op_id(step.op)
+        op = await self.runtime.ledger.get(await self.op_id(step.op))
+        op_id = op.operation_id
+        who = Approver(step.approver, frozenset(step.roles), frozenset({op.tenant}))
         try:
-            await self.runtime.reject(
-                op_id, approver=Approver(step.approver, frozenset(step.roles)), reason=step.reason
-            )
+            await self.runtime.reject(op_id, approver=who, reason=step.reason)
         except Exception as exc:
             self.note(f"rejection of {op_id} refused: {exc}")
 

@@ -33,6 +33,8 @@ def check_operator_commands(
         "rosa",
         "--role",
         "manager",
+        "--tenant",
+        "default",
         "--users",
         users,
     ]

@@ -20,6 +20,7 @@ import pytest
 from bots.restaurant_api import RESTAURANT, RestaurantAPI, build_actions
 from bots.restaurant_service.process import RestaurantProcess
 from pipecat_actions import ActionRuntime, AllowAll, SessionState
+from pipecat_actions.approvals import Approver
 from pipecat_actions.execution.executor import ReconcileSchedule
 from pipecat_actions.execution.outcomes import (
     EffectNotSent,
@@ -306,7 +307,10 @@ async def test_a_refund_snapshots_the_deposit_and_a_booking_is_compensated_by_ca
         )
         (waiting,) = await runtime.pending_approvals()
         await runtime.approve(
-            waiting.operation_id, approver="rosa", reason="ok", args_hash=waiting.args_hash
+            waiting.operation_id,
+            approver=Approver("rosa", tenants={"default"}),
+            reason="ok",
+            args_hash=waiting.args_hash,
         )
         refunded = await runtime.wait(asked["operation_id"])
     finally:

@@ -39,6 +39,7 @@ tools:
       expires_after_secs: 600
       approvers: [rosa]
       approver_roles: [manager]
+      summary: "Refund {amount} cents for booking {booking_id} (paid {before.paid_cents})"
     mode: background
     idempotency: {key_fields: [booking_id], scope: tenant, provider_dedupes: true}
     deadline_secs: 60
@@ -47,16 +48,18 @@ tools:
 PASSWORDS = {"rosa": "rosa-secret", "alice": "alice-secret", "sam": "sam-secret"}
 ROLES = {"rosa": frozenset(), "alice": frozenset({"manager"}), "sam": frozenset({"cook"})}
 """rosa is named by the policy; alice (the caller) is a manager too; sam may not decide."""
+TENANTS = {"rosa": {"default"}, "alice": {"default"}, "sam": {"default"}}
+"""Everyone works for the callers' tenant (`SessionState`'s default)."""
 
 CALLER = SessionState("call-1", principal="alice")
 LEASE_SECS = 30.0
 
 
 def write_users(path: Path) -> Credentials:
-    """A credentials file with rosa, alice and sam."""
+    """A credentials file with rosa, alice and sam, all of tenant default."""
     credentials = Credentials(path)
     for name, password in PASSWORDS.items():
-        credentials.add(name, password, ROLES[name])
+        credentials.add(name, password, ROLES[name], TENANTS[name])
     return credentials
 
 

@@ -1,11 +1,15 @@
 """The console in a real browser: Debian's headless Chromium, driven by Playwright.
 
-A manager signs in, sees the refund the agent is waiting on appear without a reload, approves
-it with a reason, and the conversation (a real offline Pipecat pipeline on the same ledger)
-hears the outcome. The requester cannot approve their own request, and an expired request
-cannot be approved. Playwright never downloads a browser here: it drives /usr/bin/chromium
-(``apt-get install chromium``; `make test` installs it where it can). Set
-``PIPECAT_ACTIONS_SCREENSHOT=PATH`` to keep the screenshot of the approval the README shows.
+A manager signs in, sees the refund the agent is waiting on appear without a reload, reads it
+in words, approves it with a reason, and the conversation (a real offline Pipecat pipeline on
+the same ledger) hears the outcome; the conversation's timeline then shows it all. A
+pharmacist reads a prescription transfer as a sentence and opens the conversation it came
+from, where a barge-in and a telling that differs from the ledger stand out. The requester
+cannot approve their own request, and an expired request cannot be approved. Playwright never
+downloads a browser here: it drives /usr/bin/chromium (``apt-get install chromium``; `make
+test` installs it where it can). Set ``PIPECAT_ACTIONS_SCREENSHOT=PATH`` to keep the
+screenshot of the approval the README shows, ``PIPECAT_ACTIONS_SCREENSHOT_DIR=DIR`` for those
+of the summary and the timelines.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing.restaurant import build_actions, new_system_of_record
 from tests._waiting import HANG_GUARD_SECS, eventually, guarded
 
-from ._support import PASSWORDS, ROLES
+from ._support import PASSWORDS, ROLES, TENANTS
 
 S = ActionStatus
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -91,7 +95,8 @@ async def agent_and_console(
     )
     credentials = Credentials(tmp_path / "users")
     for name, password in PASSWORDS.items():
-        credentials.add(name, password, ROLES[name] | ({"manager"} if name == "rosa" else set()))
+        roles = ROLES[name] | ({"manager"} if name == "rosa" else set())
+        credentials.add(name, password, roles, TENANTS[name])
     console_ledger = await SqlLedger.create(url, must_exist=True)
     console = await start_console(
         ConsoleSettings(users=credentials, poll_secs=0.2, now=console_now),
@@ -115,6 +120,21 @@ async def sign_in(page: Any, base: str, name: str) -> None:
     await page.click("button[type=submit]")
     await page.wait_for_url(f"{base}/")
     assert await page.inner_text("[data-testid=operator]") == name
+
+
+async def _kinds(lane: Any) -> list[str]:
+    """The kinds of the marks of a lane of the timeline, left to right."""
+    return list(
+        await lane.locator("[data-testid=mark]").evaluate_all(
+            "marks => marks.map(m => m.getAttribute('data-kind'))"
+        )
+    )
+
+
+async def _shoot(page: Any, tmp_path: Path, name: str) -> bytes:
+    """A full-page screenshot (kept in ``$PIPECAT_ACTIONS_SCREENSHOT_DIR`` when set)."""
+    where = Path(os.environ.get("PIPECAT_ACTIONS_SCREENSHOT_DIR") or tmp_path)
+    return bytes(await page.screenshot(path=str(where / name), full_page=True))
 
 
 async def waiting_refund(runtime: ActionRuntime) -> Operation:
@@ -206,6 +226,15 @@ async def test_a_manager_approves_in_the_browser_and_the_caller_hears_the_outcom
                 arg=await countdown.element_handle(),
             )
             assert "risk high" in (await card.inner_text()).lower()
+            # What is approved, in words, from the policy's summary over the arguments and
+            # the before-state; what the tool does, from the policy.
+            assert await card.locator("[data-testid=summary]").inner_text() == (
+                "Refund 2000 cents of the deposit for booking bk_0001 "
+                "(paid 2000 cents, 0 refunded so far)"
+            )
+            assert await card.locator("[data-testid=description]").inner_text() == (
+                "Refunds the deposit paid for a booking to the card it was paid with."
+            )
             await card.locator("[data-testid=reason]").fill("deposit policy: cancelled in time")
             shot = os.environ.get("PIPECAT_ACTIONS_SCREENSHOT")
             await page.screenshot(path=shot or str(tmp_path / "console.png"), full_page=True)
@@ -223,6 +252,19 @@ async def test_a_manager_approves_in_the_browser_and_the_caller_hears_the_outcom
             f"[data-testid=recent]:has-text('{op.operation_id}'):has-text('COMMITTED')"
         )
 
+        async def heard() -> bool:
+            return (await agent.runtime.ledger.get(op.operation_id)).acknowledged_at is not None
+
+        await eventually(heard, what="the outcome to be heard to the end")
+        # One click from the operation to the conversation it came from, drawn from the ledger.
+        await page.goto(f"{agent.console.url}/operations/{op.operation_id}")
+        await page.click("[data-testid=conversation]")
+        await page.wait_for_url(f"{agent.console.url}/sessions/call-alice")
+        lane = page.locator(f"[data-testid=lane][data-operation='{op.operation_id}']")
+        kinds = await _kinds(lane)
+        await _shoot(page, tmp_path, "refund-timeline.png")
+
+    assert kinds == ["proposed", "waiting", "approved", "running", "committed", "told", "heard"]
     assert done.status is S.COMMITTED and done.delivered_at is not None
     assert len(agent.sor.refunds("dep_bk_0001")) == 1
     decision = next(e for e in trail if e.to_status is S.ADMITTED)
@@ -283,3 +325,215 @@ async def test_an_expired_request_cannot_be_approved_in_the_browser(
     assert "expired before this approval" in flash
     assert after.status is S.EXPIRED
     assert agent.sor.refunds("dep_bk_0001") == []
+
+
+PHARMACY = """
+version: 1
+tools:
+  transfer_prescription:
+    description: >-
+      Moves a prescription to another pharmacy of the chain, where the patient collects it.
+    kind: mutation
+    risk: high
+    arguments: [rx_id, to_pharmacy]
+    before_state_fields: [patient_name, pharmacy, drug]
+    mode: background
+    confirmation:
+      mode: approval
+      approver_roles: [pharmacist]
+      expires_after_secs: 1800
+      summary: >-
+        Transfer {rx_id} ({before.drug}) for {before.patient_name}
+        from {before.pharmacy} to {to_pharmacy}
+  order_refill:
+    kind: mutation
+    mode: background
+    on_interruption: request_cancel
+  update_phone:
+    kind: mutation
+"""
+
+
+def pharmacy_actions(stop: asyncio.Event) -> list[Any]:
+    """A pharmacy chain's tools: a transfer a pharmacist approves, a refill, a phone change."""
+    from pipecat_actions.actions import ActionContext, CancelOutcome, action
+
+    async def prescription(ctx: ActionContext) -> dict[str, Any]:
+        return {"patient_name": "Jane Doe", "pharmacy": "Main St", "drug": "amoxicillin 500 mg"}
+
+    @action(snapshot=prescription)
+    async def transfer_prescription(ctx: ActionContext, rx_id: str, to_pharmacy: str) -> dict:
+        """Transfer a prescription."""
+        return {"rx_id": rx_id, "at": to_pharmacy}
+
+    async def stop_refill(ctx: ActionContext) -> CancelOutcome:
+        stop.set()
+        return CancelOutcome.CANCELLED
+
+    @action(cancel=stop_refill)
+    async def order_refill(ctx: ActionContext, rx_id: str) -> dict:
+        """Order a refill of a prescription from the wholesaler."""
+        await stop.wait()  # the wholesaler takes its time; it is cancelled first
+        return {"ordered": rx_id}
+
+    @action
+    async def update_phone(ctx: ActionContext, phone: str) -> dict:
+        """Change the patient's phone number."""
+        return {"phone": phone}
+
+    return [transfer_prescription, order_refill, update_phone]
+
+
+async def test_a_pharmacist_reads_the_transfer_in_words_and_opens_its_conversation(
+    tmp_path: Path, browser: Any
+) -> None:
+    from pipecat_actions.policy import load_policy_text
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    runtime = await ActionRuntime.create(
+        load_policy_text(PHARMACY),
+        authorizer=AllowAll(),
+        actions=pharmacy_actions(asyncio.Event()),
+        ledger_url=url,
+    )
+    jane = SessionState("call-jane", principal="jane", tenant="main-st")
+    ledger = runtime.ledger
+
+    async def told(operation_id: str, status: ActionStatus) -> None:
+        # As the delivery service records what the conversation was told, then heard.
+        await ledger.annotate(
+            operation_id,
+            actor="gate:call-jane",
+            detail={"delivered": status.value, "agent": None, "late": False},
+            changes={"delivered_at": time.time(), "delivered_status": status.value},
+        )
+        await ledger.annotate(
+            operation_id,
+            actor="gate:call-jane",
+            detail={"acknowledged": True},
+            changes={"acknowledged_at": time.time()},
+        )
+
+    credentials = Credentials(tmp_path / "users")
+    credentials.add("priya", "priya-secret", frozenset({"pharmacist"}), ["main-st"])
+    credentials.add("omar", "omar-secret", frozenset({"pharmacist"}), ["elm-st"])
+    console_ledger = await SqlLedger.create(url, must_exist=True)
+    console = await start_console(
+        ConsoleSettings(users=credentials, poll_secs=0.2),
+        console_ledger,
+        ledger_name=console_ledger.url,
+        port=0,
+    )
+    try:
+        # Turn 1: a refill is ordered, and the caller cuts in: it is cancelled at the
+        # wholesaler (on_interruption: request_cancel), and the caller is told so.
+        jane.start_user_turn()
+        refill = await runtime.propose("order_refill", {"rx_id": "RX-1234"}, jane, wait=False)
+        refill_id = str(refill["operation_id"])
+        await eventually(
+            lambda: _status_is(ledger, refill_id, S.RUNNING), what="the refill to be sent"
+        )
+        await runtime.interrupted(refill_id)
+        await eventually(
+            lambda: _status_is(ledger, refill_id, S.CANCELLED), what="the refill to be cancelled"
+        )
+        await told(refill_id, S.CANCELLED)
+        # Turn 2: the phone number is changed, but the caller is told it was cancelled: what
+        # the conversation said and what the ledger holds differ.
+        jane.start_user_turn()
+        phone = await runtime.propose("update_phone", {"phone": "+1 555 0100"}, jane)
+        assert phone["status"] == "committed", phone
+        await told(str(phone["operation_id"]), S.CANCELLED)
+        # Turn 3: the transfer waits for a pharmacist of the caller's pharmacy.
+        jane.start_user_turn()
+        asked = await runtime.propose(
+            "transfer_prescription", {"rx_id": "RX-1234", "to_pharmacy": "Elm St"}, jane
+        )
+        assert asked["status"] == "awaiting_approval", asked
+
+        page = await browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(GUARD_MS)
+        base = console.url
+        # A pharmacist of another pharmacy is not shown it.
+        await _sign_in_as(page, base, "omar", "omar-secret")
+        assert await page.is_visible("[data-testid=no-approvals]")
+        await page.click("text=Sign out")
+        await _sign_in_as(page, base, "priya", "priya-secret")
+        card = page.locator("[data-testid=approval]")
+        await card.wait_for()
+        summary = card.locator("[data-testid=summary]")
+        assert await summary.inner_text() == (
+            "Transfer RX-1234 (amoxicillin 500 mg) for Jane Doe from Main St to Elm St"
+        )
+        assert await card.locator("[data-testid=description]").inner_text() == (
+            "Moves a prescription to another pharmacy of the chain, where the patient collects it."
+        )
+        box = await summary.bounding_box()
+        assert box is not None and box["height"] > 0 and box["width"] > 0
+        await _shoot(page, tmp_path, "approval-summary.png")
+        summary_png = await summary.screenshot()
+
+        await card.locator("[data-testid=conversation]").click()
+        await page.wait_for_url(f"{base}/sessions/call-jane")
+        lanes = page.locator("[data-testid=lane]")
+        assert await lanes.count() == 3
+        refill_lane, phone_lane, transfer_lane = (lanes.nth(i) for i in range(3))
+        assert await _kinds(refill_lane) == [
+            "proposed", "admitted", "running", "barge_in", "cancelling", "cancelled",
+            "told", "heard",
+        ]  # fmt: skip
+        assert await _kinds(phone_lane) == [
+            "proposed", "admitted", "running", "committed", "told", "heard",
+        ]  # fmt: skip
+        assert await _kinds(transfer_lane) == ["proposed", "waiting"]
+        # The telling that differs from the ledger stands out, in words and in red.
+        assert await page.locator("[data-testid=mismatch]").count() == 1
+        said = phone_lane.locator("[data-testid=mismatch-text] tspan")
+        assert await said.all_text_contents() == [
+            "told CANCELLED;",
+            "the ledger holds COMMITTED",
+        ]
+        assert await phone_lane.locator("[data-mismatch=true]").count() == 1
+        assert await page.locator("[data-testid=turn]").count() == 3
+        await _shoot(page, tmp_path, "session-timeline.png")
+        red_lane = _tinted(await phone_lane.screenshot(), ALARM)
+        plain_lane = _tinted(await refill_lane.locator(".lane-bg").screenshot(), ALARM)
+    finally:
+        await console.stop()
+        await console_ledger.close()
+        await runtime.close(grace_secs=0)
+    assert _tinted(summary_png, MISSING) == 0  # no field of the summary is missing
+    # A lane that agrees has at most a few such pixels, at the edges of its red marks.
+    assert red_lane > 1000 and plain_lane < 100
+
+
+async def _status_is(ledger: Any, operation_id: str, status: ActionStatus) -> bool:
+    return (await ledger.get(operation_id)).status is status
+
+
+async def _sign_in_as(page: Any, base: str, name: str, password: str) -> None:
+    await page.goto(f"{base}/")
+    await page.wait_for_url(f"{base}/login")
+    await page.fill("input[name=name]", name)
+    await page.fill("input[name=password]", password)
+    await page.click("button[type=submit]")
+    await page.wait_for_url(f"{base}/")
+
+
+ALARM = (0xFD, 0xE2, 0xE2)
+"""The console's light red: the background of a lane whose telling differs from the ledger."""
+MISSING = (0xFF, 0xF1, 0xD6)
+"""The console's light amber: the mark of a summary field the request does not hold."""
+
+
+def _tinted(png: bytes, color: tuple[int, int, int]) -> int:
+    """How many pixels of a screenshot are ``color`` (or within a few steps of it)."""
+    import io
+
+    from PIL import Image
+
+    data = Image.open(io.BytesIO(png)).convert("RGB").tobytes()
+    pixels = (data[i : i + 3] for i in range(0, len(data), 3))
+    return sum(
+        1 for pixel in pixels if all(abs(a - b) <= 6 for a, b in zip(pixel, color, strict=True))
+    )

@@ -37,7 +37,7 @@ def _console(*argv: str, cwd: Path) -> subprocess.Popen[str]:
 
 def test_the_console_serves_names_its_ledger_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     url = _ledger(tmp_path)
-    Credentials(tmp_path / "users").add("rosa", "pw", frozenset({"manager"}))
+    Credentials(tmp_path / "users").add("rosa", "pw", frozenset({"manager"}), {"default"})
     console = _console(
         "--ledger", url, "--users", str(tmp_path / "users"), "--port", "0", cwd=tmp_path
     )
@@ -78,7 +78,7 @@ def test_a_console_that_cannot_start_says_why_in_one_line(
     tmp_path: Path, argv: list[str], problem: str
 ) -> None:
     url = _ledger(tmp_path / "there")
-    Credentials(tmp_path / "users").add("rosa", "pw")
+    Credentials(tmp_path / "users").add("rosa", "pw", tenants={"default"})
     args = [a.replace("LEDGER", url) for a in argv]
     if "--ledger" not in args:
         args += ["--ledger", f"sqlite:///{tmp_path / 'absent' / 'ledger.db'}"]
@@ -88,3 +88,23 @@ def test_a_console_that_cannot_start_says_why_in_one_line(
     assert problem in err and "Traceback" not in err, err
     assert err.count("\n") == 1, err
     assert not (tmp_path / "absent").exists()
+
+
+def test_a_console_behind_a_proxy_without_a_tenants_header_says_nobody_decides(
+    tmp_path: Path,
+) -> None:
+    url = _ledger(tmp_path)
+    console = _console(
+        "--ledger", url, "--user-header", "X-Forwarded-User", "--port", "0", cwd=tmp_path
+    )
+    try:
+        assert console.stdout is not None
+        console.stdout.readline()
+        assert console.stdout.readline().startswith("console on http://127.0.0.1:")
+    finally:
+        console.send_signal(signal.SIGINT)
+        _, err = console.communicate(timeout=HANG_GUARD_SECS)
+    assert err.splitlines() == [
+        "pipecat-actions: console: no --tenants-header: operators the proxy signs in belong to "
+        "no tenant and may decide nothing"
+    ]

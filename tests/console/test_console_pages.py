@@ -169,7 +169,7 @@ async def test_an_operation_page_shows_the_audit_timeline(tmp_path: Path) -> Non
     for step in ("AWAITING_APPROVAL → ADMITTED", "approver:rosa", "regular guest", "COMMITTED"):
         assert step in timeline
     assert 'data-testid="status">COMMITTED<' in page
-    assert "The ledger holds no operation op_nope." in missing
+    assert "The ledger holds no operation op_nope that you may see." in missing
 
 
 @pytest.mark.parametrize(
@@ -215,12 +215,19 @@ async def test_an_operator_removed_from_the_credentials_file_is_signed_out(
 
 async def test_a_proxy_header_signs_operators_in_and_the_same_rules_hold(tmp_path: Path) -> None:
     async with console_bench(
-        tmp_path, user_header="X-Forwarded-User", roles_header="X-Forwarded-Groups"
+        tmp_path,
+        user_header="X-Forwarded-User",
+        roles_header="X-Forwarded-Groups",
+        tenants_header="X-Forwarded-Tenants",
     ) as bench:
         op = await bench.ask_refund()
         assert (await bench.client.get("/")).status_code == 401
         assert (await bench.client.get("/", headers={"X-Forwarded-User": "a b"})).status_code == 401
-        as_alice = {"X-Forwarded-User": "alice", "X-Forwarded-Groups": "manager"}
+        as_alice = {
+            "X-Forwarded-User": "alice",
+            "X-Forwarded-Groups": "manager",
+            "X-Forwarded-Tenants": "default",
+        }
         page = await bench.client.get("/", headers=as_alice)
         refused = await bench.client.post(
             f"/approvals/{op.operation_id}/approve",
@@ -230,7 +237,11 @@ async def test_a_proxy_header_signs_operators_in_and_the_same_rules_hold(tmp_pat
         assert refused.status_code == 303
         shown = flash((await bench.client.get("/", headers=as_alice)).text)
         assert "their own request" in shown
-        as_sam = {"X-Forwarded-User": "sam", "X-Forwarded-Groups": "cook, manager"}
+        as_sam = {
+            "X-Forwarded-User": "sam",
+            "X-Forwarded-Groups": "cook, manager",
+            "X-Forwarded-Tenants": "other, default",
+        }
         page = await bench.client.get("/", headers=as_sam)
         approved = await bench.client.post(
             f"/approvals/{op.operation_id}/approve",

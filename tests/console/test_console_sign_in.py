@@ -125,9 +125,10 @@ async def test_behind_a_proxy_that_changes_the_host_decisions_come_from_the_publ
         tmp_path,
         user_header="X-Forwarded-User",
         roles_header="X-Forwarded-Groups",
+        tenants_header="X-Forwarded-Tenants",
         public_origin="https://Console.Example.com/",
     ) as bench:
-        as_rosa = {"X-Forwarded-User": "rosa"}
+        as_rosa = {"X-Forwarded-User": "rosa", "X-Forwarded-Tenants": "*"}
         op = await bench.ask_refund()
         csrf = field((await bench.client.get("/", headers=as_rosa)).text, "csrf")
         for origin in ("http://console.test", "https://evil.example", "null"):
@@ -230,7 +231,13 @@ def test_the_users_commands_print_the_files_path_escaped(tmp_path: Path, command
     path = tmp_path / "users\x1b]0;owned\x07"
     Credentials(path).add("rosa", "old-secret")
     args = argparse.Namespace(
-        users=str(path), users_command=command, name="rosa", role=[], password_stdin=True
+        users=str(path),
+        users_command=command,
+        name="rosa",
+        role=[],
+        tenant=[],
+        all_tenants=False,
+        password_stdin=True,
     )
     out = io.StringIO()
     if command == "add":
@@ -302,14 +309,17 @@ def test_users_list_has_a_header_and_json(tmp_path: Path) -> None:
     import json
 
     path = tmp_path / "users"
-    Credentials(path).add("rosa", "secret", frozenset({"manager"}))
+    Credentials(path).add("rosa", "secret", frozenset({"manager"}), {"main-st", "elm-st"})
     args = argparse.Namespace(users=str(path), users_command="list", json=False)
     out = io.StringIO()
     assert run_users(args, out) == 0
-    assert out.getvalue().splitlines()[1].split() == ["NAME", "ROLES"]
+    assert out.getvalue().splitlines()[1].split() == ["NAME", "ROLES", "TENANTS"]
+    assert out.getvalue().splitlines()[2].split() == ["rosa", "manager", "elm-st,", "main-st"]
     as_json = io.StringIO()
     assert (
         run_users(argparse.Namespace(users=str(path), users_command="list", json=True), as_json)
         == 0
     )
-    assert json.loads(as_json.getvalue()) == [{"name": "rosa", "roles": ["manager"]}]
+    assert json.loads(as_json.getvalue()) == [
+        {"name": "rosa", "roles": ["manager"], "tenants": ["elm-st", "main-st"]}
+    ]

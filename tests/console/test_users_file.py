@@ -51,7 +51,7 @@ def test_changing_a_password_and_removing_an_operator(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "problem"),
     [
-        ("rosa", "write NAME:ROLES:HASH"),
+        ("rosa", "write NAME:ROLES:tenants=TENANTS:HASH"),
         ("ro sa::scrypt$1$1$1$AA==$AA==", "not an approver name"),
         ("rosa:bad role:scrypt$1$1$1$AA==$AA==", "not an approver name"),
         ("rosa::plain-password", "not an scrypt hash"),

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipecat_actions.admission.authorization import AllowAll
-from pipecat_actions.approvals import approve_operation, reject_operation
+from pipecat_actions.approvals import Approver, approve_operation, reject_operation
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.execution.executor import ReconcileSchedule
 from pipecat_actions.ledger import Operation, SqlLedger
@@ -244,14 +244,18 @@ async def _decide(ledger: SqlLedger, operation_id: str, decision: str, *, now: f
         await approve_operation(
             ledger,
             operation_id,
-            approver="operator",
+            approver=Approver("operator", tenants={"default"}),
             reason="checked",
             now=now,
             args_hash=op.args_hash,
         )
     else:
         await reject_operation(
-            ledger, operation_id, approver="operator", reason="not justified", now=now
+            ledger,
+            operation_id,
+            approver=Approver("operator", tenants={"default"}),
+            reason="not justified",
+            now=now,
         )
 
 

@@ -13,6 +13,7 @@ import pytest
 from pipecat.flows import FlowManager, FlowsFunctionSchema
 
 from pipecat_actions import Decision
+from pipecat_actions.approvals import Approver
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.flows import STATE_KEY
 from pipecat_actions.runtime.deliveries import WATCH_SECS
@@ -166,7 +167,7 @@ async def test_awaiting_approval_waits_and_the_approval_moves_the_flow_on(tmp_pa
             waiting = await a.settled(S.AWAITING_APPROVAL)
             await a.runtime.approve(
                 waiting.operation_id,
-                approver="maria",
+                approver=Approver("maria", tenants={"default"}),
                 reason="regular",
                 args_hash=waiting.args_hash,
             )

@@ -20,6 +20,7 @@ from pipecat.services.llm_service import FunctionCallParams
 
 from pipecat_actions import binding
 from pipecat_actions.admission.authorization import AllowAll
+from pipecat_actions.approvals import Approver
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
@@ -217,7 +218,10 @@ async def test_an_instrumented_call_is_forgotten_once_its_effect_ran(tmp_path: P
         )
         (waiting,) = await runtime.pending_approvals()
         await runtime.approve(
-            waiting.operation_id, approver="maria", reason="ok", args_hash=waiting.args_hash
+            waiting.operation_id,
+            approver=Approver("maria", tenants={"default"}),
+            reason="ok",
+            args_hash=waiting.args_hash,
         )
         done = await runtime.wait(waiting.operation_id)
         calls = _calls_of(llm)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pipecat.flows import TRANSITION_IN_YAML, FlowConfig, FlowManager, FlowsFunctionSchema
 
+from pipecat_actions.approvals import Approver
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing.conversation import BargeIn, Call, UserSays, WaitUntilIdle
 from pipecat_actions.testing.llm import Say, ToolCalls
@@ -62,7 +63,9 @@ async def test_an_approvers_rejection_follows_the_refused_case_from_the_wait_nod
 
         async def reject() -> None:
             waiting = await a.settled(S.AWAITING_APPROVAL)
-            await a.runtime.reject(waiting.operation_id, approver="maria", reason="full")
+            await a.runtime.reject(
+                waiting.operation_id, approver=Approver("maria", tenants={"default"}), reason="full"
+            )
 
         result = await a.converse(
             [
@@ -97,7 +100,10 @@ async def test_a_status_without_a_case_keeps_the_node_and_a_later_commit_follows
             nodes_while_waiting[:] = a.nodes
             waiting = await a.settled(S.AWAITING_APPROVAL)
             await a.runtime.approve(
-                waiting.operation_id, approver="maria", reason="ok", args_hash=waiting.args_hash
+                waiting.operation_id,
+                approver=Approver("maria", tenants={"default"}),
+                reason="ok",
+                args_hash=waiting.args_hash,
             )
             await a.at_the_restaurant()
             a.commit()

@@ -47,6 +47,7 @@ from pipecat_actions import (
     SessionState,
     action,
 )
+from pipecat_actions.approvals import Approver
 from pipecat_actions.pipeline import build_pipeline
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionStatusReporter, rtvi_observer_params
@@ -408,10 +409,17 @@ async def test_a_booking_waiting_for_approval_is_told_waiting_then_the_decision(
             (op,) = await bot.runtime.ledger.list()
             if decision == "approve":
                 await bot.runtime.approve(
-                    op.operation_id, approver="ann", reason="ok", args_hash=op.args_hash
+                    op.operation_id,
+                    approver=Approver("ann", tenants={"default"}),
+                    reason="ok",
+                    args_hash=op.args_hash,
                 )
             else:
-                await bot.runtime.reject(op.operation_id, approver="ann", reason="fully booked")
+                await bot.runtime.reject(
+                    op.operation_id,
+                    approver=Approver("ann", tenants={"default"}),
+                    reason="fully booked",
+                )
 
         final = "committed" if decision == "approve" else "rejected"
         await bot.run(

@@ -43,6 +43,8 @@ POLICY = """
 """
 
 ALICE = SessionState("call-1", principal="alice")
+HERE = frozenset({"default"})
+"""The tenant of the sessions here (`SessionState`'s default): the approvers' own."""
 
 
 async def _ask(rt: ActionRuntime, session: SessionState = ALICE) -> str:
@@ -61,12 +63,21 @@ async def test_the_request_records_who_may_decide_and_the_risk(
     async with running(POLICY, Restaurant(clock), ledger_url=ledger_url, clock=clock) as rt:
         op_id = await _ask(rt)
         rule = await approval_rule(rt.ledger, op_id)
-    assert rule == ApprovalRule(approvers=("Rosa", "alice"), roles=("manager",), risk="high")
+    assert rule == ApprovalRule(
+        approvers=("Rosa", "alice"),
+        roles=("manager",),
+        risk="high",
+        description="Book a table and return the booking reference.",
+    )
 
 
 @pytest.mark.parametrize(
     "who",
-    [Approver("rosa"), Approver("ROSA"), Approver("sam", frozenset({"manager", "x"}))],
+    [
+        Approver("rosa", tenants=HERE),
+        Approver("ROSA", tenants=HERE),
+        Approver("sam", frozenset({"manager", "x"}), HERE),
+    ],
     ids=["named", "named-any-case", "by-role"],
 )
 async def test_a_named_approver_or_a_member_of_a_role_approves_and_is_recorded(
@@ -92,17 +103,17 @@ async def test_a_named_approver_or_a_member_of_a_role_approves_and_is_recorded(
 @pytest.mark.parametrize(
     ("who", "reason", "refusal"),
     [
-        (Approver("alice"), "fine", "a requester never decides on their own request"),
-        (Approver("ALICE", frozenset({"manager"})), "fine", "their own request"),
-        (Approver("mallory"), "fine", "mallory may not approve book_table"),
-        (Approver("sam", frozenset({"cook"})), "fine", "Rosa, alice or role manager"),
-        (Approver(""), "fine", "needs the approver's name"),
-        (Approver("   "), "fine", "needs the approver's name"),
-        (Approver("rosa\x1b[2J"), "fine", "not an approver name"),
-        (Approver("rosa"), "", "needs a reason"),
-        (Approver("rosa"), "  \n", "needs a reason"),
-        (Approver("rosa"), "\u200b\u202e\x1b", "needs a reason"),
-        (Approver("rosa"), "\u2800\u3164\u00a0", "needs a reason"),
+        (Approver("alice", tenants=HERE), "fine", "a requester never decides on their own request"),
+        (Approver("ALICE", frozenset({"manager"}), HERE), "fine", "their own request"),
+        (Approver("mallory", tenants=HERE), "fine", "mallory may not approve book_table"),
+        (Approver("sam", frozenset({"cook"}), HERE), "fine", "Rosa, alice or role manager"),
+        (Approver("", tenants=HERE), "fine", "needs the approver's name"),
+        (Approver("   ", tenants=HERE), "fine", "needs the approver's name"),
+        (Approver("rosa\x1b[2J", tenants=HERE), "fine", "not an approver name"),
+        (Approver("rosa", tenants=HERE), "", "needs a reason"),
+        (Approver("rosa", tenants=HERE), "  \n", "needs a reason"),
+        (Approver("rosa", tenants=HERE), "\u200b\u202e\x1b", "needs a reason"),
+        (Approver("rosa", tenants=HERE), "\u2800\u3164\u00a0", "needs a reason"),
     ],
     ids=[
         "requester",
@@ -134,7 +145,16 @@ async def test_a_decision_by_someone_the_rule_does_not_allow_is_refused_and_chan
         after = await rt.ledger.get(op_id)
         trail = await rt.ledger.events(op_id)
     assert after.status is S.AWAITING_APPROVAL
-    assert [e.kind for e in trail] == [EventKind.CREATED] * len(trail)
+    # Nothing changed but the record of who tried and why it was refused; a name that names
+    # nobody leaves no record of a person.
+    assert not [e for e in trail if e.kind is EventKind.TRANSITION]
+    notes = [e.detail for e in trail if e.kind is EventKind.ANNOTATION]
+    if "approver's name" in refusal or "not an approver name" in refusal:
+        assert notes == []
+    else:
+        assert [n["decision_refused"] for n in notes] == ["approve", "reject"]
+        assert {n["approver"] for n in notes} == {who.name}
+        assert refusal in notes[0]["reason"]
     assert restaurant.bookings_made == 0
 
 
@@ -144,7 +164,9 @@ async def test_an_approval_must_name_the_arguments_it_approves(
     async with running(POLICY, Restaurant(clock), ledger_url=ledger_url, clock=clock) as rt:
         op_id = await _ask(rt)
         with pytest.raises(ApprovalRefused, match="names the arguments it approves"):
-            await rt.approve(op_id, approver="rosa", reason="ok", args_hash="")
+            await rt.approve(
+                op_id, approver=Approver("rosa", tenants=HERE), reason="ok", args_hash=""
+            )
         assert (await rt.ledger.get(op_id)).status is S.AWAITING_APPROVAL
 
 
@@ -160,17 +182,23 @@ async def test_the_rules_hold_in_a_process_that_has_only_the_ledger(
                 await approve_operation(
                     ledger,
                     op_id,
-                    approver="alice",
+                    approver=Approver("alice", tenants=HERE),
                     reason="mine",
                     now=clock.now(),
                     args_hash=op.args_hash,
                 )
             with pytest.raises(ApprovalRefused, match="may not reject"):
-                await reject_operation(ledger, op_id, approver="bob", reason="no", now=clock.now())
+                await reject_operation(
+                    ledger,
+                    op_id,
+                    approver=Approver("bob", tenants=HERE),
+                    reason="no",
+                    now=clock.now(),
+                )
             rejected = await reject_operation(
                 ledger,
                 op_id,
-                approver=Approver("sam", frozenset({"manager"})),
+                approver=Approver("sam", frozenset({"manager"}), HERE),
                 reason="full",
                 now=clock.now(),
             )
@@ -187,7 +215,9 @@ async def test_an_expired_request_cannot_be_approved_even_by_an_approver(
         args_hash = await _args_hash(rt, op_id)
         clock.advance(301)
         with pytest.raises(ApprovalRefused, match=r"expired|EXPIRED"):
-            await rt.approve(op_id, approver="rosa", reason="late", args_hash=args_hash)
+            await rt.approve(
+                op_id, approver=Approver("rosa", tenants=HERE), reason="late", args_hash=args_hash
+            )
         assert (await rt.ledger.get(op_id)).status is S.EXPIRED
 
 
@@ -198,7 +228,9 @@ async def test_a_rejection_after_the_window_closed_records_that_it_expired(
         op_id = await _ask(rt)
         clock.advance(301)
         with pytest.raises(ApprovalRefused, match="expired before this rejection"):
-            await rt.reject(op_id, approver="rosa", reason="too late anyway")
+            await rt.reject(
+                op_id, approver=Approver("rosa", tenants=HERE), reason="too late anyway"
+            )
         op = await rt.ledger.get(op_id)
         assert op.status is S.EXPIRED
         assert [e.to_status for e in await rt.ledger.events(op_id)][-1] is S.EXPIRED
@@ -213,7 +245,7 @@ async def test_roles_are_matched_without_regard_to_case_as_names_are(
         args_hash = await _args_hash(rt, op_id)
         approved = await rt.approve(
             op_id,
-            approver=Approver("sam", frozenset({"Manager"})),
+            approver=Approver("sam", frozenset({"Manager"}), HERE),
             reason="ok",
             args_hash=args_hash,
         )
@@ -229,7 +261,9 @@ async def test_an_expired_request_expires_whatever_the_refused_decision_got_wron
         op_id = await _ask(rt)
         clock.advance(301)
         with pytest.raises(ApprovalRefused, match="expired before this approval"):
-            await rt.approve(op_id, approver="bob", reason="", args_hash="0" * 64)
+            await rt.approve(
+                op_id, approver=Approver("bob", tenants=HERE), reason="", args_hash="0" * 64
+            )
         assert (await rt.ledger.get(op_id)).status is S.EXPIRED
 
 
@@ -247,9 +281,11 @@ async def test_a_decision_after_the_runtime_expired_the_request_is_told_it_expir
 
         await eventually(expired, what="the runtime's own expiry of the request")
         decision = (
-            rt.approve(op_id, approver="bob", reason="ok", args_hash=args_hash)
+            rt.approve(
+                op_id, approver=Approver("bob", tenants=HERE), reason="ok", args_hash=args_hash
+            )
             if decide == "approve"
-            else rt.reject(op_id, approver="bob", reason="no")
+            else rt.reject(op_id, approver=Approver("bob", tenants=HERE), reason="no")
         )
         with pytest.raises(ApprovalRefused, match=r"expired before this (approval|rejection)"):
             await decision
@@ -277,7 +313,9 @@ async def test_a_requester_written_another_way_still_never_decides(
         op_id = await _ask(rt, SessionState("call-9", principal=principal))
         args_hash = await _args_hash(rt, op_id)
         with pytest.raises(ApprovalRefused, match="their own request"):
-            await rt.approve(op_id, approver="rosa", reason="mine", args_hash=args_hash)
+            await rt.approve(
+                op_id, approver=Approver("rosa", tenants=HERE), reason="mine", args_hash=args_hash
+            )
 
 
 def test_a_policy_asking_for_approval_must_say_who_approves() -> None:
@@ -327,5 +365,9 @@ async def test_a_waiting_operation_whose_creation_recorded_nothing_has_no_rule(
         assert await approval_rule(ledger, op.operation_id) is None
         with pytest.raises(ApprovalRefused, match="records nobody who may approve it"):
             await reject_operation(
-                ledger, op.operation_id, approver="rosa", reason="no", now=clock.now()
+                ledger,
+                op.operation_id,
+                approver=Approver("rosa", tenants=HERE),
+                reason="no",
+                now=clock.now(),
             )

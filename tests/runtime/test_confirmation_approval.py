@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import hash_arguments
 from pipecat_actions.runtime import ActionRuntime, ApprovalRefused
@@ -66,7 +67,12 @@ async def test_approval_given_for_other_arguments_is_refused(
         seen = hash_arguments(booking_args(party_size=12, guest="guest"))
 
         with pytest.raises(ApprovalRefused, match="other arguments"):
-            await rt.approve(operation_id, approver="bob", reason="looks fine", args_hash=seen)
+            await rt.approve(
+                operation_id,
+                approver=Approver("bob", tenants={"default"}),
+                reason="looks fine",
+                args_hash=seen,
+            )
 
         assert (await rt.ledger.get(operation_id)).status is S.AWAITING_APPROVAL
         assert restaurant.bookings_made == 0
@@ -82,13 +88,23 @@ async def test_approval_of_the_arguments_held_runs_the_call_once(
         held = (await rt.ledger.get(operation_id)).args_hash
         assert held == hash_arguments(booking_args(party_size=4, guest="guest"))
 
-        await rt.approve(operation_id, approver="bob", reason="regular guest", args_hash=held)
+        await rt.approve(
+            operation_id,
+            approver=Approver("bob", tenants={"default"}),
+            reason="regular guest",
+            args_hash=held,
+        )
         final = await rt.wait(operation_id)
 
         assert final.status is S.COMMITTED
         assert restaurant.bookings_made == 1
         with pytest.raises(ApprovalRefused):
-            await rt.approve(operation_id, approver="bob", reason="again", args_hash=held)
+            await rt.approve(
+                operation_id,
+                approver=Approver("bob", tenants={"default"}),
+                reason="again",
+                args_hash=held,
+            )
         assert restaurant.bookings_made == 1
         trail = await rt.ledger.events(operation_id)
         approved = [e for e in trail if e.from_status is S.AWAITING_APPROVAL]
@@ -102,14 +118,19 @@ async def test_a_rejected_call_never_runs(ledger_url: str, clock: ManualClock) -
         session = SessionState("call-1", principal="alice")
         operation_id = await _ask(rt, session)
 
-        rejected = await rt.reject(operation_id, approver="bob", reason="fully booked event")
+        rejected = await rt.reject(
+            operation_id, approver=Approver("bob", tenants={"default"}), reason="fully booked event"
+        )
 
         assert rejected.status is S.REJECTED
         assert "fully booked event" in (rejected.error or "")
         assert (await rt.wait(operation_id)).status is S.REJECTED
         with pytest.raises(ApprovalRefused):
             await rt.approve(
-                operation_id, approver="carol", reason="overrule", args_hash=rejected.args_hash
+                operation_id,
+                approver=Approver("carol", tenants={"default"}),
+                reason="overrule",
+                args_hash=rejected.args_hash,
             )
         assert restaurant.received == []
         assert restaurant.bookings_made == 0
@@ -129,7 +150,10 @@ async def test_an_approval_request_nobody_answers_expires_and_books_nothing(
         assert expired.status is S.EXPIRED
         with pytest.raises(ApprovalRefused):
             await rt.approve(
-                operation_id, approver="bob", reason="sorry, late", args_hash=expired.args_hash
+                operation_id,
+                approver=Approver("bob", tenants={"default"}),
+                reason="sorry, late",
+                args_hash=expired.args_hash,
             )
         assert (await rt.ledger.get(operation_id)).status is S.EXPIRED
         assert restaurant.received == []
@@ -186,7 +210,10 @@ async def test_a_call_approved_in_another_runtime_gets_its_own_policys_deadline(
     async with running(slow, restaurant, ledger_url=ledger_url, clock=clock) as operator:
         waiting = await operator.ledger.get(operation_id)
         approved = await operator.approve(
-            operation_id, approver="maria", reason="known guest", args_hash=waiting.args_hash
+            operation_id,
+            approver=Approver("maria", tenants={"default"}),
+            reason="known guest",
+            args_hash=waiting.args_hash,
         )
 
     # Not the 30 s default of a tool without a policy: this runtime has book_table's.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pipecat_actions.approvals import approve_operation
+from pipecat_actions.approvals import Approver, approve_operation
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import SqlLedger
 from pipecat_actions.runtime import ActionRuntime
@@ -75,7 +75,7 @@ class Stranded:
             approved = await approve_operation(
                 ledger,
                 self.operation_id,
-                approver="ops",
+                approver=Approver("ops", tenants={"default"}),
                 reason="fine",
                 now=self.clock.now(),
                 args_hash=(await ledger.get(self.operation_id)).args_hash,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger.records import EventKind
 from pipecat_actions.testing import FakeSystemOfRecord
@@ -109,7 +110,11 @@ async def test_a_repeat_after_a_rejected_approval_asks_again(
     ) as runtime:
         session = new_session()
         waiting = await runtime.propose("book_approved", booking(), session)
-        await runtime.reject(waiting["operation_id"], approver="manager", reason="not now")
+        await runtime.reject(
+            waiting["operation_id"],
+            approver=Approver("manager", tenants={"default"}),
+            reason="not now",
+        )
         again = await runtime.propose("book_approved", booking(), session)
 
     assert waiting["status"] == again["status"] == "awaiting_approval"

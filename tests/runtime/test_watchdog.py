@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.runtime import ApprovalRefused
 from pipecat_actions.testing import FakeSystemOfRecord
@@ -92,7 +93,12 @@ async def test_an_approval_not_given_in_time_expires(ledger_url: str, clock: Man
         clock.advance(60)
         op = await reaches(runtime, op_id, Status.EXPIRED)
         with pytest.raises(ApprovalRefused):
-            await runtime.approve(op_id, approver="bob", reason="too late", args_hash=op.args_hash)
+            await runtime.approve(
+                op_id,
+                approver=Approver("bob", tenants={"default"}),
+                reason="too late",
+                args_hash=op.args_hash,
+            )
         trail = await runtime.ledger.events(op_id)
 
     assert op.status is Status.EXPIRED
