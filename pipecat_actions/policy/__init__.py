@@ -31,6 +31,7 @@ __all__ = [
     "PolicySet",
     "RetryPolicy",
     "Risk",
+    "SensitiveMode",
     "ToolKind",
     "ToolPolicy",
     "check_policy_files",
@@ -51,6 +52,7 @@ from pipecat_actions.policy.enums import (
     OnInterruption,
     Overflow,
     Risk,
+    SensitiveMode,
     ToolKind,
 )
 from pipecat_actions.policy.limits import LimitsPolicy
