@@ -46,6 +46,8 @@ from pipecat_actions.approvals import (
 from pipecat_actions.console.users import Credentials, Operator, UsersFileError
 from pipecat_actions.errors import OperationNotFound, PipecatActionsError
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
+from pipecat_actions.ledger.sealed import stored_ledger
+from pipecat_actions.ledger.sealing import Sealer, holds_sealed_values, operator_view
 from pipecat_actions.policy.fields import check_approver_name
 from pipecat_actions.status import ActionStatus
 
@@ -84,6 +86,9 @@ class ConsoleSettings:
             must be this; without it, the address the request was made to.
         cookie_name: The session cookie's name (browsers share cookies between the ports of
             one host: give consoles on one host names of their own).
+        reveal_role: The role whose members may reveal an operation's sealed (``sensitive``)
+            values, with the keys in the console's environment; everyone else sees ``••••``.
+            Each reveal is recorded on the operation.
         now: The time, for approval windows, countdowns and sign-in lifetimes.
     """
 
@@ -97,6 +102,7 @@ class ConsoleSettings:
     secure_cookies: bool = False
     public_origin: str | None = None
     cookie_name: str = "pipecat_actions_console"
+    reveal_role: str = "reveal"
     now: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
@@ -307,9 +313,11 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
 
     Args:
         settings: Sign-in and behaviour.
-        ledger: The ledger the agent writes.
+        ledger: The ledger the agent writes (given a runtime's, the console reads what it
+            stores: sealed values stay masked until an operator reveals them).
         ledger_name: How the pages name it (its URL, password hidden).
     """
+    ledger = stored_ledger(ledger)
     templates = Jinja2Templates(directory=str(_HERE / "templates"))
     env = templates.env
     env.filters["visible"] = lambda value: printable("" if value is None else str(value))
@@ -533,11 +541,44 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
             # A ledger that cannot be read is not a missing operation: that one goes to
             # the handler of PipecatActionsError (503, try again).
             return page(request, "missing.html", who, status_code=404, operation_id=operation_id)
-        events = await ledger.events(operation_id)
-        rule = await approval_rule(ledger, operation_id)
+        return await operation_page(request, who, op, sealer=None)
+
+    async def operation_page(
+        request: Request, who: Identity, op: Operation, *, sealer: Sealer | None
+    ) -> Response:
+        events = await ledger.events(op.operation_id)
+        rule = await approval_rule(ledger, op.operation_id)
         return page(
-            request, "operation.html", who, op=op, events=events, rule=rule, view=_view(op, rule)
+            request,
+            "operation.html",
+            who,
+            op=op,
+            events=events,
+            rule=rule,
+            view=_view(op, rule, sealer),
+            can_reveal=settings.reveal_role in who.approver.roles,
         )
+
+    @app.post("/operations/{operation_id}/reveal", response_class=HTMLResponse)
+    async def reveal(request: Request, operation_id: str, csrf: str = Form("")) -> Response:
+        from pipecat_actions import operator
+
+        who = identity(request)
+        try:
+            check_csrf(request, who, csrf)
+            if settings.reveal_role not in who.approver.roles:
+                raise ApprovalRefused(
+                    f"revealing sealed values needs the role {settings.reveal_role}"
+                )
+            op = await ledger.get(operation_id)
+            sealer = await operator.reveal(ledger, op, actor=f"console:{who.approver.name}")
+        except OperationNotFound:
+            return page(request, "missing.html", who, status_code=404, operation_id=operation_id)
+        except PipecatActionsError as exc:
+            flash(request, "error", f"Not revealed: {exc}")
+            return RedirectResponse(f"/operations/{operation_id}", status_code=303)
+        logger.info("console: {} revealed the sealed values of {}", who.approver.name, operation_id)
+        return await operation_page(request, who, op, sealer=sealer)
 
     @app.get("/events")
     async def events(request: Request) -> Response:
@@ -687,22 +728,31 @@ async def _lists(ledger: Ledger) -> dict[str, list[Operation]]:
 
 @dataclass(frozen=True)
 class _View:
-    """An operation as a page shows it."""
+    """An operation as a page shows it: sealed values masked, or revealed."""
 
     op: Operation
     rule: ApprovalRule | None
     args: str
     before_state: str | None
     result: str | None
+    sealed: bool
+    """It holds sealed values (a reveal would show them)."""
+    revealed: bool
 
 
-def _view(op: Operation, rule: ApprovalRule | None) -> _View:
+def _view(op: Operation, rule: ApprovalRule | None, sealer: Sealer | None = None) -> _View:
+    def shown(part: str) -> str | None:
+        value = operator_view(op, part, sealer)
+        return None if value is None else _sorted_json(value)
+
     return _View(
         op=op,
         rule=rule,
-        args=_sorted_json(op.args),
-        before_state=None if op.before_state_json is None else _sorted_json(op.before_state),
-        result=None if op.result_json is None else _sorted_json(op.result),
+        args=shown("args") or "{}",
+        before_state=shown("before_state"),
+        result=shown("result"),
+        sealed=holds_sealed_values(op),
+        revealed=sealer is not None,
     )
 
 
