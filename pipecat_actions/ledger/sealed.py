@@ -251,9 +251,8 @@ class SealedLedger(ForwardingLedger):
         for part in ("result", "before_state"):
             if sealed.get(part) is not None:
                 sealed[part] = self._seal_part(known, sealed[part], part, operation_id)
-        for name in ("error",):
-            if isinstance(sealed.get(name), str):
-                sealed[name] = scrub(sealed[name], known.secrets)
+        if isinstance(sealed.get("error"), str):
+            sealed["error"] = scrub(sealed["error"], known.secrets)
         return scrub(detail, known.secrets), (sealed if changes is not None else None)
 
     # --- reads -----------------------------------------------------------------------------
