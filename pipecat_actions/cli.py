@@ -8,6 +8,7 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions db status                 show the schema revision of a ledger database
     pipecat-actions approvals list|show|approve|reject   operations waiting for a person
     pipecat-actions ledger list [filters] | ledger show OP  operations and their audit timeline
+    pipecat-actions ledger new-keys | ledger rotate-keys    keys of sealed (sensitive) values
     pipecat-actions undelivered               committed operations nobody was told about
     pipecat-actions stats [--since SECS] [--tool T]       per-tool metrics, every row
     pipecat-actions reconcile [OP | --all] --app MODULE:ATTR   ask the hooks about UNKNOWN ones
@@ -31,8 +32,9 @@ say so when there is none, or when what is there is not a ledger (never with a h
 ledger of someone else's database), or when it cannot be reached (what to check, in one
 line). The read commands (``ledger``, ``undelivered``, ``stats``, ``approvals list|show``,
 ``db status``) open it read-only: they change nothing on disk, neither the file nor its
-folder. A reader that goes away (``| head``) ends the command quietly, with the status of a
-command killed by SIGPIPE (141).
+folder (but ``--reveal``, which records on the operation who was shown its sealed values). A
+reader that goes away (``| head``) ends the command quietly, with the status of a command
+killed by SIGPIPE (141).
 """
 
 from __future__ import annotations
@@ -174,6 +176,7 @@ def _build_parser() -> argparse.ArgumentParser:
     listing = approval_commands.add_parser("list", help="list operations awaiting approval")
     show = approval_commands.add_parser("show", help="show one operation and its arguments")
     show.add_argument("operation_id")
+    _add_reveal(show)
     decide = []
     for name in ("approve", "reject"):
         sub = approval_commands.add_parser(name, help=f"{name} an operation")
@@ -206,6 +209,20 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     ledger_show = ledger_commands.add_parser("show", help="an operation and its audit timeline")
     ledger_show.add_argument("operation_id")
+    _add_reveal(ledger_show)
+    rotate = ledger_commands.add_parser(
+        "rotate-keys",
+        help="re-encrypt every sealed value with the first key of $PIPECAT_ACTIONS_LEDGER_KEYS",
+    )
+    rotate.add_argument(
+        "--actor",
+        default=None,
+        help="who rotates, for the audit trail (default: operator:<login name>)",
+    )
+    new_keys = ledger_commands.add_parser(
+        "new-keys", help="print fresh values of the ledger's key variables"
+    )
+    new_keys.add_argument("--json", action="store_true", help="machine-readable output")
     undelivered = commands.add_parser("undelivered", help="committed, never told to anyone")
     for paged in (ledger_list, undelivered):
         paged.add_argument("--limit", type=_limit, default=200, help="rows per page (default 200)")
@@ -284,11 +301,22 @@ def _build_parser() -> argparse.ArgumentParser:
         "exit status 0 when all it claimed is finished or waits for a person, 3 when it left "
         "some that need someone, 1 when it cannot run",
     )
-    opening = [listing, show, *decide, ledger_list, ledger_show, undelivered, stats, reconcile]
+    opening = [
+        listing, show, *decide, ledger_list, ledger_show, rotate, undelivered, stats, reconcile,
+    ]  # fmt: skip
     for sub in [*db_parsers, *opening, worker]:
         sub.add_argument("--ledger", default=None, metavar="URL", help=_LEDGER_HELP)
         sub.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
+
+
+def _add_reveal(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--reveal",
+        action="store_true",
+        help="show sealed (sensitive) values decrypted: needs $PIPECAT_ACTIONS_LEDGER_KEYS, "
+        "and is recorded on the operation as revealed by operator:<login name>",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -307,6 +335,10 @@ def _run_command(args: argparse.Namespace) -> int:
             return asyncio.run(_db(args, sys.stdout))
         if args.command == "approvals":
             return asyncio.run(_approvals(args, sys.stdout))
+        if args.command == "ledger" and args.ledger_command == "new-keys":
+            return _new_keys(args, sys.stdout)
+        if args.command == "ledger" and args.ledger_command == "rotate-keys":
+            return asyncio.run(_rotate_keys(args, sys.stdout))
         if args.command in ("ledger", "undelivered", "stats"):
             return asyncio.run(_read_ledger(args, sys.stdout))
         if args.command == "scenario" and args.scenario_command == "new":
@@ -583,7 +615,9 @@ async def _approvals_read(args: argparse.Namespace, out: TextIO) -> int:
     from pipecat_actions import operator
     from pipecat_actions.ledger.records import OperationFilter
 
-    ledger = await _open_existing(args.ledger, read_only=True)
+    # Revealing is recorded on the operation: only then is the ledger opened for writing.
+    reveal = args.approvals_command == "show" and args.reveal
+    ledger = await _open_existing(args.ledger, read_only=not reveal)
     try:
         if args.approvals_command == "list":
             waiting = await _every(ledger, OperationFilter(status=[ActionStatus.AWAITING_APPROVAL]))
@@ -595,7 +629,10 @@ async def _approvals_read(args: argparse.Namespace, out: TextIO) -> int:
 
             op = await ledger.get(args.operation_id)
             rule = await approval_rule(ledger, op.operation_id)
-            data = operator.describe_approval(op, rule)
+            sealer = (
+                await operator.reveal(ledger, op, actor=_operator_actor()) if args.reveal else None
+            )
+            data = operator.describe_approval(op, rule, sealer)
             render = operator.render_approval
     finally:
         await ledger.close()
@@ -649,7 +686,9 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
 
     since = None if getattr(args, "since", None) is None else time.time() - args.since
     more = None
-    ledger = await _open_existing(args.ledger, read_only=True)
+    reveal = getattr(args, "reveal", False)
+    # Revealing is recorded on the operation: only then is the ledger opened for writing.
+    ledger = await _open_existing(args.ledger, read_only=not reveal)
     try:
         if args.command == "stats":
             data: Any = await operator.statistics(
@@ -657,7 +696,9 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
             )
             render: Callable[[Any], str] = operator.render_statistics
         elif args.command == "ledger" and args.ledger_command == "show":
-            data = await operator.timeline(ledger, args.operation_id)
+            data = await operator.timeline(
+                ledger, args.operation_id, revealed_by=_operator_actor() if reveal else None
+            )
             render = operator.render_timeline
         else:
             if args.command == "undelivered":
@@ -681,6 +722,39 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
         await ledger.close()
     _print_read(args, ledger.url, data, lambda: render(data), out, more=more)
     return 0
+
+
+def _operator_actor(given: str | None = None) -> str:
+    """Who an operator's command acts as, for the audit trail: ``operator:<login name>``."""
+    import getpass
+
+    return given or f"operator:{getpass.getuser()}"
+
+
+def _new_keys(args: argparse.Namespace, out: TextIO) -> int:
+    import json
+
+    from pipecat_actions.ledger.keys import new_keys
+
+    keys = new_keys()
+    if args.json:
+        print(json.dumps(keys, indent=2), file=out)
+    else:
+        for name, value in keys.items():
+            print(f"{name}={value}", file=out)
+    return 0
+
+
+async def _rotate_keys(args: argparse.Namespace, out: TextIO) -> int:
+    from pipecat_actions.ledger.rotation import render_rotation, rotate_sealed_values
+
+    ledger = await _open_existing(args.ledger)
+    try:
+        report = await rotate_sealed_values(ledger, actor=_operator_actor(args.actor))
+    finally:
+        await ledger.close()
+    _print_read(args, ledger.url, report, lambda: render_rotation(report), out)
+    return 1 if report["unreadable"] or report["busy"] else 0
 
 
 def _warn(message: loguru.Message) -> None:

@@ -10,7 +10,8 @@ Every error derives from `PipecatActionsError` and carries keyword-only context 
     ├── LedgerError                    the ledger could not do what was asked
     │   ├── LedgerUnavailable          the database could not be reached (retryable)
     │   ├── LedgerConfigurationError   unsafe durability settings, unsupported URL
-    │   │   └── LedgerNotFound         no ledger where one must already exist
+    │   │   ├── LedgerNotFound         no ledger where one must already exist
+    │   │   └── LedgerKeysError        sealing keys missing or malformed
     │   ├── LedgerIntegrityError       the write breaks a constraint (duplicate id, ...)
     │   ├── LedgerLost                 the ledger's file was deleted, replaced or damaged
     │   ├── SchemaVersionMismatch      the database schema is older or newer than this code
@@ -34,6 +35,7 @@ __all__ = [
     "LedgerConfigurationError",
     "LedgerError",
     "LedgerIntegrityError",
+    "LedgerKeysError",
     "LedgerLost",
     "LedgerNotFound",
     "LedgerUnavailable",
@@ -146,6 +148,13 @@ class LedgerNotFound(LedgerConfigurationError):
     def __init__(self, message: str, *, path: str) -> None:
         self.path = path
         super().__init__(message)
+
+
+class LedgerKeysError(LedgerConfigurationError):
+    """The keys that seal sensitive values are not set, or malformed (see `ledger.keys`).
+
+    Its message names the environment variable, never a key.
+    """
 
 
 class LedgerIntegrityError(LedgerError):

@@ -7,6 +7,9 @@ every function returns plain data (for ``--json``) and has a text rendering (``r
 `pipecat_actions._operator_text`), which shows every value of the ledger through
 `pipecat_actions._printable.printable`.
 
+Values a policy marks ``sensitive`` are stored sealed and shown masked (``••••``); `reveal`
+records on the operation that an operator is shown them, then decrypts them for the views.
+
 Reconciliation needs the application's own code (its ``reconcile`` hooks talk to its system of
 record), so the operator process loads it: ``--app module:attr`` names an `OperatorApp`, or a
 function (plain or async, no arguments) that returns one.
@@ -28,6 +31,7 @@ __all__ = [
     "render_rows",
     "render_statistics",
     "render_timeline",
+    "reveal",
     "statistics",
     "timeline",
 ]
@@ -36,7 +40,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +56,8 @@ from pipecat_actions._operator_text import (
 )
 from pipecat_actions.errors import ConfigurationError, PipecatActionsError
 from pipecat_actions.ledger import Ledger, Operation, OperationEvent, OperationFilter
+from pipecat_actions.ledger.keys import LedgerKeys
+from pipecat_actions.ledger.sealing import Sealer, holds_sealed_values, operator_view
 from pipecat_actions.policy.summary import render_summary, summary_text
 from pipecat_actions.status import ActionStatus
 
@@ -64,8 +70,12 @@ if TYPE_CHECKING:
 S = ActionStatus
 
 
-def describe(op: Operation) -> dict[str, Any]:
-    """Return an operation as plain data."""
+def describe(op: Operation, sealer: Sealer | None = None) -> dict[str, Any]:
+    """Return an operation as plain data.
+
+    Sealed values (a policy's ``sensitive`` paths) are shown masked, ``••••``; with the
+    ``sealer`` of an operator who reveals them (`reveal`), decrypted.
+    """
     return {
         "operation_id": op.operation_id,
         "tool": op.tool,
@@ -74,12 +84,12 @@ def describe(op: Operation) -> dict[str, Any]:
         "session_id": op.session_id,
         "principal": op.principal,
         "tenant": op.tenant,
-        "args": op.args,
+        "args": operator_view(op, "args", sealer),
         "args_hash": op.args_hash,
         "idempotency_key": op.idempotency_key,
         "resource_key": op.resource_key,
         "attempt": op.attempt,
-        "result": op.result,
+        "result": operator_view(op, "result", sealer),
         "error": op.error,
         "compensates": op.compensates,
         "escalated": op.escalated_at is not None,
@@ -91,13 +101,16 @@ def describe(op: Operation) -> dict[str, Any]:
     }
 
 
-def describe_approval(op: Operation, rule: ApprovalRule | None = None) -> dict[str, Any]:
+def describe_approval(
+    op: Operation, rule: ApprovalRule | None = None, sealer: Sealer | None = None
+) -> dict[str, Any]:
     """Return what an approver decides on as plain data (times in epoch seconds).
 
     The console shows the same: the arguments and their hash, the before-state snapshot,
     the model's rationale and, given the request's ``rule``, what the tool does, the summary
     of what is approved (its ``confirmation.summary`` filled in, a field the request does not
-    hold as ``[missing: before.x]``), its risk and who may decide.
+    hold as ``[missing: before.x]``), its risk and who may decide. Sealed values are masked
+    unless ``sealer`` reveals them (see `describe`).
     """
     data: dict[str, Any] = {
         "operation_id": op.operation_id,
@@ -115,12 +128,12 @@ def describe_approval(op: Operation, rule: ApprovalRule | None = None) -> dict[s
         "principal": op.principal,
         "tenant": op.tenant,
         "session_id": op.session_id,
-        "args": op.args,
+        "args": operator_view(op, "args", sealer),
         "args_hash": op.args_hash,
         "created_at": op.created_at,
         "expires_at": op.deadline_at,
         "rationale": op.rationale,
-        "before_state": op.before_state,
+        "before_state": operator_view(op, "before_state", sealer),
     }
     if rule is not None:
         data["risk"] = rule.risk
@@ -129,17 +142,47 @@ def describe_approval(op: Operation, rule: ApprovalRule | None = None) -> dict[s
     return data
 
 
+async def reveal(
+    ledger: Ledger, op: Operation, *, actor: str, environ: Mapping[str, str] | None = None
+) -> Sealer:
+    """Let ``actor`` see ``op``'s sealed values: audit it, then return what opens them.
+
+    The annotation (``revealed_by``) is written first: nothing is shown unless it is recorded.
+    An operation with no sealed value is shown without one.
+
+    Raises:
+        LedgerKeysError: ``PIPECAT_ACTIONS_LEDGER_KEYS`` is not set (or malformed).
+    """
+    keys = LedgerKeys.from_environment(environ)
+    keys.require(encryption=True, hashing=False, why="revealing sealed values decrypts them")
+    sealer = Sealer({}, keys)
+    if holds_sealed_values(op):
+        await ledger.annotate(
+            op.operation_id,
+            actor=actor,
+            detail={"revealed_by": actor, "reason": "sealed values shown to an operator"},
+        )
+    return sealer
+
+
 async def list_operations(ledger: Ledger, filters: OperationFilter) -> list[dict[str, Any]]:
     """Return the operations matching ``filters`` as plain data, oldest first."""
     return [describe(op) for op in await ledger.list(filters)]
 
 
-async def timeline(ledger: Ledger, operation_id: str) -> dict[str, Any]:
-    """Return an operation and its audit events: who did what, when and why."""
+async def timeline(
+    ledger: Ledger, operation_id: str, *, revealed_by: str | None = None
+) -> dict[str, Any]:
+    """Return an operation and its audit events: who did what, when and why.
+
+    With ``revealed_by``, its sealed values are shown decrypted, and that is audited first
+    (see `reveal`).
+    """
     op = await ledger.get(operation_id)
+    sealer = None if revealed_by is None else await reveal(ledger, op, actor=revealed_by)
     events: Sequence[OperationEvent] = await ledger.events(operation_id)
     return {
-        "operation": describe(op),
+        "operation": describe(op, sealer),
         "events": [
             {
                 "seq": e.seq,

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipecat_actions.ledger.records import Operation, canonical_json, hash_arguments
+from pipecat_actions.ledger.base import Ledger
+from pipecat_actions.ledger.records import Operation, canonical_json
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import ActionStatus
 
@@ -32,8 +33,11 @@ class Audit:
     resource_key: str | None = None
 
 
-def draft_operation(base: Audit, key: str, session: SessionState) -> Operation:
-    """A stand-in record for hooks that run before the operation exists (snapshot, checks)."""
+def draft_operation(base: Audit, key: str, session: SessionState, ledger: Ledger) -> Operation:
+    """A stand-in record for hooks that run before the operation exists (snapshot, checks).
+
+    Its ``args_hash`` is the one ``ledger`` will store (`Ledger.args_hash`).
+    """
     args_json = canonical_json(dict(base.args))
     return Operation(
         operation_id="(not yet admitted)",
@@ -43,7 +47,7 @@ def draft_operation(base: Audit, key: str, session: SessionState) -> Operation:
         tool=base.tool,
         kind=base.kind,
         args_json=args_json,
-        args_hash=hash_arguments(base.args),
+        args_hash=ledger.args_hash(base.tool, base.args),
         idempotency_key=key,
         key_expires_at=0.0,
         resource_key=base.resource_key,

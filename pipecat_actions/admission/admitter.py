@@ -43,7 +43,6 @@ from pipecat_actions.approvals import APPROVAL_RULE, ApprovalRule
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import IdempotencyMismatch
 from pipecat_actions.ledger import Ledger, NewOperation, Operation
-from pipecat_actions.ledger.records import hash_arguments
 from pipecat_actions.observability.redaction import log_redactor
 from pipecat_actions.policy import AdmitWhen, ConfirmationMode, OnDuplicate, ToolKind, ToolPolicy
 from pipecat_actions.results import refusal_result
@@ -112,7 +111,7 @@ class Admitter:
             # From here on the values at the policy's redact paths are masked in every log
             # line. Only an admitted call's (validated) values: a refused call's may be
             # anything the model made up, such as words that would blank every later line.
-            log_redactor().arm(binding.policy.redact, base.args)
+            log_redactor().arm(binding.policy.redacted_paths, base.args)
         return decision
 
     async def _decide(
@@ -167,13 +166,15 @@ class Admitter:
             return await self._refuse(
                 base, "not_authorized", decision.reason or "This is not allowed for this user."
             )
-        key = intent_key(tool, args, policy, session)
+        key = intent_key(
+            tool, args, policy, session, digest=lambda a: self._ledger.args_hash(tool, a)
+        )
         if policy.on_duplicate is OnDuplicate.ALLOW:
             key = f"{key}|{uuid.uuid4().hex[:12]}"
         try:
             if binding.action.preconditions is not None:
                 await binding.action.preconditions(
-                    ActionContext.of(draft_operation(base, key, session))
+                    ActionContext.of(draft_operation(base, key, session, self._ledger))
                 )
             self._limiter.charge_session(tool, policy, session.session_id)
         except Refused as exc:
@@ -239,7 +240,7 @@ class Admitter:
             # instead of being told "busy, try again", which invites the model to loop.
             existing = await self._ledger.find_by_key(session.tenant, key)
         if existing is not None:
-            if _changed_by_user(base, binding, existing, session):
+            if _changed_by_user(base, binding, existing, session, self._ledger):
                 return await self._change(base, binding, key, args, session, generation, existing)
             duplicate = await self._duplicate(base, binding, existing, key, session)
             if duplicate is not None:
@@ -291,7 +292,9 @@ class Admitter:
 
         Returns None when a new operation should be admitted (under a derived key).
         """
-        if existing.args_hash != hash_arguments(base.args) or existing.tool != base.tool:
+        if existing.args_hash != self._ledger.args_hash(base.tool, base.args) or (
+            existing.tool != base.tool
+        ):
             return await self._refuse(
                 base,
                 "idempotency_mismatch",
@@ -389,7 +392,7 @@ class Admitter:
         ):
             try:
                 before_state = await binding.action.snapshot(
-                    ActionContext.of(draft_operation(base, key, session))
+                    ActionContext.of(draft_operation(base, key, session, self._ledger))
                 )
             except Exception as exc:
                 release()
@@ -429,7 +432,7 @@ class Admitter:
         except IdempotencyMismatch as exc:
             release()
             holder = await self._ledger.get(exc.operation_id)
-            if _changed_by_user(base, binding, holder, session):
+            if _changed_by_user(base, binding, holder, session, self._ledger):
                 return await self._change(base, binding, key, args, session, generation, holder)
             return await self._refuse(
                 base,
@@ -518,7 +521,7 @@ _MAX_CHANGES = 8
 
 
 def _changed_by_user(
-    base: Audit, binding: Binding, existing: Operation, session: SessionState
+    base: Audit, binding: Binding, existing: Operation, session: SessionState, ledger: Ledger
 ) -> bool:
     """Whether ``base`` changes ``existing``'s details in a later user turn of its session.
 
@@ -532,7 +535,7 @@ def _changed_by_user(
         return False
     if binding.policy.on_duplicate is OnDuplicate.REJECT or existing.status in TERMINAL_STATUSES:
         return False
-    if existing.args_hash == hash_arguments(base.args):
+    if existing.args_hash == ledger.args_hash(base.tool, base.args):
         return False
     ours, theirs = turn_number(base.turn_id), turn_number(existing.turn_id)
     return ours is not None and theirs is not None and ours > theirs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["intent_key"]
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipecat_actions.ledger.records import hash_arguments
@@ -18,12 +18,19 @@ from pipecat_actions.session import SessionState
 
 
 def intent_key(
-    tool: str, args: Mapping[str, Any], policy: ToolPolicy, session: SessionState
+    tool: str,
+    args: Mapping[str, Any],
+    policy: ToolPolicy,
+    session: SessionState,
+    *,
+    digest: Callable[[Mapping[str, Any]], str] = hash_arguments,
 ) -> str:
     """Return the idempotency key of calling ``tool`` with ``args`` in ``session``.
 
     The key reads ``<tool>|<scope>|<hash of the key fields>``: stable across processes and
-    restarts, and short enough for any provider's idempotency header.
+    restarts, and short enough for any provider's idempotency header. ``digest`` hashes the
+    key fields: the ledger's `Ledger.args_hash` (a keyed hash for a tool with sensitive
+    values, so that the key, stored and sent as it is, cannot be turned back into them).
     """
     fields = policy.idempotency.key_fields or sorted(args)
     intent = {name: args.get(name) for name in fields}
@@ -36,4 +43,4 @@ def intent_key(
         scope_part = f"tenant:{session.tenant}"
     else:
         scope_part = "global"
-    return f"{tool}|{scope_part}|{hash_arguments(intent)[:32]}"
+    return f"{tool}|{scope_part}|{digest(intent)[:32]}"

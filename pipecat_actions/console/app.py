@@ -51,7 +51,9 @@ from pipecat_actions.console.users import (
     check_tenants,
 )
 from pipecat_actions.errors import OperationNotFound, PipecatActionsError
-from pipecat_actions.ledger import Ledger
+from pipecat_actions.ledger import Ledger, Operation
+from pipecat_actions.ledger.sealed import stored_ledger
+from pipecat_actions.ledger.sealing import Sealer
 from pipecat_actions.policy.fields import check_approver_name
 from pipecat_actions.status import ActionStatus
 
@@ -90,6 +92,9 @@ class ConsoleSettings:
             must be this; without it, the address the request was made to.
         cookie_name: The session cookie's name (browsers share cookies between the ports of
             one host: give consoles on one host names of their own).
+        reveal_role: The role whose members may reveal an operation's sealed (``sensitive``)
+            values, with the keys in the console's environment; everyone else sees ``••••``.
+            Each reveal is recorded on the operation.
         now: The time, for approval windows, countdowns and sign-in lifetimes.
     """
 
@@ -104,6 +109,7 @@ class ConsoleSettings:
     secure_cookies: bool = False
     public_origin: str | None = None
     cookie_name: str = "pipecat_actions_console"
+    reveal_role: str = "reveal"
     now: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
@@ -319,9 +325,11 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
 
     Args:
         settings: Sign-in and behaviour.
-        ledger: The ledger the agent writes.
+        ledger: The ledger the agent writes (given a runtime's, the console reads what it
+            stores: sealed values stay masked until an operator reveals them).
         ledger_name: How the pages name it (its URL, password hidden).
     """
+    ledger = stored_ledger(ledger)
     templates = Jinja2Templates(directory=str(_HERE / "templates"))
     env = templates.env
     env.filters["visible"] = lambda value: printable("" if value is None else str(value))
@@ -559,9 +567,47 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
         if op is None or not seen.sees(op):
             # Another tenant's operation is not found either: its existence is not theirs.
             return page(request, "missing.html", who, status_code=404, operation_id=operation_id)
-        view = await seen.view(op)
-        events = await ledger.events(operation_id)
-        return page(request, "operation.html", who, op=op, events=events, rule=view.rule, view=view)
+        return await operation_page(request, who, seen, op, sealer=None)
+
+    async def operation_page(
+        request: Request, who: Identity, seen: Scope, op: Operation, *, sealer: Sealer | None
+    ) -> Response:
+        view = await seen.view(op, sealer=sealer)
+        events = await ledger.events(op.operation_id)
+        return page(
+            request,
+            "operation.html",
+            who,
+            op=op,
+            events=events,
+            rule=view.rule,
+            view=view,
+            can_reveal=settings.reveal_role in who.approver.roles,
+        )
+
+    @app.post("/operations/{operation_id}/reveal", response_class=HTMLResponse)
+    async def reveal(request: Request, operation_id: str, csrf: str = Form("")) -> Response:
+        from pipecat_actions import operator
+
+        who = identity(request)
+        seen = scope(who)
+        try:
+            check_csrf(request, who, csrf)
+            op = await ledger.get(operation_id)
+            if not seen.sees(op):
+                raise OperationNotFound(operation_id=operation_id)
+            if settings.reveal_role not in who.approver.roles:
+                raise ApprovalRefused(
+                    f"revealing sealed values needs the role {settings.reveal_role}"
+                )
+            sealer = await operator.reveal(ledger, op, actor=f"console:{who.approver.name}")
+        except OperationNotFound:
+            return page(request, "missing.html", who, status_code=404, operation_id=operation_id)
+        except PipecatActionsError as exc:
+            flash(request, "error", f"Not revealed: {exc}")
+            return RedirectResponse(f"/operations/{operation_id}", status_code=303)
+        logger.info("console: {} revealed the sealed values of {}", who.approver.name, operation_id)
+        return await operation_page(request, who, seen, op, sealer=sealer)
 
     @app.get("/sessions/{session_id:path}", response_class=HTMLResponse)
     async def session(request: Request, session_id: str) -> Response:

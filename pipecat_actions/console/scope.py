@@ -22,6 +22,7 @@ from typing import Any
 from pipecat_actions.approvals import ApprovalRule, Approver, approval_rule, may_decide
 from pipecat_actions.console.views import OperationView, operation_view
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
+from pipecat_actions.ledger.sealing import Sealer
 from pipecat_actions.status import ActionStatus
 
 S = ActionStatus
@@ -115,10 +116,10 @@ class Scope:
             if may_decide(op, rule, self.approver)
         ]
 
-    async def view(self, op: Operation) -> OperationView:
-        """``op`` as a page shows it, with its decisions."""
+    async def view(self, op: Operation, *, sealer: Sealer | None = None) -> OperationView:
+        """``op`` as a page shows it, with its decisions (sealed values as `operation_view`)."""
         events = await self._ledger.events(op.operation_id)
-        return operation_view(op, await self._rules.get(op.operation_id), events)
+        return operation_view(op, await self._rules.get(op.operation_id), events, sealer=sealer)
 
     async def sections(self, now: float) -> Mapping[str, Any]:
         """What the front page shows the operator."""

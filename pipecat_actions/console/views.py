@@ -19,6 +19,7 @@ from pipecat_actions._printable import printable_json
 from pipecat_actions.approvals import DECISION_REFUSED, ApprovalRule
 from pipecat_actions.ledger import Operation, OperationEvent
 from pipecat_actions.ledger.records import EventKind
+from pipecat_actions.ledger.sealing import Sealer, holds_sealed_values, operator_view
 from pipecat_actions.policy.summary import SummaryPart, render_summary
 from pipecat_actions.status import ActionStatus
 
@@ -106,6 +107,8 @@ class OperationView:
         description: What the tool does, in plain words, if recorded.
         summary: The summary's parts, if the policy had one.
         history: The request and its decisions.
+        sealed: It holds sealed (``sensitive``) values: shown masked unless revealed.
+        revealed: Its sealed values are shown (an operator with the reveal role asked).
     """
 
     op: Operation
@@ -116,26 +119,37 @@ class OperationView:
     description: str | None
     summary: tuple[SummaryPart, ...] | None
     history: list[DecisionEntry]
+    sealed: bool = False
+    revealed: bool = False
 
 
 def operation_view(
-    op: Operation, rule: ApprovalRule | None, events: Sequence[OperationEvent] = ()
+    op: Operation,
+    rule: ApprovalRule | None,
+    events: Sequence[OperationEvent] = (),
+    *,
+    sealer: Sealer | None = None,
 ) -> OperationView:
-    """Return ``op`` as a page shows it (``events``: its audit trail, for the history)."""
+    """Return ``op`` as a page shows it (``events``: its audit trail, for the history).
+
+    Sealed values (a policy's ``sensitive`` paths) are masked, in the summary too, unless
+    ``sealer`` (an operator's reveal) opens them.
+    """
+    args = operator_view(op, "args", sealer)
+    before = operator_view(op, "before_state", sealer)
+    result = operator_view(op, "result", sealer)
     summary = None
     if rule is not None and rule.summary is not None:
-        summary = render_summary(rule.summary, op.args, op.before_state)
+        summary = render_summary(rule.summary, args, before)
     return OperationView(
         op=op,
         rule=rule,
-        args=printable_json(op.args, sort_keys=True),
-        before_state=(
-            None
-            if op.before_state_json is None
-            else printable_json(op.before_state, sort_keys=True)
-        ),
-        result=None if op.result_json is None else printable_json(op.result, sort_keys=True),
+        args=printable_json(args if args is not None else {}, sort_keys=True),
+        before_state=None if before is None else printable_json(before, sort_keys=True),
+        result=None if result is None else printable_json(result, sort_keys=True),
         description=rule.description if rule is not None else None,
         summary=summary,
         history=decision_history(op, events),
+        sealed=holds_sealed_values(op),
+        revealed=sealer is not None,
     )

@@ -57,6 +57,7 @@ from pipecat_actions.execution.outcomes import (
 from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.ledger import Ledger, Operation
 from pipecat_actions.ledger.records import canonical_json
+from pipecat_actions.ledger.sealing import unreadable_reason
 from pipecat_actions.observability.correlation import operation_ids, operation_logger
 from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import ToolKind, ToolPolicy
@@ -171,6 +172,12 @@ class Executor:
         mutation = binding.policy.kind is ToolKind.MUTATION
         while True:
             if op.status in UNSENT_STATUSES:
+                unreadable = unreadable_reason(op)
+                if unreadable is not None:
+                    # A sealed argument did not open (a damaged row, a key no longer set):
+                    # sending a stand-in for the real value would be worse than not sending.
+                    error = f"not sent: {unreadable}"
+                    return await self._settle(op, tracked, S.FAILED_FINAL, error=error)
                 if op.attempt > 0 or stage != "admission":
                     denied = await self._denied(op, binding, "retry" if op.attempt else stage)
                     if denied is not None:

@@ -214,7 +214,7 @@ class EncodedOperation:
         return cls(
             new=new,
             args_json=args_json,
-            args_hash=hash_canonical_json(args_json),
+            args_hash=new.args_hash or hash_canonical_json(args_json),
             before_state_json=(
                 None if new.before_state is None else canonical_json(new.before_state)
             ),

@@ -18,6 +18,7 @@ from pipecat_actions.ledger.records import (
     Operation,
     OperationEvent,
     OperationFilter,
+    hash_arguments,
 )
 from pipecat_actions.status import ActionStatus
 
@@ -48,6 +49,15 @@ class Ledger(ABC):
                 RUNNING, AWAITING_CONFIRMATION, AWAITING_APPROVAL).
             TypeError: Arguments, before-state or detail cannot be encoded as JSON.
         """
+
+    def args_hash(self, tool: str, args: Mapping[str, Any]) -> str:
+        """The hash this ledger stores as the ``args_hash`` of a call of ``tool`` with ``args``.
+
+        The SHA-256 of their canonical JSON; a ledger that seals a tool's sensitive values
+        uses a keyed hash for that tool (`pipecat_actions.ledger.sealed`). Admission compares
+        a repeat's arguments, and builds idempotency keys, with this.
+        """
+        return hash_arguments(args)
 
     @abstractmethod
     async def record_refusal(self, new: NewOperation) -> Operation:

@@ -43,6 +43,10 @@ class ForwardingLedger(Ledger):
         """See `Ledger.admit`."""
         return await self.inner.admit(new)
 
+    def args_hash(self, tool: str, args: Mapping[str, Any]) -> str:
+        """See `Ledger.args_hash`."""
+        return self.inner.args_hash(tool, args)
+
     async def record_refusal(self, new: NewOperation) -> Operation:
         """See `Ledger.record_refusal`."""
         return await self.inner.record_refusal(new)

@@ -93,8 +93,9 @@ def joined_calls(detail: Mapping[str, Any]) -> int:
 class NewOperation:
     """An operation to insert with `Ledger.admit`.
 
-    The ledger encodes ``args`` as canonical JSON and hashes it; the idempotency key is
-    computed by the caller from the tool's policy (never the provider's tool_call_id).
+    The ledger encodes ``args`` as canonical JSON and hashes it (unless ``args_hash`` is
+    given); the idempotency key is computed by the caller from the tool's policy (never the
+    provider's tool_call_id).
     """
 
     tool: str
@@ -122,6 +123,10 @@ class NewOperation:
     result: Any = None
     actor: str = "runtime"
     detail: Mapping[str, Any] | None = None
+    args_hash: str | None = None
+    """The arguments' hash as stored and compared, when the caller computed it (a keyed hash
+    of the plain arguments, which are stored sealed: see `pipecat_actions.ledger.sealing`);
+    None: the SHA-256 of the stored canonical JSON."""
 
 
 @dataclass(frozen=True, slots=True)

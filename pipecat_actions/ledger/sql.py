@@ -650,6 +650,64 @@ class SqlLedger(Ledger):
             detail_json=detail_json,
         )
 
+    async def reseal(
+        self,
+        operation_id: str,
+        texts: Mapping[str, tuple[str, str]],
+        *,
+        actor: str,
+        detail: Mapping[str, Any],
+    ) -> bool:
+        """Rewrite sealed JSON columns of an operation, with an annotation, if unchanged.
+
+        For key rotation (`pipecat_actions.ledger.rotation`): ``texts`` maps each of
+        ``args_json``, ``result_json``, ``before_state_json`` to (the text read, the text
+        to store). Nothing is written, and False returned, when a column no longer holds the
+        text read (the operation moved on meanwhile: read it again).
+        """
+        unknown = set(texts) - {"args_json", "result_json", "before_state_json"}
+        if unknown:
+            raise ValueError(f"reseal rewrites sealed JSON columns only, not {sorted(unknown)}")
+        detail_json = encode_detail(detail)
+
+        def work(conn: Connection) -> bool:
+            now = self._clock.now()
+            c = operations.c
+            row = conn.execute(
+                update(operations)
+                .where(
+                    c.operation_id == operation_id,
+                    *(c[column] == stored for column, (stored, _) in texts.items()),
+                )
+                .values(
+                    **{column: new for column, (_, new) in texts.items()},
+                    event_seq=c.event_seq + 1,
+                    updated_at=now,
+                    **_folded(
+                        TrailMarks.of_event(
+                            from_status=None, to_status=None, actor=actor, detail_json=detail_json
+                        )
+                    ),
+                )
+                .returning(c.event_seq, c.status)
+            ).first()
+            if row is None:
+                return False
+            self._append_event(
+                conn,
+                operation_id,
+                seq=row.event_seq,
+                at=now,
+                kind=EventKind.ANNOTATION,
+                from_status=row.status,
+                to_status=row.status,
+                actor=actor,
+                detail_json=detail_json,
+            )
+            return True
+
+        return await self._write(work)
+
     # --- transitions -----------------------------------------------------------------------
 
     async def transition(  # noqa: D102 - see Ledger

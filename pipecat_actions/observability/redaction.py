@@ -154,8 +154,8 @@ class Redactor:
                 self._keys = tuple(sorted({*self._keys, *names}))
 
     def add_policy(self, policy: PolicySet) -> None:
-        """Mask the redact paths of every tool of ``policy``."""
-        self.add_paths(path for name in policy.names() for path in policy[name].redact)
+        """Mask the redact and sensitive paths of every tool of ``policy``."""
+        self.add_paths(path for name in policy.names() for path in policy[name].redacted_paths)
 
     def arm(self, paths: Sequence[str], arguments: Mapping[str, Any]) -> None:
         """Mask, from now on, the values found at ``paths`` in one call's ``arguments``.

@@ -39,6 +39,7 @@ __all__ = [
     "ReconciliationPolicy",
     "RetryPolicy",
     "Risk",
+    "SensitiveMode",
     "ToolKind",
     "ToolPolicy",
     "check_policy_files",
@@ -59,6 +60,7 @@ from pipecat_actions.policy.enums import (
     OnInterruption,
     Overflow,
     Risk,
+    SensitiveMode,
     ToolKind,
 )
 from pipecat_actions.policy.limits import LimitsPolicy

@@ -24,6 +24,7 @@ from pipecat_actions.policy.enums import (
     OnInterruption,
     Overflow,
     Risk,
+    SensitiveMode,
 )
 from pipecat_actions.policy.fields import number_text, redact_root, template_placeholders
 from pipecat_actions.policy.summary import BEFORE, summary_placeholders
@@ -131,7 +132,54 @@ def tool_policy_violations(policy: ToolPolicy) -> list[Violation]:
                 "mode: blocking",
             )
         )
-    return found + _argument_violations(policy) + _summary_violations(policy)
+    return (
+        found
+        + _sensitive_violations(policy)
+        + _argument_violations(policy)
+        + _summary_violations(policy)
+    )
+
+
+_PARTS = ("result", "before_state")
+
+
+def _sensitive_violations(policy: ToolPolicy) -> list[Violation]:
+    found: list[Violation] = []
+    paths = list(policy.sensitive)
+    for path, mode in policy.sensitive.items():
+        where = ("sensitive", path)
+        argument = redact_root(path) not in _PARTS
+        if argument and mode is SensitiveMode.HASH and policy.is_mutation:
+            found.append(
+                Violation(
+                    where,
+                    "hash keeps only a keyed hash of the value, so a mutation could not be "
+                    "sent with it after a restart or an approval: use encrypt (hash suits a "
+                    "read's arguments, and results)",
+                )
+            )
+        inside = next((p for p in paths if p != path and _is_inside(path, p)), None)
+        if inside is not None:
+            found.append(
+                Violation(where, f"is inside {inside!r}, which is sensitive already: list one")
+            )
+    roots = {redact_root(p) for p in paths if redact_root(p) not in _PARTS}
+    if policy.resource is not None:
+        found.extend(
+            Violation(
+                ("resource",),
+                f"placeholder {{{name}}} is a sensitive argument; a resource is stored and "
+                "compared as it is written, so it must not hold one",
+            )
+            for name in dict.fromkeys(template_placeholders(policy.resource))
+            if name in roots
+        )
+    return found
+
+
+def _is_inside(path: str, other: str) -> bool:
+    """Whether ``path`` names a value inside the value ``other`` names."""
+    return path.startswith(other) and path[len(other)] in ".["
 
 
 def _approver_violations(policy: ToolPolicy) -> list[Violation]:
@@ -333,5 +381,14 @@ def _argument_violations(policy: ToolPolicy) -> list[Violation]:
         )
         for index, path in enumerate(policy.redact)
         if redact_root(path) not in known
+    )
+    found.extend(
+        Violation(
+            ("sensitive", path),
+            f"starts with {redact_root(path)!r}, which {not_an_argument} (result and "
+            "before_state name those parts)",
+        )
+        for path in policy.sensitive
+        if redact_root(path) not in known and redact_root(path) not in _PARTS
     )
     return found

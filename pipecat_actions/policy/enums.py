@@ -16,6 +16,7 @@ __all__ = [
     "OnInterruption",
     "Overflow",
     "Risk",
+    "SensitiveMode",
     "ToolKind",
 ]
 
@@ -151,6 +152,20 @@ class Overflow(StrEnum):
     QUEUE = "queue"
     COALESCE = "coalesce"
     DEGRADE = "degrade"
+
+
+class SensitiveMode(StrEnum):
+    """How the ledger stores a value a policy marks ``sensitive``.
+
+    Attributes:
+        ENCRYPT: Encrypted with the ledger keys: the runtime runs with it (after a restart
+            too) and an operator with the key may reveal it.
+        HASH: Only a keyed hash of it: whether two values are equal can be told, the value
+            itself is kept nowhere (a read's arguments, results).
+    """
+
+    ENCRYPT = "encrypt"
+    HASH = "hash"
 
 
 class DeliveryMode(StrEnum):

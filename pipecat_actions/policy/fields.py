@@ -20,6 +20,7 @@ __all__ = [
     "PlainData",
     "RedactPath",
     "RedactPaths",
+    "SensitivePath",
     "SummaryTemplate",
     "Template",
     "ToolName",
@@ -328,6 +329,10 @@ RedactPath = Annotated[str, AfterValidator(_check_redact_path)]
 
 RedactPaths = Annotated[tuple[RedactPath, ...], Strict(False), AfterValidator(_no_duplicates)]
 """A list of redact paths, each listed once."""
+
+SensitivePath = Annotated[str, AfterValidator(_check_redact_path)]
+"""A path whose value the ledger stores sealed: an argument path, or one under ``result`` or
+``before_state`` (``result.payment.card``; ``result`` alone is the whole result)."""
 
 Template = Annotated[str, AfterValidator(_check_template)]
 """Text with ``{argument_name}`` placeholders, filled in from a call's arguments."""

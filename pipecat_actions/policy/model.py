@@ -33,6 +33,7 @@ from pipecat_actions.policy.enums import (
     OnDuplicate,
     OnInterruption,
     Risk,
+    SensitiveMode,
     ToolKind,
 )
 from pipecat_actions.policy.fields import (
@@ -41,6 +42,7 @@ from pipecat_actions.policy.fields import (
     ApproverNames,
     ArgumentNames,
     RedactPaths,
+    SensitivePath,
     SummaryTemplate,
     Template,
     ToolName,
@@ -479,6 +481,17 @@ class ToolPolicy(BaseModel):
             "Argument paths hidden from logs and traces, e.g. card.number or guests[*].phone."
         ),
     )
+    sensitive: dict[SensitivePath, Annotated[SensitiveMode, _LAX]] = Field(
+        default_factory=dict,
+        description=(
+            "Values the ledger stores sealed, by path: argument paths (card.number, "
+            "guests[*].phone) and paths of the result or before-state (result.payment.card), "
+            "each encrypt (the runtime runs with it; an operator with the key may reveal it) "
+            "or hash (a keyed hash: only equality can be told; a read's arguments and "
+            "results). Needs the keys in PIPECAT_ACTIONS_LEDGER_KEYS (encrypt) and "
+            "PIPECAT_ACTIONS_LEDGER_HASH_KEY. Also hidden from logs, like redact."
+        ),
+    )
     visible_to: AgentNames = Field(
         default=(),
         description=(
@@ -509,6 +522,11 @@ class ToolPolicy(BaseModel):
     def is_mutation(self) -> bool:
         """True when the tool changes something in the real world."""
         return self.kind is ToolKind.MUTATION
+
+    @property
+    def redacted_paths(self) -> tuple[str, ...]:
+        """The paths hidden from logs: ``redact`` and every ``sensitive`` path."""
+        return (*self.redact, *(p for p in self.sensitive if p not in self.redact))
 
     @property
     def cancel_on_interruption(self) -> bool:

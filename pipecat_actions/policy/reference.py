@@ -42,6 +42,8 @@ def _type_name(annotation: Any) -> str:
 def _default(field: Any) -> str:
     if field.is_required():
         return "required"
+    if field.default_factory is dict:
+        return "empty"
     if field.default_factory is not None:
         return "see below"
     value = field.default

@@ -37,6 +37,8 @@ from pipecat_actions.clock import Clock, SystemClock
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.executor import ReconcileSchedule
 from pipecat_actions.ledger import Ledger, Operation, SqlLedger
+from pipecat_actions.ledger.keys import LedgerKeys
+from pipecat_actions.ledger.sealed import SealedLedger, sealer_for
 from pipecat_actions.observability.metrics import ActionMetrics
 from pipecat_actions.observability.redaction import install_log_redaction
 from pipecat_actions.policy import OnInterruption, PolicySet, load_policy
@@ -110,6 +112,7 @@ class ActionRuntime:
         recover: bool = True,
         recover_unsent: RecoverUnsent = "run",
         schedule: ReconcileSchedule | None = None,
+        ledger_keys: LedgerKeys | None = None,
     ) -> ActionRuntime:
         """Load the policy, open the ledger, register ``actions`` and recover leftover work.
 
@@ -132,12 +135,17 @@ class ActionRuntime:
             recover_unsent: What to do with a recovered operation that was admitted but never
                 sent: ``run`` it (after asking the authorizer again) or ``fail`` it.
             schedule: How UNKNOWN operations are probed before escalation.
+            ledger_keys: The keys that seal the values the policy marks ``sensitive``
+                (default: read from ``PIPECAT_ACTIONS_LEDGER_KEYS`` and
+                ``PIPECAT_ACTIONS_LEDGER_HASH_KEY``; see `pipecat_actions.ledger.keys`).
 
         Raises:
             PolicyError: The policy file is invalid.
             ConfigurationError: An action has no policy, or its policy needs a hook it lacks;
                 a policy entry is neither an action nor ``routed`` (its tool would never be
                 offered to the LLM); a ``routed`` name has no entry or is also an action.
+            LedgerKeysError: The policy marks values ``sensitive`` and a key they need is
+                not set (``PIPECAT_ACTIONS_LEDGER_KEYS``, ``PIPECAT_ACTIONS_LEDGER_HASH_KEY``).
             LedgerError: The ledger cannot be opened.
         """
         if isinstance(routed, str):
@@ -146,11 +154,16 @@ class ActionRuntime:
         # Pipecat logs tool-call arguments at DEBUG before any handler runs: the redaction
         # must be in place, with this policy's redact paths, before the first call.
         install_log_redaction(policy=policies)
+        # A policy that marks values sensitive without the keys to seal them stops here,
+        # before the ledger is opened: nothing is ever stored in plain text instead.
+        sealer = sealer_for(
+            {name: policies[name].sensitive for name in policies.names()}, ledger_keys
+        )
         clock = clock or SystemClock()
         opened = ledger or await SqlLedger.create(ledger_url, clock=clock)
         parts = build_parts(
             policy=policies,
-            ledger=opened,
+            ledger=opened if sealer is None else SealedLedger(opened, sealer),
             authorizer=authorizer,
             clock=clock,
             owner=owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",

@@ -30,7 +30,7 @@ from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.errors import OperationNotFound, PolicyProblem
 from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
-from pipecat_actions.ledger.records import hash_arguments
+from pipecat_actions.ledger.keys import LedgerKeys
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.scenarios.faults import FaultLayer
@@ -258,6 +258,14 @@ class _Scene:
         self.spec = loaded.spec
         self.ledger_url = ledger_url
         self.run = run
+        # A scenario's ledger is its own, thrown away after it: a policy that marks values
+        # sensitive seals them with the environment's keys, or with keys made for this run.
+        configured = LedgerKeys.from_environment()
+        self.ledger_keys = (
+            configured
+            if configured.can_encrypt and configured.hash_key is not None
+            else LedgerKeys.fresh()
+        )
         self.clock = ManualClock(time.time())
         self.sor = _new_provider(loaded, self.clock)
         self.app = _build_app(loaded, self.sor, self.clock)
@@ -331,6 +339,7 @@ class _Scene:
             owner=f"scenario-process-{self.generation}",
             lease_secs=self.spec.lease_secs,
             recover=recover,
+            ledger_keys=self.ledger_keys,
         )
 
     async def close_runtime(self, *, grace_secs: float) -> None:
@@ -588,7 +597,9 @@ class _Scene:
         if step.seen_args is not None:
             # Normalised as the runtime normalises a call's arguments (defaults filled in).
             model = self.runtime.bindings[op.tool].action.args_model
-            seen = hash_arguments(model.model_validate(step.seen_args).model_dump(mode="json"))
+            seen = self.runtime.ledger.args_hash(
+                op.tool, model.model_validate(step.seen_args).model_dump(mode="json")
+            )
         try:
             await self.runtime.approve(
                 op.operation_id,
