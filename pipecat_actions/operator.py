@@ -58,7 +58,6 @@ from pipecat_actions.errors import ConfigurationError, PipecatActionsError
 from pipecat_actions.ledger import Ledger, Operation, OperationEvent, OperationFilter
 from pipecat_actions.ledger.keys import LedgerKeys
 from pipecat_actions.ledger.sealing import Sealer, holds_sealed_values, operator_view
-from pipecat_actions.policy.summary import render_summary, summary_text
 from pipecat_actions.status import ActionStatus
 
 if TYPE_CHECKING:
@@ -117,11 +116,20 @@ def describe_approval(
         "tool": op.tool,
     }
     if rule is not None:
+        # Imported here: an operator's read command never loads the policy model.
+        from pipecat_actions.policy.summary import render_summary, summary_text
+
         data["description"] = rule.description
         data["summary"] = (
             None
             if rule.summary is None
-            else summary_text(render_summary(rule.summary, op.args, op.before_state))
+            else summary_text(
+                render_summary(
+                    rule.summary,
+                    operator_view(op, "args", sealer),
+                    operator_view(op, "before_state", sealer),
+                )
+            )
         )
     data |= {
         "status": op.status.value,

@@ -23,8 +23,6 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from loguru import logger
-
 from pipecat_actions._printable import printable, printable_json
 
 if TYPE_CHECKING:
@@ -286,6 +284,8 @@ def add_console_parser(commands: Any) -> None:
 
 async def run_console(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``pipecat-actions console`` until interrupted."""
+    from loguru import logger
+
     from pipecat_actions._operator_text import ledger_line
     from pipecat_actions.console import ConsoleSettings, serve
     from pipecat_actions.console.users import Credentials

@@ -75,8 +75,8 @@ async def _bench(tmp_path: Path) -> AsyncIterator[_Bench]:
             "refund_to_card", {"card": {"number": CARD, "cvc": CVC}, "amount_cents": 5}, session
         )
         users = Credentials(tmp_path / "users")
-        users.add("rosa", "rosa-pw", frozenset({"reveal"}))
-        users.add("sam", "sam-pw", frozenset())
+        users.add("rosa", "rosa-pw", frozenset({"reveal"}), tenants=["default"])
+        users.add("sam", "sam-pw", frozenset(), tenants=["default"])
         # The runtime's own ledger, as an application embedding the console might pass it.
         app = create_app(ConsoleSettings(users=users), rt.ledger, ledger_name="sqlite:///ledger")
         async with httpx.AsyncClient(

@@ -199,7 +199,7 @@ async def stored_text(ledger_url: str) -> str:
     (the database, its WAL and shared memory), or every row of a PostgreSQL ledger."""
     if ledger_url.startswith("sqlite"):
         path = Path(ledger_url.removeprefix("sqlite:///"))
-        files = sorted(path.parent.glob(f"{path.name}*"))
+        files = sorted(f for f in path.parent.glob(f"{path.name}*") if f.is_file())
         assert files, f"no ledger file at {path}"
         return "".join(f.read_bytes().decode("latin-1") for f in files)
     conn = await asyncpg.connect(ledger_url)

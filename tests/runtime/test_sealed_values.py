@@ -256,7 +256,7 @@ async def _approve_and_restart(
         await approve_operation(
             ledger,
             op_id,
-            approver=Approver("rosa", frozenset()),
+            approver=Approver("rosa", frozenset(), frozenset({"default"})),
             reason="the guest called",
             now=clock.now(),
             args_hash=seen_hash,
