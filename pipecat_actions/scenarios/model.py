@@ -152,7 +152,12 @@ class BargeInStep(_Strict):
     text: str | None = Field(default=None, max_length=2000)
     after_secs: float = Field(default=0.2, ge=0, le=30)
     speech_secs: float = Field(default=0.2, ge=0, le=30)
-    timeout_secs: float = Field(default=10, gt=0, le=120)
+    timeout_secs: float = Field(
+        default=60,
+        gt=0,
+        le=600,
+        description="A hang guard in real seconds: only a stuck story waits this long.",
+    )
     op: Label | None = Field(default=None, description="Time it from this call's operation.")
     at: Literal["admitted", "running"] = Field(
         default="running", description="With op: from its admission or from its RUNNING."
@@ -225,13 +230,24 @@ class IdleStep(_Strict):
 
 
 class AdvanceStep(_Strict):
-    """Move the runtime's and the provider's clock ``secs`` forward, then let work settle."""
+    """Move the runtime's and the provider's clock ``secs`` forward, then let work settle.
+
+    In story order: before the clock moves, the model has made every call of the llm steps
+    written before this one, each call has reached the runtime (admitted, refused or running
+    as a read), and the work it started waits on the clock. However slow the machine, what
+    happens at which clock time is what the file says.
+    """
 
     secs: float = Field(gt=0, le=86_400)
 
 
 class UntilStep(_Strict):
-    """Wait (real time) until the labelled operation has a status (and, if asked, was told)."""
+    """Wait until the labelled operation has a status (and, if asked, was told).
+
+    ``timeout_secs`` is a hang guard, not a budget: a story that reaches the status gets there
+    however long a busy machine takes; only one that is stuck fails, after that many real
+    seconds of waiting, naming the status it was in.
+    """
 
     op: Label
     status: list[ActionStatus] = Field(min_length=1)
@@ -242,7 +258,12 @@ class UntilStep(_Strict):
             "delivery right after pushing it): what the bot says next is about it."
         ),
     )
-    timeout_secs: float = Field(default=10, gt=0, le=120)
+    timeout_secs: float = Field(
+        default=60,
+        gt=0,
+        le=600,
+        description="A hang guard in real seconds: only a stuck story waits this long.",
+    )
 
 
 class FaultStep(_Strict):

@@ -47,6 +47,7 @@ from pipecat_actions.scenarios.model import (
     HandoffStep,
     HangUpStep,
     IdleStep,
+    LlmStep,
     ReconnectStep,
     RejectStep,
     ReleaseHungStep,
@@ -90,6 +91,9 @@ settled: between two ledger calls (the runtime's only real I/O here) its work ta
 turns of plain asyncio hops, however long a turn takes on a busy machine."""
 _SETTLE_HANG_SECS = 60.0
 """Bound on one settle: work that never stops calling the ledger is a hang, not load."""
+_HANG_GUARD_SECS = 60.0
+"""How long a wait of the story's order (`_Scene.calls_made`) lasts before it is called stuck:
+a hang guard, never a budget a healthy story has to meet."""
 
 
 @dataclass
@@ -273,6 +277,13 @@ class _Scene:
         # The scenario's policy picks which of the app's tools exist in this story.
         self.actions = self.faults.wrap([a for a in self.app.actions if a.name in loaded.policy])
         self.script = model_script(loaded, self.run.unresolved)
+        self.script_steps = len(self.script)
+        self.calls_before = _calls_before(loaded.steps)
+        """Per step: how many of the model's steps come first, up to its last one with calls."""
+        self.llm: ScriptedLLM | None = None
+        self.emitted: list[str] = []
+        """Every call the models of this story made, pipeline after pipeline."""
+        self.answered: set[str] = set()
         self.runtime: ActionRuntime | None = None
         self.ledger: TimelineLedger | None = None
         self.run_id = uuid.uuid4().hex[:8]
@@ -354,7 +365,7 @@ class _Scene:
     def note(self, what: str) -> None:
         self.run.timeline.append(TimelineEntry(time.monotonic(), what))
 
-    async def op_id(self, label: str, timeout_secs: float = 10.0) -> str:
+    async def op_id(self, label: str, timeout_secs: float = 60.0) -> str:
         """The operation of a labelled call, waiting for the call to reach the runtime."""
         call_id = f"call_{label}"
         deadline = time.monotonic() + timeout_secs
@@ -417,7 +428,7 @@ class _Scene:
             )
             return [idle, Call(lambda: self.ledger_quiet(step)), idle]
         if isinstance(step, AdvanceStep):
-            return call(lambda: self.advance(step.secs))
+            return call(lambda: self.advance(step.secs, made=self.calls_before[index]))
         if isinstance(step, UntilStep):
             return call(lambda: self.until(step))
         if isinstance(step, FaultStep):
@@ -522,12 +533,46 @@ class _Scene:
                 now = (ledger.calls, self.clock.sleepers)
                 seen, quiet = now, (quiet + 1 if now == seen else 0)
 
-    async def advance(self, secs: float) -> None:
+    async def calls_made(self, made: int) -> None:
+        """Wait until the model used its first ``made`` steps and each call reached the runtime.
+
+        In story order (see `AdvanceStep`): a call the file writes before an ``advance`` is in
+        the runtime before the clock moves, however slow the model's turn or the pipeline.
+        Only while a conversation runs (nobody makes calls while the user is away).
+        """
+        if self.llm is None:
+            return
+        give_up = time.monotonic() + _HANG_GUARD_SECS
+        while True:
+            used = self.script_steps - len(self.script)
+            waiting = [c for c in self.emitted if not self._arrived(c)]
+            if used >= made and not waiting:
+                return
+            if time.monotonic() > give_up:
+                what = (
+                    f"the model's call(s) {', '.join(waiting)} to reach the runtime"
+                    if used >= made
+                    else f"the model to use its step {made} (it used {used})"
+                )
+                raise TimeoutError(f"advance: still waiting for {what} (a stuck story)")
+            await asyncio.sleep(0.01)
+
+    def _arrived(self, tool_call_id: str) -> bool:
+        """Whether a call of the model is admitted, refused or running as a read."""
+        runtime = self.runtime
+        return (
+            tool_call_id in self.answered
+            or tool_call_id in self.faults.started
+            or (runtime is not None and runtime.operation_for_call(tool_call_id) is not None)
+        )
+
+    async def advance(self, secs: float, *, made: int = 0) -> None:
         # Small slices let chained timers (a deadline, then a probe) fire in turn; a long
         # advance takes at most about 40 of them. Before each, the work that is running
         # settles: it reaches its next clock wait, so the slice that is due wakes it.
         slice_secs = max(_ADVANCE_SLICE_SECS, secs / 40)
         left = secs
+        await self.calls_made(made)
         await self.settle()
         while left > 1e-9:
             stride = min(slice_secs, left)
@@ -709,6 +754,8 @@ class _Scene:
     async def converse(self, steps: list[ConversationStep], *, settle: bool) -> None:
         assert self.runtime is not None
         llm = ScriptedLLM(self.script, fallback="Okay.")
+        llm.emitted = self.emitted  # one list for the story, whichever pipeline makes a call
+        self.llm = llm
         self.runtime.attach(llm, self.session)
         self.context.set_tools(self.runtime.tools_schema())
         self.gate = ActionResultGate(self.runtime, self.session)
@@ -722,7 +769,7 @@ class _Scene:
                 context=self.context,
                 after_user_aggregator=[ActionTurnTracker(self.session)],
                 before_assistant_aggregator=[self.gate],
-                observers=[DeliveryWatch(self.run.timeline)],
+                observers=[DeliveryWatch(self.run.timeline, self.answered)],
                 settle=WaitUntilIdle(quiet_secs=0.5, timeout_secs=20, function_calls=False)
                 if settle
                 else None,
@@ -731,6 +778,7 @@ class _Scene:
         except (_Crash, _Reconnect, _HangUp):
             pass
         finally:
+            self.llm = None
             self.run.heard.extend(transport.heard)
 
     async def seed(self) -> None:
@@ -795,6 +843,19 @@ class _Scene:
 
 async def _nothing() -> None:
     return None
+
+
+def _calls_before(steps: Sequence[Step]) -> list[int]:
+    """For each step, how many llm steps come before it up to the last one that makes calls."""
+    counts: list[int] = []
+    seen = needed = 0
+    for step in steps:
+        counts.append(needed)
+        if isinstance(step, LlmStep):
+            seen += 1
+            if step.calls:
+                needed = seen
+    return counts
 
 
 def _as_calls(steps: list[ConversationStep]) -> list[Callable[[], Awaitable[None]]]:

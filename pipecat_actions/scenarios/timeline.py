@@ -203,9 +203,11 @@ class DeliveryWatch(BaseObserver):
     speaking about it; the push itself is what comes before what the user hears.
     """
 
-    def __init__(self, timeline: list[TimelineEntry]) -> None:
+    def __init__(self, timeline: list[TimelineEntry], answered: set[str] | None = None) -> None:
         super().__init__()
         self._timeline = timeline
+        self._answered = answered if answered is not None else set()
+        """The tool_call_id of every call whose result the gate pushed (refusals included)."""
 
     async def on_push_frame(self, data: FramePushed) -> None:
         """Note the operations a result or a developer message from the gate tells."""
@@ -214,6 +216,7 @@ class DeliveryWatch(BaseObserver):
         frame = data.frame
         status: ActionStatus | None = None
         if isinstance(frame, FunctionCallResultFrame):
+            self._answered.add(frame.tool_call_id)
             told = str(frame.result)
             said = frame.result.get("status") if isinstance(frame.result, dict) else None
             if isinstance(said, str) and said.upper() in _STATUSES:  # results say "committed"

@@ -97,6 +97,8 @@ class ScriptedLLM(LLMService):
         self._ids = itertools.count(1)
         self.inferences = 0
         """How many times the model was asked to answer."""
+        self.emitted: list[str] = []
+        """The ``tool_call_id`` of every call the model made, in order."""
 
     def push_step(self, step: ScriptStep) -> None:
         """Append a step to the script."""
@@ -131,6 +133,7 @@ class ScriptedLLM(LLMService):
                 )
                 for index, (name, arguments) in enumerate(step.calls)
             ]
+            self.emitted.extend(call.tool_call_id for call in calls)
             await self.run_function_calls(calls)
         else:
             await self.push_frame(LLMTextFrame(step.text))
