@@ -15,8 +15,8 @@ Importing this package imports neither ``prometheus_client`` nor ``opentelemetry
 """
 
 from pipecat_actions.observability.metrics import METRICS, ActionMetrics, MetricKind, MetricSpec
-from pipecat_actions.observability.telemetry import Telemetry
-from pipecat_actions.observability.tracing import SpanIds, enable_tracing, key_hash
+from pipecat_actions.observability.telemetry import Telemetry, enable_tracing
+from pipecat_actions.observability.tracing import SpanIds, key_hash
 
 __all__ = [
     "METRICS",

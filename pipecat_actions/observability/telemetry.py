@@ -18,7 +18,7 @@ tracing is turned on.
 
 from __future__ import annotations
 
-__all__ = ["Decided", "Telemetry"]
+__all__ = ["Decided", "Telemetry", "Traced", "enable_tracing"]
 
 import time
 from collections import OrderedDict
@@ -354,3 +354,29 @@ class AdmissionScope:
                 # Pipecat's turns, under this admission, so that one trace tells the story.
                 parent = self._parent if self._parent is not None else span.as_parent()
                 self._telemetry._remember_parent(operation.operation_id, parent)
+
+
+class Traced(Protocol):
+    """What `enable_tracing` needs of a runtime: its telemetry."""
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """The runtime's `Telemetry`."""
+        ...
+
+
+def enable_tracing(runtime: Traced, tracer_provider: Any = None) -> OtelTracer:
+    """Turn on spans for ``runtime``'s operations; return the tracer.
+
+    Needed only without Pipecat's tracing (with it, the `ActionResultGate` turns this on).
+
+    Args:
+        runtime: The runtime to trace.
+        tracer_provider: An OpenTelemetry ``TracerProvider``; the global one when None.
+
+    Raises:
+        ImportError: ``opentelemetry-api`` is not installed (``pipecat-actions[tracing]``).
+    """
+    tracer = OtelTracer(tracer_provider)
+    runtime.telemetry.tracer = tracer
+    return tracer

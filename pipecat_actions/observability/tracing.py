@@ -14,7 +14,7 @@ the SHA-256 of the key). Never the key itself (it names the principal) nor the a
 
 from __future__ import annotations
 
-__all__ = ["NULL_SPAN", "OtelTracer", "Span", "SpanIds", "Traced", "enable_tracing", "key_hash"]
+__all__ = ["NULL_SPAN", "OtelTracer", "Span", "SpanIds", "key_hash"]
 
 import hashlib
 from collections.abc import Iterator
@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pipecat_actions.ledger import Operation
-    from pipecat_actions.observability.telemetry import Telemetry
 
 AttributeValue = str | int | float | bool
 
@@ -171,29 +170,3 @@ def _package_version() -> str | None:
         return version("pipecat-actions")
     except PackageNotFoundError:  # a source tree that was never installed
         return None
-
-
-class Traced(Protocol):
-    """What `enable_tracing` needs of a runtime: its telemetry."""
-
-    @property
-    def telemetry(self) -> Telemetry:
-        """The runtime's `Telemetry`."""
-        ...
-
-
-def enable_tracing(runtime: Traced, tracer_provider: Any = None) -> OtelTracer:
-    """Turn on spans for ``runtime``'s operations; return the tracer.
-
-    Needed only without Pipecat's tracing (with it, the `ActionResultGate` turns this on).
-
-    Args:
-        runtime: The runtime to trace.
-        tracer_provider: An OpenTelemetry ``TracerProvider``; the global one when None.
-
-    Raises:
-        ImportError: ``opentelemetry-api`` is not installed (``pipecat-actions[tracing]``).
-    """
-    tracer = OtelTracer(tracer_provider)
-    runtime.telemetry.tracer = tracer
-    return tracer

@@ -22,7 +22,7 @@ from pydantic_core import ErrorDetails
 
 from pipecat_actions._printable import bounded, quoted
 from pipecat_actions.errors import PolicyProblem
-from pipecat_actions.policy._rules import RULE_ERROR_TYPE, Violation
+from pipecat_actions.policy._violations import RULE_ERROR_TYPE, Violation
 from pipecat_actions.policy._yaml import MAX_LISTED_PROBLEMS, not_listed
 from pipecat_actions.policy.document import PolicyFile, nested_model_type
 from pipecat_actions.policy.model import ToolPolicy

@@ -1,21 +1,18 @@
-"""The cross-field rules of a tool policy, and how broken rules are reported.
+"""The cross-field rules of a tool policy: which settings may not go together, and why.
 
-A pydantic model validator can raise only one error, at the model's own location. The models
-collect every `Violation` first and raise them together through `raise_violations`; the loader
-spreads them back into one problem per key path.
+`tool_policy_violations` reads a tool policy through `RuledPolicy` (the settings it checks),
+so this module needs nothing of `pipecat_actions.policy.model`, which calls it.
 """
 
 from __future__ import annotations
 
-__all__ = ["RULE_ERROR_TYPE", "Violation", "raise_violations", "tool_policy_violations"]
+__all__ = ["RuledPolicy", "tool_policy_violations"]
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from pydantic_core import PydanticCustomError
+from collections.abc import Mapping
+from typing import Protocol
 
 from pipecat_actions._printable import bounded
+from pipecat_actions.policy._violations import Violation
 from pipecat_actions.policy.enums import (
     ConfirmationMode,
     DeliveryMode,
@@ -25,77 +22,68 @@ from pipecat_actions.policy.enums import (
     Overflow,
     Risk,
     SensitiveMode,
+    ToolKind,
 )
 from pipecat_actions.policy.fields import number_text, redact_root, template_placeholders
+from pipecat_actions.policy.limits import LimitsPolicy
+from pipecat_actions.policy.parts import (
+    CompensationPolicy,
+    ConfirmationPolicy,
+    DeliveryPolicy,
+    IdempotencyPolicy,
+)
+from pipecat_actions.policy.retry import RetryPolicy
 from pipecat_actions.policy.summary import BEFORE, summary_placeholders
 
-if TYPE_CHECKING:
-    from pipecat_actions.policy.model import ToolPolicy
 
-RULE_ERROR_TYPE = "policy_rule"
-"""The pydantic error ``type`` that carries `Violation` objects in its ``ctx``."""
+class RuledPolicy(Protocol):
+    """The settings of a tool policy the rules read (`pipecat_actions.policy.ToolPolicy`)."""
 
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    """One broken cross-field rule.
-
-    Attributes:
-        path: Key path of the offending setting, relative to the model that checked it.
-        reason: What is wrong and how to fix it, in plain words.
-    """
-
-    path: tuple[str | int, ...]
-    reason: str
-
-    def __str__(self) -> str:
-        where = ".".join(str(part) for part in self.path)
-        return f"{where}: {self.reason}" if where else self.reason
-
-
-_SUMMARISED = 10
-"""How many broken rules the error's message spells out; ``ctx["violations"]`` has them all."""
-
-
-class _Violations(tuple[Violation, ...]):
-    """The broken rules in an error's context, shown in short.
-
-    pydantic writes out every value of an error's context when it words the error's message,
-    whether the message names it or not: a hundred thousand broken rules (placeholders that
-    are not arguments) must not cost a hundred thousand ``repr`` each time.
-    """
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return f"<{len(self)} broken rules>"
-
-    __str__ = __repr__
-
-
-def raise_violations(violations: Sequence[Violation]) -> None:
-    """Raise every violation as one pydantic error, or return when there is none.
-
-    Args:
-        violations: The broken rules found by a model validator.
-
-    Raises:
-        PydanticCustomError: Of type `RULE_ERROR_TYPE`; ``ctx["violations"]`` holds them all,
-            in a tuple; the message spells out the first ten.
-    """
-    if not violations:
-        return
-    summary = "; ".join(str(v) for v in violations[:_SUMMARISED])
-    if len(violations) > _SUMMARISED:
-        summary += f"; and {len(violations) - _SUMMARISED} more"
-    raise PydanticCustomError(
-        RULE_ERROR_TYPE,
-        "{summary}",
-        {"summary": summary, "violations": _Violations(violations)},
-    )
+    @property
+    def kind(self) -> ToolKind: ...
+    @property
+    def risk(self) -> Risk: ...
+    @property
+    def arguments(self) -> tuple[str, ...] | None: ...
+    @property
+    def mode(self) -> ExecutionMode: ...
+    @property
+    def on_duplicate(self) -> OnDuplicate: ...
+    @property
+    def on_interruption(self) -> OnInterruption: ...
+    @property
+    def cancellable_by_llm(self) -> bool: ...
+    @property
+    def idempotency(self) -> IdempotencyPolicy: ...
+    @property
+    def confirmation(self) -> ConfirmationPolicy: ...
+    @property
+    def timeout_secs(self) -> float | None: ...
+    @property
+    def deadline_secs(self) -> float: ...
+    @property
+    def retry(self) -> RetryPolicy: ...
+    @property
+    def limits(self) -> LimitsPolicy: ...
+    @property
+    def delivery(self) -> DeliveryPolicy: ...
+    @property
+    def resource(self) -> str | None: ...
+    @property
+    def compensation(self) -> CompensationPolicy | None: ...
+    @property
+    def redact(self) -> tuple[str, ...]: ...
+    @property
+    def sensitive(self) -> Mapping[str, SensitiveMode]: ...
+    @property
+    def announce(self) -> str | None: ...
+    @property
+    def before_state_fields(self) -> tuple[str, ...] | None: ...
+    @property
+    def is_mutation(self) -> bool: ...
 
 
-def tool_policy_violations(policy: ToolPolicy) -> list[Violation]:
+def tool_policy_violations(policy: RuledPolicy) -> list[Violation]:
     """Check the rules that tie a tool policy's settings together.
 
     Args:
@@ -143,7 +131,7 @@ def tool_policy_violations(policy: ToolPolicy) -> list[Violation]:
 _PARTS = ("result", "before_state")
 
 
-def _sensitive_violations(policy: ToolPolicy) -> list[Violation]:
+def _sensitive_violations(policy: RuledPolicy) -> list[Violation]:
     found: list[Violation] = []
     paths = list(policy.sensitive)
     for path, mode in policy.sensitive.items():
@@ -182,7 +170,7 @@ def _is_inside(path: str, other: str) -> bool:
     return path.startswith(other) and path[len(other)] in ".["
 
 
-def _approver_violations(policy: ToolPolicy) -> list[Violation]:
+def _approver_violations(policy: RuledPolicy) -> list[Violation]:
     found: list[Violation] = []
     confirmation = policy.confirmation
     decides = confirmation.approvers or confirmation.approver_roles
@@ -213,7 +201,7 @@ def _approver_violations(policy: ToolPolicy) -> list[Violation]:
     return found
 
 
-def _summary_violations(policy: ToolPolicy) -> list[Violation]:
+def _summary_violations(policy: RuledPolicy) -> list[Violation]:
     """Each summary placeholder names a declared argument or before-state field."""
     summary = policy.confirmation.summary
     if summary is None:
@@ -247,7 +235,7 @@ def _summary_violations(policy: ToolPolicy) -> list[Violation]:
     return found
 
 
-def _read_violations(policy: ToolPolicy) -> list[Violation]:
+def _read_violations(policy: RuledPolicy) -> list[Violation]:
     found: list[Violation] = []
     if policy.on_interruption is OnInterruption.REQUEST_CANCEL:
         found.append(
@@ -285,7 +273,7 @@ def _read_violations(policy: ToolPolicy) -> list[Violation]:
     return found
 
 
-def _mutation_violations(policy: ToolPolicy) -> list[Violation]:
+def _mutation_violations(policy: RuledPolicy) -> list[Violation]:
     found: list[Violation] = []
     if policy.limits.overflow is Overflow.COALESCE:
         found.append(
@@ -327,7 +315,7 @@ def _mutation_violations(policy: ToolPolicy) -> list[Violation]:
     return found
 
 
-def _compensation_violations(policy: ToolPolicy) -> list[Violation]:
+def _compensation_violations(policy: RuledPolicy) -> list[Violation]:
     compensation = policy.compensation
     if compensation is None:
         return []
@@ -352,7 +340,7 @@ def _compensation_violations(policy: ToolPolicy) -> list[Violation]:
     return found
 
 
-def _argument_violations(policy: ToolPolicy) -> list[Violation]:
+def _argument_violations(policy: RuledPolicy) -> list[Violation]:
     if policy.arguments is None:
         return []
     known = set(policy.arguments)

@@ -8,7 +8,7 @@ from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
-from pipecat_actions.policy._rules import Violation, raise_violations
+from pipecat_actions.policy._violations import Violation, raise_violations
 from pipecat_actions.policy.enums import Overflow
 from pipecat_actions.policy.fields import PlainData, number_text
 

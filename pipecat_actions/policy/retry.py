@@ -14,7 +14,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipecat_actions.policy._rules import Violation, raise_violations
+from pipecat_actions.policy._violations import Violation, raise_violations
 
 
 class RetryPolicy(BaseModel):
