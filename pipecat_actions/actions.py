@@ -65,7 +65,7 @@ from pydantic import (
 )
 
 from pipecat_actions._arguments import argument_schema, arguments_of
-from pipecat_actions.errors import ConfigurationError, PipecatActionsError
+from pipecat_actions.errors import ConfigurationError, Refused
 from pipecat_actions.ledger.records import Operation
 from pipecat_actions.policy import ToolPolicy
 
@@ -176,19 +176,6 @@ def running_as(ctx: ActionContext) -> Iterator[None]:
         yield
     finally:
         _RUNNING.reset(token)
-
-
-class Refused(PipecatActionsError):
-    """Raised by a preconditions hook to refuse a call; ``message`` is told to the model.
-
-    Args:
-        message: A plain-language reason the model can relay to the user.
-        code: A short machine-readable reason (``"no_such_booking"``).
-    """
-
-    def __init__(self, message: str, *, code: str = "precondition_failed") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class ReconcileState(StrEnum):

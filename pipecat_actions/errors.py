@@ -4,6 +4,10 @@ Every error derives from `PipecatActionsError` and carries keyword-only context 
 `retryable` flag that says whether the same call may succeed if simply tried again::
 
     PipecatActionsError
+    ├── Refused                        a preconditions hook refuses a call (told to the model)
+    │   └── LimitExceeded              a limit refuses it: budget, rate, concurrency (`code`)
+    ├── ApprovalRefused                a decision cannot be applied: status, tenant, window, ...
+    ├── ScenarioError                  a scenario file cannot be run (lists every problem)
     ├── PolicyError                    a policy file is unreadable or invalid (lists every problem)
     ├── StatusError
     │   └── IllegalTransition          from → to is not in the status machine's table
@@ -21,6 +25,7 @@ Every error derives from `PipecatActionsError` and carries keyword-only context 
     │       ├── UnexpectedStatus       the operation is no longer in the expected status
     │       └── StaleFence             the caller's lease was taken over by another owner
     └── ConfigurationError             the package was wired together wrongly
+        └── UsersFileError             the console's credentials file is unreadable or malformed
 
 Infrastructure failures are wrapped (``raise LedgerUnavailable(...) from exc``); an exception
 raised by a tool's own code is never replaced by one of these.
@@ -29,6 +34,7 @@ raised by a tool's own code is never replaced by one of these.
 from __future__ import annotations
 
 __all__ = [
+    "ApprovalRefused",
     "ConfigurationError",
     "IdempotencyMismatch",
     "IllegalTransition",
@@ -39,15 +45,19 @@ __all__ = [
     "LedgerLost",
     "LedgerNotFound",
     "LedgerUnavailable",
+    "LimitExceeded",
     "OperationNotFound",
     "PipecatActionsError",
     "PolicyError",
     "PolicyProblem",
+    "Refused",
+    "ScenarioError",
     "SchemaVersionMismatch",
     "StaleFence",
     "StatusError",
     "TransitionRefused",
     "UnexpectedStatus",
+    "UsersFileError",
 ]
 
 from dataclasses import dataclass
@@ -259,3 +269,36 @@ class StaleFence(TransitionRefused):
 
 class ConfigurationError(PipecatActionsError):
     """pipecat_actions was wired together in a way that cannot work."""
+
+
+class UsersFileError(ConfigurationError):
+    """The console's credentials file cannot be read, or a line of it is malformed."""
+
+
+class Refused(PipecatActionsError):
+    """Raised by a preconditions hook to refuse a call; ``message`` is told to the model.
+
+    Args:
+        message: A plain-language reason the model can relay to the user.
+        code: A short machine-readable reason (``"no_such_booking"``).
+    """
+
+    def __init__(self, message: str, *, code: str = "precondition_failed") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class LimitExceeded(Refused):
+    """A call was refused by a limit; ``code`` says which."""
+
+
+class ApprovalRefused(PipecatActionsError):
+    """A decision could not be applied: wrong status, tenant, arguments, approver or reason."""
+
+
+class ScenarioError(PipecatActionsError):
+    """A scenario file cannot be run; `problems` lists every problem found (file, key, why)."""
+
+    def __init__(self, problems: list[PolicyProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems) or "invalid scenario")

@@ -30,17 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipecat_actions._recent import remember
-from pipecat_actions.actions import Refused
+from pipecat_actions.errors import LimitExceeded
 from pipecat_actions.policy import Overflow, ToolPolicy
 
 SESSION_BUDGETS_KEPT = 100_000
 """How many (session, tool) call counts of budgeted tools are kept, most recent first: memory
 stays bounded in a long-running process; a conversation idle while this many others used a
 budgeted tool starts its count again."""
-
-
-class LimitExceeded(Refused):
-    """A call was refused by a limit; ``code`` says which."""
 
 
 @dataclass(frozen=True)

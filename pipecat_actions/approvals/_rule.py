@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipecat_actions._people import same_person, shows_something
-from pipecat_actions.errors import PipecatActionsError
+from pipecat_actions.errors import ApprovalRefused
 from pipecat_actions.ledger import Ledger, Operation
 from pipecat_actions.ledger.records import EventKind
 from pipecat_actions.policy.fields import check_approver_name
@@ -35,10 +35,6 @@ DECISION_REFUSED = "decision_refused"
 
 ALL_TENANTS = "*"
 """In an approver's ``tenants``: they decide in every tenant."""
-
-
-class ApprovalRefused(PipecatActionsError):
-    """A decision could not be applied: wrong status, tenant, arguments, approver or reason."""
 
 
 def _names(value: Iterable[str] | str | None) -> frozenset[str]:

@@ -46,17 +46,13 @@ from pathlib import Path
 from loguru import logger
 
 from pipecat_actions.approvals import ALL_TENANTS, Approver
-from pipecat_actions.errors import ConfigurationError
+from pipecat_actions.errors import UsersFileError
 from pipecat_actions.policy.fields import check_approver_name
 
 _N, _R, _P = 2**14, 8, 1
 _KEY_BYTES = 32
 _MAX_PASSWORD = 1024
 _MAX_FILE_BYTES = 1_000_000
-
-
-class UsersFileError(ConfigurationError):
-    """The credentials file cannot be read, or a line of it is malformed."""
 
 
 _TENANTS = "tenants="

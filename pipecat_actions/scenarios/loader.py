@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from pipecat_actions.errors import PipecatActionsError, PolicyError, PolicyProblem
+from pipecat_actions.errors import PolicyError, PolicyProblem, ScenarioError
 from pipecat_actions.policy import PolicySet, load_policy, load_policy_data
 from pipecat_actions.policy._problems import key_path, shown
 from pipecat_actions.policy._yaml import MAX_POLICY_BYTES, YamlRefused, parse_policy_yaml
@@ -48,14 +48,6 @@ _NEED_A_CALL = (UserStep, BargeInStep, IdleStep, HandoffStep)
 
 Loc = tuple[str | int, ...]
 _M = TypeVar("_M", bound=BaseModel)
-
-
-class ScenarioError(PipecatActionsError):
-    """A scenario file cannot be run; `problems` lists every problem found (file, key, why)."""
-
-    def __init__(self, problems: list[PolicyProblem]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(str(p) for p in self.problems) or "invalid scenario")
 
 
 @dataclass(frozen=True)
