@@ -41,7 +41,6 @@ from __future__ import annotations
 __all__ = [
     "MASK",
     "Redactor",
-    "find_secrets",
     "install_log_redaction",
     "log_redactor",
     "uninstall_log_redaction",
@@ -416,33 +415,6 @@ def _bracket_end(text: str, start: int) -> int:
             if depth == 0:
                 return at + 1
     return len(text)
-
-
-def find_secrets(text: str, secrets: Iterable[str]) -> dict[str, int]:
-    """Count the planted ``secrets`` that appear in ``text``; return only those found.
-
-    For a test harness that captured log output: a secret counts when it appears as written,
-    JSON-escaped, or (for a card number) as its digits with other separators (spaces,
-    dashes, dots, slashes, any one character that is not a letter or digit).
-
-    Args:
-        text: The captured log text.
-        secrets: The values planted in tool arguments.
-
-    Returns:
-        ``{secret: occurrences}`` for every secret found at least once.
-    """
-    found: dict[str, int] = {}
-    for secret in secrets:
-        forms = {secret, json.dumps(secret)[1:-1]}
-        digits = re.sub(r"[\W_]", "", secret)
-        count = sum(text.count(form) for form in forms if form)
-        if digits.isdigit() and len(digits) >= 12:
-            spaced = r"[\W_]?".join(digits)
-            count = max(count, len(re.findall(rf"(?<!\d){spaced}(?!\d)", text)))
-        if count:
-            found[secret] = count
-    return found
 
 
 _redactor = Redactor()

@@ -3,7 +3,6 @@
 Shipped so applications can test their own agents without keys or network.
 """
 
-from pipecat_actions.observability.redaction import find_secrets
 from pipecat_actions.testing.conversation import (
     BargeIn,
     Call,
@@ -17,7 +16,7 @@ from pipecat_actions.testing.conversation import (
     run_conversation,
 )
 from pipecat_actions.testing.llm import Say, ScriptedLLM, ToolCalls
-from pipecat_actions.testing.logs import CAPTURE_FORMAT, capture_logs
+from pipecat_actions.testing.logs import CAPTURE_FORMAT, capture_logs, find_secrets
 from pipecat_actions.testing.system_of_record import (
     Booking,
     FakeSystemOfRecord,

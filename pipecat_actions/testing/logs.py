@@ -13,9 +13,11 @@ redaction patcher, if one is installed.
 
 from __future__ import annotations
 
-__all__ = ["CAPTURE_FORMAT", "capture_logs"]
+__all__ = ["CAPTURE_FORMAT", "capture_logs", "find_secrets"]
 
-from collections.abc import Callable, Iterator
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -52,3 +54,30 @@ def capture_logs(
         yield lines
     finally:
         logger.remove(sink)
+
+
+def find_secrets(text: str, secrets: Iterable[str]) -> dict[str, int]:
+    """Count the planted ``secrets`` that appear in ``text``; return only those found.
+
+    For a test harness that captured log output: a secret counts when it appears as written,
+    JSON-escaped, or (for a card number) as its digits with other separators (spaces,
+    dashes, dots, slashes, any one character that is not a letter or digit).
+
+    Args:
+        text: The captured log text.
+        secrets: The values planted in tool arguments.
+
+    Returns:
+        ``{secret: occurrences}`` for every secret found at least once.
+    """
+    found: dict[str, int] = {}
+    for secret in secrets:
+        forms = {secret, json.dumps(secret)[1:-1]}
+        digits = re.sub(r"[\W_]", "", secret)
+        count = sum(text.count(form) for form in forms if form)
+        if digits.isdigit() and len(digits) >= 12:
+            spaced = r"[\W_]?".join(digits)
+            count = max(count, len(re.findall(rf"(?<!\d){spaced}(?!\d)", text)))
+        if count:
+            found[secret] = count
+    return found

@@ -13,12 +13,12 @@ from loguru import logger
 from pipecat_actions.observability.redaction import (
     MASK,
     Redactor,
-    find_secrets,
     install_log_redaction,
     log_redactor,
 )
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.testing import capture_logs
+from pipecat_actions.testing.logs import find_secrets
 
 CARD = "4111 1111 1111 1111"
 PHONE = "+44 20 7946 0958"

@@ -24,9 +24,9 @@ from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger.keys import ENV_LEDGER_HASH_KEY, ENV_LEDGER_KEYS, LedgerKeys
 from pipecat_actions.ledger.records import canonical_json
-from pipecat_actions.observability.redaction import find_secrets
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.testing.logs import find_secrets
 
 POLICY = """
 version: 1
