@@ -389,71 +389,56 @@ class _Scene:
             await asyncio.sleep(0.02)
 
     def translate(self, index: int, step: Step) -> list[ConversationStep]:
-        """The conversation steps that play one scenario step."""
+        """The conversation steps that play one scenario step (see `_PLAYED`, `_WORLD`)."""
+        played = _PLAYED.get(type(step))
+        if played is not None:
+            return played(self, index, step)
+        world = _WORLD.get(type(step))
+        if world is None:
+            return []  # llm steps are the model's script
+        return self.noted(index, step, lambda: world(self, index, step))
 
-        def call(fn: Callable[[], Awaitable[None]]) -> list[ConversationStep]:
-            async def noted() -> None:
-                self.note(f"step {index + 1}: {_describe(step)}")
-                await fn()
+    def noted(
+        self, index: int, step: Step, fn: Callable[[], Awaitable[None]]
+    ) -> list[ConversationStep]:
+        """``fn`` as a conversation step that first notes the story's step in the timeline."""
 
-            return [Call(noted)]
+        async def noted() -> None:
+            self.note(f"step {index + 1}: {_describe(step)}")
+            await fn()
 
-        if isinstance(step, UserStep):
-            return [*call(_nothing), UserSays(step.text, speech_secs=step.speech_secs)]
-        if isinstance(step, BargeInStep) and step.op is not None:
+        return [Call(noted)]
+
+    def user(self, index: int, step: UserStep) -> list[ConversationStep]:
+        return [
+            *self.noted(index, step, _nothing),
+            UserSays(step.text, speech_secs=step.speech_secs),
+        ]
+
+    def barge_in(self, index: int, step: BargeInStep) -> list[ConversationStep]:
+        if step.op is not None:
             assert step.text is not None  # the model refuses a timed barge-in without words
             return [
-                *call(lambda: self.reached(step)),
+                *self.noted(index, step, lambda: self.reached(step)),
                 Wait(step.after_secs),
                 UserSays(step.text, speech_secs=step.speech_secs),
             ]
-        if isinstance(step, BargeInStep):
-            return [
-                *call(_nothing),
-                BargeIn(
-                    step.text,
-                    after_secs=step.after_secs,
-                    speech_secs=step.speech_secs,
-                    timeout_secs=step.timeout_secs,
-                ),
-            ]
-        if isinstance(step, WaitStep):
-            return [Wait(step.secs)]
-        if isinstance(step, IdleStep):
-            # Quiet means the ledger too: an outcome written just now is about to be told.
-            idle = WaitUntilIdle(
-                quiet_secs=step.quiet_secs,
+        return [
+            *self.noted(index, step, _nothing),
+            BargeIn(
+                step.text,
+                after_secs=step.after_secs,
+                speech_secs=step.speech_secs,
                 timeout_secs=step.timeout_secs,
-                function_calls=step.calls,
-            )
-            return [idle, Call(lambda: self.ledger_quiet(step)), idle]
-        if isinstance(step, AdvanceStep):
-            return call(lambda: self.advance(step.secs, made=self.calls_before[index]))
-        if isinstance(step, UntilStep):
-            return call(lambda: self.until(step))
-        if isinstance(step, FaultStep):
-            return call(lambda: self.fault(step))
-        if isinstance(step, ReleaseHungStep):
-            return call(self._release_hung)
-        if isinstance(step, ApproveStep):
-            return call(lambda: self.approve(step))
-        if isinstance(step, RejectStep):
-            return call(lambda: self.reject(step))
-        if isinstance(step, HandoffStep):
-            return call(lambda: self.handoff(step.agent))
-        if isinstance(step, CompensateStep):
-            return call(lambda: self.compensate(step))
-        if isinstance(step, CrashStep):
-            return call(self.crash)
-        if isinstance(step, ReconnectStep):
-            return call(self.reconnect)
-        if isinstance(step, HangUpStep):
-            return call(self.hang_up)
-        if isinstance(step, CallerStep):
-            return call(self.reconnect)
-        if isinstance(step, TogetherStep):
-            return self.together(index, step)
-        return []  # llm steps are the model's script
+            ),
+        ]
+
+    def idle(self, index: int, step: IdleStep) -> list[ConversationStep]:
+        # Quiet means the ledger too: an outcome written just now is about to be told.
+        idle = WaitUntilIdle(
+            quiet_secs=step.quiet_secs, timeout_secs=step.timeout_secs, function_calls=step.calls
+        )
+        return [idle, Call(lambda: self.ledger_quiet(step)), idle]
 
     def together(self, index: int, step: TogetherStep) -> list[ConversationStep]:
         """The world's steps start at once in the background; the user's runs meanwhile."""
@@ -631,7 +616,7 @@ class _Scene:
         else:
             getattr(faults, step.fault)(step.kind, step.times)
 
-    async def _release_hung(self) -> None:
+    async def release_hung(self) -> None:
         self.sor.release_hung()
         self.faults.release_hung()
 
@@ -843,6 +828,36 @@ class _Scene:
 
 async def _nothing() -> None:
     return None
+
+
+_Played = Callable[["_Scene", int, Any], list[ConversationStep]]
+_PLAYED: dict[type[Step], _Played] = {
+    UserStep: lambda scene, index, step: scene.user(index, step),
+    BargeInStep: lambda scene, index, step: scene.barge_in(index, step),
+    WaitStep: lambda scene, index, step: [Wait(step.secs)],
+    IdleStep: lambda scene, index, step: scene.idle(index, step),
+    TogetherStep: lambda scene, index, step: scene.together(index, step),
+}
+"""The steps that are the conversation's own: what the user says and does, and the waits."""
+
+_World = Callable[["_Scene", int, Any], Awaitable[None]]
+_WORLD: dict[type[Step], _World] = {
+    AdvanceStep: lambda scene, index, step: scene.advance(
+        step.secs, made=scene.calls_before[index]
+    ),
+    UntilStep: lambda scene, index, step: scene.until(step),
+    FaultStep: lambda scene, index, step: scene.fault(step),
+    ReleaseHungStep: lambda scene, index, step: scene.release_hung(),
+    ApproveStep: lambda scene, index, step: scene.approve(step),
+    RejectStep: lambda scene, index, step: scene.reject(step),
+    HandoffStep: lambda scene, index, step: scene.handoff(step.agent),
+    CompensateStep: lambda scene, index, step: scene.compensate(step),
+    CrashStep: lambda scene, index, step: scene.crash(),
+    ReconnectStep: lambda scene, index, step: scene.reconnect(),
+    HangUpStep: lambda scene, index, step: scene.hang_up(),
+    CallerStep: lambda scene, index, step: scene.reconnect(),
+}
+"""The world's steps: each one coroutine of the scene, noted in the timeline as it starts."""
 
 
 def _calls_before(steps: Sequence[Step]) -> list[int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pipecat_actions.observability.redaction import find_secrets
+from pipecat_actions.testing.logs import find_secrets
 from pipecat_actions.scenarios import render_reports, run_scenario
 from pipecat_actions.scenarios.runner import Run
 from pipecat_actions.status import ActionStatus
