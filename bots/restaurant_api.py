@@ -54,7 +54,6 @@ import httpx
 
 from pipecat_actions import (
     ActionContext,
-    ActionDefinition,
     EffectFailed,
     EffectNotSent,
     EffectOutcomeUnknown,
@@ -62,6 +61,7 @@ from pipecat_actions import (
     Reconciliation,
     action,
 )
+from pipecat_actions.actions import ActionDefinition
 
 __all__ = ["RESTAURANT", "RestaurantAPI", "build_actions"]
 

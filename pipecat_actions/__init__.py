@@ -13,16 +13,13 @@ testing kit (`pipecat_actions.testing`).
 """
 
 import sys as _sys
-import types as _types
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from pipecat_actions.actions import (
         ActionContext,
-        ActionDefinition,
         CancelOutcome,
         Reconciliation,
-        Refused,
         action,
         action_context,
     )
@@ -32,52 +29,59 @@ if _typing.TYPE_CHECKING:
         Authorizer,
         Decision,
     )
-    from pipecat_actions.approvals import ApprovalRefused, Approver
-    from pipecat_actions.clock import Clock, ManualClock, SystemClock
+    from pipecat_actions.approvals import (
+        Approver,
+    )
+    from pipecat_actions.clock import (
+        ManualClock,
+    )
     from pipecat_actions.errors import (
+        ApprovalRefused,
         ConfigurationError,
-        IdempotencyMismatch,
-        IllegalTransition,
-        LedgerConfigurationError,
         LedgerError,
-        LedgerIntegrityError,
         LedgerUnavailable,
-        OperationNotFound,
         PipecatActionsError,
         PolicyError,
-        PolicyProblem,
-        SchemaVersionMismatch,
-        StaleFence,
-        StatusError,
-        TransitionRefused,
-        UnexpectedStatus,
+        Refused,
     )
-    from pipecat_actions.execution.executor import ReconcileSchedule
     from pipecat_actions.execution.outcomes import (
         EffectFailed,
         EffectNotSent,
         EffectOutcomeUnknown,
         EffectRetryable,
     )
-    from pipecat_actions.ledger import Ledger, LedgerSettings, Operation, SqlLedger
-    from pipecat_actions.pipeline import build_pipeline, check_placement
-    from pipecat_actions.policy import PolicySet, ToolPolicy, load_policy, load_policy_text
+    from pipecat_actions.ledger import (
+        Operation,
+    )
+    from pipecat_actions.pipeline import (
+        build_pipeline,
+        check_placement,
+    )
+    from pipecat_actions.policy import (
+        PolicySet,
+        load_policy,
+        load_policy_text,
+    )
     from pipecat_actions.processors import (
         ActionResultGate,
         ActionStatusReporter,
         ActionTurnTracker,
-        rtvi_observer_params,
     )
-    from pipecat_actions.runtime import ActionRuntime
-    from pipecat_actions.session import SessionState
-    from pipecat_actions.status import ActionStatus
+    from pipecat_actions.runtime import (
+        ActionRuntime,
+    )
+    from pipecat_actions.session import (
+        SessionState,
+    )
+    from pipecat_actions.status import (
+        ActionStatus,
+    )
 
 __version__ = "0.1.0"
 
 __all__ = [
     # runtime
     "ActionRuntime",
-    "ReconcileSchedule",
     "SessionState",
     # processors and the pipeline template
     "ActionResultGate",
@@ -85,10 +89,8 @@ __all__ = [
     "ActionTurnTracker",
     "build_pipeline",
     "check_placement",
-    "rtvi_observer_params",
     # actions
     "ActionContext",
-    "ActionDefinition",
     "CancelOutcome",
     "Reconciliation",
     "Refused",
@@ -104,42 +106,24 @@ __all__ = [
     "AuthorizationRequest",
     "Authorizer",
     "Decision",
-    # status machine
+    # what an operation is and was told
     "ActionStatus",
-    # ledger
-    "Ledger",
-    "LedgerSettings",
     "Operation",
-    "SqlLedger",
     # policies
     "PolicySet",
-    "ToolPolicy",
     "load_policy",
     "load_policy_text",
     # approvals
     "Approver",
     # time
-    "Clock",
     "ManualClock",
-    "SystemClock",
     # errors
     "ApprovalRefused",
     "ConfigurationError",
-    "IdempotencyMismatch",
-    "IllegalTransition",
-    "LedgerConfigurationError",
     "LedgerError",
-    "LedgerIntegrityError",
     "LedgerUnavailable",
-    "OperationNotFound",
     "PipecatActionsError",
     "PolicyError",
-    "PolicyProblem",
-    "SchemaVersionMismatch",
-    "StaleFence",
-    "StatusError",
-    "TransitionRefused",
-    "UnexpectedStatus",
 ]
 
 # Where each exported name lives. A name is imported from its module when first used, so that
@@ -149,19 +133,16 @@ __all__ = [
 # this table and `__all__` name the same things, and that each resolves.
 _EXPORTS = {
     "ActionRuntime": "pipecat_actions.runtime",
-    "ReconcileSchedule": "pipecat_actions.execution.executor",
     "SessionState": "pipecat_actions.session",
     "ActionResultGate": "pipecat_actions.processors",
     "ActionStatusReporter": "pipecat_actions.processors",
     "ActionTurnTracker": "pipecat_actions.processors",
     "build_pipeline": "pipecat_actions.pipeline",
     "check_placement": "pipecat_actions.pipeline",
-    "rtvi_observer_params": "pipecat_actions.processors",
     "ActionContext": "pipecat_actions.actions",
-    "ActionDefinition": "pipecat_actions.actions",
     "CancelOutcome": "pipecat_actions.actions",
     "Reconciliation": "pipecat_actions.actions",
-    "Refused": "pipecat_actions.actions",
+    "Refused": "pipecat_actions.errors",
     "action": "pipecat_actions.actions",
     "action_context": "pipecat_actions.actions",
     "EffectFailed": "pipecat_actions.execution.outcomes",
@@ -173,40 +154,47 @@ _EXPORTS = {
     "Authorizer": "pipecat_actions.admission.authorization",
     "Decision": "pipecat_actions.admission.authorization",
     "ActionStatus": "pipecat_actions.status",
-    "Ledger": "pipecat_actions.ledger",
-    "LedgerSettings": "pipecat_actions.ledger",
     "Operation": "pipecat_actions.ledger",
-    "SqlLedger": "pipecat_actions.ledger",
     "PolicySet": "pipecat_actions.policy",
-    "ToolPolicy": "pipecat_actions.policy",
     "load_policy": "pipecat_actions.policy",
     "load_policy_text": "pipecat_actions.policy",
     "Approver": "pipecat_actions.approvals",
-    "Clock": "pipecat_actions.clock",
     "ManualClock": "pipecat_actions.clock",
-    "SystemClock": "pipecat_actions.clock",
-    "ApprovalRefused": "pipecat_actions.approvals",
+    "ApprovalRefused": "pipecat_actions.errors",
     "ConfigurationError": "pipecat_actions.errors",
-    "IdempotencyMismatch": "pipecat_actions.errors",
-    "IllegalTransition": "pipecat_actions.errors",
-    "LedgerConfigurationError": "pipecat_actions.errors",
     "LedgerError": "pipecat_actions.errors",
-    "LedgerIntegrityError": "pipecat_actions.errors",
     "LedgerUnavailable": "pipecat_actions.errors",
-    "OperationNotFound": "pipecat_actions.errors",
     "PipecatActionsError": "pipecat_actions.errors",
     "PolicyError": "pipecat_actions.errors",
-    "PolicyProblem": "pipecat_actions.errors",
-    "SchemaVersionMismatch": "pipecat_actions.errors",
-    "StaleFence": "pipecat_actions.errors",
-    "StatusError": "pipecat_actions.errors",
-    "TransitionRefused": "pipecat_actions.errors",
-    "UnexpectedStatus": "pipecat_actions.errors",
 }
 
+# Names the package exported until this release, now found in their sub-package only. For one
+# release they still resolve here, with a DeprecationWarning naming their home (the CHANGELOG's
+# compatibility rule: a deprecation warns for a release before it refuses).
+_DEPRECATED = {
+    "ActionDefinition": "pipecat_actions.actions",
+    "Clock": "pipecat_actions.clock",
+    "IdempotencyMismatch": "pipecat_actions.errors",
+    "IllegalTransition": "pipecat_actions.errors",
+    "Ledger": "pipecat_actions.ledger",
+    "LedgerConfigurationError": "pipecat_actions.errors",
+    "LedgerIntegrityError": "pipecat_actions.errors",
+    "LedgerSettings": "pipecat_actions.ledger",
+    "OperationNotFound": "pipecat_actions.errors",
+    "PolicyProblem": "pipecat_actions.errors",
+    "ReconcileSchedule": "pipecat_actions.execution.executor",
+    "SchemaVersionMismatch": "pipecat_actions.errors",
+    "SqlLedger": "pipecat_actions.ledger",
+    "StaleFence": "pipecat_actions.errors",
+    "StatusError": "pipecat_actions.errors",
+    "SystemClock": "pipecat_actions.clock",
+    "ToolPolicy": "pipecat_actions.policy",
+    "TransitionRefused": "pipecat_actions.errors",
+    "UnexpectedStatus": "pipecat_actions.errors",
+    "rtvi_observer_params": "pipecat_actions.processors",
+}
 
-# Names the package exported before it kept only what an application needs. Each still lives
-# in its sub-package; asking the package for one says where.
+# Names the package stopped exporting a release ago: asking for one says where it lives.
 _MOVED = {
     "AdmitResult": "pipecat_actions.ledger",
     "EventKind": "pipecat_actions.ledger",
@@ -228,28 +216,26 @@ def __getattr__(name: str) -> object:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value  # found here from now on, without this function
         return value
-    if name in _MOVED:
-        message = (
-            f"pipecat_actions.{name} is no longer exported by the package; "
-            f"import it from {_MOVED[name]} (from {_MOVED[name]} import {name})"
+    if name in _DEPRECATED:
+        import warnings
+
+        home = _DEPRECATED[name]
+        warnings.warn(
+            f"pipecat_actions.{name} is deprecated and goes in the next release; import it "
+            f"from {home} (from {home} import {name})",
+            DeprecationWarning,
+            stacklevel=2,
         )
-        # For `from pipecat_actions import X`, Python replaces an AttributeError raised here
-        # with a bare "cannot import name", dropping the message: that statement gets the
-        # ImportError it would raise anyway, with the message. Any other access (attribute,
-        # getattr, hasattr) gets the AttributeError the protocol asks for.
-        if _importing_from(_sys._getframe(1)):
-            raise ImportError(message, name=__name__)
-        raise AttributeError(message, name=name, obj=_sys.modules[__name__])
+        return getattr(importlib.import_module(home), name)
+    if name in _MOVED:
+        raise AttributeError(
+            f"pipecat_actions.{name} is no longer exported by the package; import it from "
+            f"{_MOVED[name]} (from {_MOVED[name]} import {name})",
+            name=name,
+            obj=_sys.modules[__name__],
+        )
     raise AttributeError(f"module 'pipecat_actions' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
-
-
-def _importing_from(frame: _types.FrameType) -> bool:
-    """Whether ``frame`` is executing a ``from ... import`` (the IMPORT_FROM instruction)."""
-    import dis
-
-    code = frame.f_code.co_code
-    return 0 <= frame.f_lasti < len(code) and code[frame.f_lasti] == dis.opmap["IMPORT_FROM"]

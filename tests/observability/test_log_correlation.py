@@ -16,10 +16,10 @@ from pipecat_actions import (
     ActionRuntime,
     AllowAll,
     EffectOutcomeUnknown,
-    ReconcileSchedule,
     SessionState,
     action,
 )
+from pipecat_actions.execution.executor import ReconcileSchedule
 from pipecat_actions.observability.correlation import LOG_FORMAT
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.testing import capture_logs

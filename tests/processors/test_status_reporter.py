@@ -42,12 +42,12 @@ from pipecat_actions import (
     ActionRuntime,
     AllowAll,
     EffectFailed,
-    ReconcileSchedule,
     Reconciliation,
     SessionState,
     action,
 )
 from pipecat_actions.approvals import Approver
+from pipecat_actions.execution.executor import ReconcileSchedule
 from pipecat_actions.pipeline import build_pipeline
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionStatusReporter, rtvi_observer_params

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from pipecat_actions.testing.logs import find_secrets
 from pipecat_actions.scenarios import render_reports, run_scenario
 from pipecat_actions.scenarios.runner import Run
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import capture_logs
+from pipecat_actions.testing.logs import find_secrets
 
 HERE = Path(__file__).parent
 SCENARIOS = sorted(HERE.glob("*.yaml"))
