@@ -1,8 +1,9 @@
 """The frame contract of the processors: what they do not act on passes unchanged, in order.
 
 Pinned with Pipecat's own `run_test(..., expected_down_frames=...)` (issue 13, item 14): every
-frame the gate and the tracker do not act on leaves them as the same object, in the order it
-came, whichever direction it travels; the speaking and turn frames they watch pass too.
+frame the gate, the tracker and the status reporter do not act on leaves them as the same
+object, in the order it came, whichever direction it travels; the speaking and turn frames they
+watch pass too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ from pipecat.tests.utils import run_test
 
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
 from pipecat_actions.policy import load_policy_text
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+from pipecat_actions.processors import (
+    ActionResultGate,
+    ActionStatusReporter,
+    ActionTurnTracker,
+)
 from tests._waiting import HANG_GUARD_SECS
 
 POLICY = 'version: 1\ntools:\n  book_table:\n    kind: mutation\n    resource: "table:{time}"\n'
@@ -96,10 +101,17 @@ async def runtime(tmp_path: Path) -> Any:
 
 def _processors(runtime: ActionRuntime) -> list[FrameProcessor]:
     session = SessionState(session_id="call-1", principal="alice")
-    return [ActionResultGate(runtime, session), ActionTurnTracker(session)]
+    return [
+        ActionResultGate(runtime, session),
+        ActionTurnTracker(session),
+        ActionStatusReporter(runtime, session),
+    ]
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["gate", "tracker"])
+PROCESSORS = {"argvalues": [0, 1, 2], "ids": ["gate", "tracker", "reporter"]}
+
+
+@pytest.mark.parametrize("which", **PROCESSORS)
 @pytest.mark.parametrize("frames", [queued_frames, system_frames], ids=["queued", "system"])
 async def test_frames_not_acted_on_pass_downstream_unchanged_and_in_order(
     runtime: ActionRuntime, which: int, frames: Any
@@ -115,7 +127,7 @@ async def test_frames_not_acted_on_pass_downstream_unchanged_and_in_order(
     assert up == []
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["gate", "tracker"])
+@pytest.mark.parametrize("which", **PROCESSORS)
 async def test_a_mixed_turn_keeps_the_order_within_each_kind_of_frame(
     runtime: ActionRuntime, which: int
 ) -> None:
@@ -134,7 +146,7 @@ async def test_a_mixed_turn_keeps_the_order_within_each_kind_of_frame(
     ]
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["gate", "tracker"])
+@pytest.mark.parametrize("which", **PROCESSORS)
 async def test_frames_travelling_upstream_pass_unchanged_and_in_order(
     runtime: ActionRuntime, which: int
 ) -> None:
@@ -149,8 +161,9 @@ async def test_frames_travelling_upstream_pass_unchanged_and_in_order(
     assert [id(f) for f in up] == [id(f) for f in sent]
 
 
+@pytest.mark.parametrize("which", [0, 2], ids=["gate", "reporter"])
 async def test_results_of_a_tool_the_runtime_does_not_own_pass_as_they_are(
-    runtime: ActionRuntime,
+    runtime: ActionRuntime, which: int
 ) -> None:
     # An intermediate result asking for inference kept run_llm=False; a second final result
     # with a reused tool_call_id was dropped. Neither is the gate's business.
@@ -171,7 +184,7 @@ async def test_results_of_a_tool_the_runtime_does_not_own_pass_as_they_are(
     )
     sent: list[Frame] = [progress, first, again]
     down, _ = await run_test(
-        _processors(runtime)[0],
+        _processors(runtime)[which],
         frames_to_send=sent,
         expected_down_frames=[FunctionCallResultFrame] * 3,
         start_timeout=HANG_GUARD_SECS,
@@ -180,7 +193,8 @@ async def test_results_of_a_tool_the_runtime_does_not_own_pass_as_they_are(
     assert progress.properties is not None and progress.properties.run_llm is True
 
 
-async def test_no_frame_waits_for_the_ledger(runtime: ActionRuntime) -> None:
+@pytest.mark.parametrize("which", [0, 2], ids=["gate", "reporter"])
+async def test_no_frame_waits_for_the_ledger(runtime: ActionRuntime, which: int) -> None:
     # The gate used to read the ledger inside process_frame (the supersession check of a
     # final result), holding every later frame of the pipeline behind a database round trip.
     # With the ledger's reads stalled, the result and the frames after it still pass.
@@ -205,7 +219,7 @@ async def test_no_frame_waits_for_the_ledger(runtime: ActionRuntime) -> None:
     )
     after = [TextFrame(text="Your table is booked."), LLMFullResponseEndFrame()]
     down, _ = await run_test(
-        _processors(runtime)[0],
+        _processors(runtime)[which],
         frames_to_send=[result, *after],
         expected_down_frames=[FunctionCallResultFrame, TextFrame, LLMFullResponseEndFrame],
         start_timeout=HANG_GUARD_SECS,
