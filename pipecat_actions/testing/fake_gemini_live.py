@@ -126,6 +126,7 @@ class FakeGeminiServer:
         self.received_on: list[int] = []
         self.connections = 0
         self.setups: list[Message] = []
+        self._current_setup: Message | None = None
         self.paths: list[str] = []
         self._admit = asyncio.Event()
         self._admit.set()
@@ -173,6 +174,7 @@ class FakeGeminiServer:
                 self.setups.append(setup.get("setup", setup))
                 self.paths.append(ws.request.path if ws.request else "")
                 self._current = ws
+                self._current_setup = self.setups[-1]
                 await ws.send(json.dumps({"setupComplete": {}}))
                 self._changed.notify_all()
             async for raw in ws:
@@ -267,6 +269,20 @@ class FakeGeminiServer:
             within,
             f"{count} connection(s), the last one open",
         )
+
+    async def wait_for_tools(self, within: float = 5.0) -> None:
+        """Wait until the open connection is one whose setup declared the tools.
+
+        Pipecat connects at start-up, then again once the context brings the tools; on a busy
+        machine a start-up handshake can fail and be retried, so the number of connections is
+        no sign of the tools having arrived: this is.
+        """
+
+        def tooled() -> bool:
+            setup = self._current_setup if self._current is not None else None
+            return bool(setup and setup.get("tools"))
+
+        await self._wait(tooled, within, "open connection whose setup declares the tools")
 
     async def _wait(self, ready: Callable[[], bool], within: float, what: str) -> None:
         try:

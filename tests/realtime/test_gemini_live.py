@@ -52,7 +52,7 @@ async def gemini_agent(
 ) -> AsyncIterator[tuple[Agent, FakeGeminiServer]]:
     async with FakeGeminiServer() as fake, agent_on(gemini(fake, model), tmp_path) as agent:
         # It connects at setup, and again when the context brings the tools.
-        await fake.wait_for_connections(2, HANG_GUARD_SECS)
+        await fake.wait_for_tools(HANG_GUARD_SECS)
         yield agent, fake
 
 
@@ -226,7 +226,7 @@ async def test_an_outcome_owed_to_a_session_is_told_by_its_next_pipeline(
 ) -> None:
     async with restaurant(tmp_path) as place:
         async with FakeGeminiServer() as fake, running_pipeline(place, gemini(fake)) as agent:
-            await fake.wait_for_connections(2, HANG_GUARD_SECS)
+            await fake.wait_for_tools(HANG_GUARD_SECS)
             await fake.call("book_table", booking())
             await agent.at_the_provider()
         # The pipeline ended (the user hung up) with the booking at the provider.
@@ -324,8 +324,9 @@ async def test_after_a_reconnect_no_earlier_result_is_sent_again(tmp_path: Path)
         agent.commit()
         await fake.wait_for(_response_for(first), HANG_GUARD_SECS)
         await agent.delivered("book_in_background")
+        before = fake.connections
         await fake.drop()  # the service reconnects by itself
-        await fake.wait_for_connections(3, HANG_GUARD_SECS)
+        await fake.wait_for_connections(before + 1, HANG_GUARD_SECS)
         # Pipecat's catch-up path sends every tool result of the context it has not marked
         # sent; a reconnect must not unmark the ones sent before it.
         llm: Any = agent.llm
@@ -357,7 +358,7 @@ async def test_the_models_cancel_answers_what_the_ledger_says_never_pipecats_can
         FakeGeminiServer() as fake,
         agent_on(gemini(fake), tmp_path, policy_text=cancellable) as agent,
     ):
-        await fake.wait_for_connections(2, HANG_GUARD_SECS)
+        await fake.wait_for_tools(HANG_GUARD_SECS)
         booking_call = await fake.call("book_or_cancel", booking())
         await agent.at_the_provider()
         cancel_call = await fake.call("cancel_book_or_cancel", {})
