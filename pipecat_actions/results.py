@@ -10,14 +10,82 @@ escalated); without one, or once escalated, "a person will check it", since noth
 
 from __future__ import annotations
 
-__all__ = ["is_correction", "reconcilable", "refusal_result", "render", "render_operation"]
+__all__ = [
+    "ToolResult",
+    "is_correction",
+    "reconcilable",
+    "refusal_result",
+    "render",
+    "render_operation",
+]
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from pipecat_actions.actions import Binding
 from pipecat_actions.ledger.records import Operation
-from pipecat_actions.status import HAPPENED_STATUSES, ActionStatus
+from pipecat_actions.status import HAPPENED_STATUSES, TERMINAL_STATUSES, ActionStatus
+
+
+class ToolResult(dict[str, Any]):
+    """A call's answer: the dict the model reads, with typed accessors for the code around it.
+
+    It is a ``dict`` so that Pipecat serialises it and every reader of the wire form keeps
+    working; adapters read `status` as an `ActionStatus` (or `said` for the words beyond the
+    status machine: ``refused``, ``not_started``, ``degraded``, ...) instead of comparing
+    strings. `of` wraps any result a frame carries (an application's own dict included).
+    """
+
+    @classmethod
+    def of(cls, value: Any) -> ToolResult:
+        """``value`` as a `ToolResult` (itself when it is one; empty for a non-mapping)."""
+        if isinstance(value, ToolResult):
+            return value
+        return cls(value) if isinstance(value, Mapping) else cls()
+
+    @property
+    def said(self) -> str | None:
+        """The ``status`` word as the model reads it (lower case), if any."""
+        word = self.get("status")
+        return word if isinstance(word, str) else None
+
+    @property
+    def status(self) -> ActionStatus | None:
+        """The operation status it tells; None for a word outside the status machine."""
+        word = self.said
+        if word is None:
+            return None
+        try:
+            return ActionStatus(word.upper())
+        except ValueError:
+            return None
+
+    @property
+    def operation_id(self) -> str | None:
+        """The operation it is about, if one exists."""
+        value = self.get("operation_id")
+        return value if isinstance(value, str) else None
+
+    @property
+    def message(self) -> str:
+        """The plain-language words the model is told."""
+        return str(self.get("message", ""))
+
+    @property
+    def refused(self) -> bool:
+        """Whether admission refused the call (nothing was done)."""
+        return self.said == "refused"
+
+    @property
+    def final(self) -> bool:
+        """Whether it tells an outcome nothing will change (a terminal status)."""
+        return self.status in TERMINAL_STATUSES
+
+    def to_json(self) -> str:
+        """The wire form (compact JSON, as the model receives it)."""
+        return json.dumps(self, separators=(",", ":"), default=str)
+
 
 _MESSAGES: dict[ActionStatus, str] = {
     ActionStatus.COMMITTED: "Done: {tool} succeeded.",
@@ -83,7 +151,7 @@ def is_correction(op: Operation) -> bool:
 
 def render_operation(
     op: Operation, *, reconcilable: bool | None, note: str | None = None
-) -> dict[str, Any]:
+) -> ToolResult:
     """Return the tool result that tells the model the truth about ``op``.
 
     Args:
@@ -122,7 +190,7 @@ def render(
     error: str | None = None,
     note: str | None = None,
     reconcilable: bool | None = None,
-) -> dict[str, Any]:
+) -> ToolResult:
     """Return the tool result for an operation of ``tool`` in ``status``.
 
     ``reconcilable`` says who checks an UNKNOWN outcome: a reconcile hook (True), a person
@@ -133,11 +201,11 @@ def render(
     if status is ActionStatus.UNKNOWN and reconcilable is not True:
         template = _UNKNOWN_FOR_A_PERSON if reconcilable is False else _UNKNOWN_UNSAID
     message = template.format(tool=tool, error=reason)
-    result: dict[str, Any] = {
-        "status": status.value.lower(),
-        "operation_id": operation_id,
-        "message": message if note is None else f"{message} {note}",
-    }
+    result = ToolResult(
+        status=status.value.lower(),
+        operation_id=operation_id,
+        message=message if note is None else f"{message} {note}",
+    )
     if status in (ActionStatus.COMMITTED, ActionStatus.COMPENSATED) and value is not None:
         result["result"] = value
     return result
@@ -145,9 +213,9 @@ def render(
 
 def refusal_result(
     message: str, *, code: str, operation_id: str | None = None, **extra: Any
-) -> dict[str, Any]:
+) -> ToolResult:
     """Return the tool result of a call refused before it could run."""
-    result: dict[str, Any] = {"status": "refused", "reason": code, "message": message}
+    result = ToolResult(status="refused", reason=code, message=message)
     if operation_id is not None:
         result["operation_id"] = operation_id
     result.update(extra)

@@ -22,7 +22,7 @@ from pipecat_actions.execution.watchdog import Watchdog
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
 from pipecat_actions.observability.correlation import operation_logger
 from pipecat_actions.policy import ExecutionMode, OnInterruption
-from pipecat_actions.results import refusal_result, render_operation
+from pipecat_actions.results import ToolResult, refusal_result, render_operation
 from pipecat_actions.runtime._operations import Operations
 from pipecat_actions.runtime._runner import Runner
 from pipecat_actions.session import SessionState
@@ -185,7 +185,8 @@ class Decisions:
             reason="confirmed by the user",
             wait=not background,
         )
-        if background and on_started is not None and released.get("status") == "admitted":
+        admitted = ToolResult.of(released).status is ActionStatus.ADMITTED
+        if background and on_started is not None and admitted:
             await on_started(op.tool)
         return released
 
