@@ -45,6 +45,7 @@ from pipecat.workers.runner import WorkerRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipecat_actions import attach
 from pipecat_actions.actions import ActionContext, action
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.clock import SystemClock
@@ -119,7 +120,7 @@ async def run_chain(tool: str, calls: int, runtime: ActionRuntime | None, marks:
 
         llm.register_function(tool, bare)
     else:
-        runtime.attach(llm, session)
+        attach(runtime, llm, session)
     context = LLMContext(messages=[{"role": "user", "content": "go"}])
     pair = LLMContextAggregatorPair(context)
     done = asyncio.Event()

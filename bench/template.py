@@ -42,7 +42,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _measure import drop_pg, fresh_pg
 from runtime import Marks, ResultTap, TimedLLM, run_until
 
-from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
+from pipecat_actions import (
+    ActionContext,
+    ActionRuntime,
+    AllowAll,
+    SessionState,
+    action,
+    attach,
+    tools_schema,
+)
 from pipecat_actions.ledger import ForwardingLedger, SqlLedger
 from pipecat_actions.pipeline import check_placement
 from pipecat_actions.policy import load_policy_text
@@ -97,10 +105,10 @@ async def _session(n: int, calls: int, runtime: ActionRuntime | None) -> list[fl
         pipeline = Pipeline([pair.user(), llm, tap, pair.assistant()])
     else:
         # `build_pipeline`'s stages, with the tap right after the LLM (where the bare one is).
-        context.set_tools(runtime.tools_schema())
+        context.set_tools(tools_schema(runtime))
         session = SessionState(session_id=f"s{n}-{uuid.uuid4().hex[:6]}", principal=f"p{n}")
         pair = LLMContextAggregatorPair(context)
-        runtime.attach(llm, session)
+        attach(runtime, llm, session)
         stages = [
             pair.user(),
             ActionTurnTracker(session),

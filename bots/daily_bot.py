@@ -107,7 +107,13 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipecat_actions import ActionRuntime, AuthorizationRequest, Decision, SessionState
+from pipecat_actions import (
+    ActionRuntime,
+    AuthorizationRequest,
+    Decision,
+    SessionState,
+    tools_schema,
+)
 
 # Pipecat is imported inside the functions that need it: importing it logs a banner, and a
 # missing key must be reported in one line before anything else is printed.
@@ -360,7 +366,7 @@ async def build_bot(
             context = LLMContext(messages=[])  # each node sets its tools
             pair = LLMContextAggregatorPair(context, user_params=user_params)
         else:
-            context = LLMContext(messages=[], tools=runtime.tools_schema())
+            context = LLMContext(messages=[], tools=tools_schema(runtime))
         pipeline, gate = build_pipeline(
             runtime=runtime,
             session=session,

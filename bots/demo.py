@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from bots.restaurant_api import RESTAURANT, RestaurantAPI, build_actions  # noqa: E402
 from bots.restaurant_service.process import RestaurantProcess  # noqa: E402
-from pipecat_actions import ActionRuntime, AllowAll, SessionState  # noqa: E402
+from pipecat_actions import ActionRuntime, AllowAll, SessionState, attach, tools_schema  # noqa: E402
 from pipecat_actions.approvals import Approver  # noqa: E402
 from pipecat_actions.ledger import Operation, OperationFilter  # noqa: E402
 from pipecat_actions.policy import ConfirmationMode, load_policy  # noqa: E402
@@ -257,10 +257,10 @@ async def converse(
     director = Director(runtime, session)
     runtime.listen(session.session_id, director.on_outcome)
     llm = ScriptedLLM(script(refund_mode))
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     context = LLMContext(
         messages=[{"role": "system", "content": "You take restaurant bookings."}],
-        tools=runtime.tools_schema(),
+        tools=tools_schema(runtime),
     )
     steps: list[Any] = [
         UserSays("A table for two at nine tonight, please."),

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from bots.demo import operator_commands  # noqa: E402
 from bots.restaurant import RESTAURANT, new_system_of_record  # noqa: E402
 from bots.restaurant_flow import FLOW_POLICY, flow_state, flow_tools, restaurant_flow  # noqa: E402
-from pipecat_actions import ActionRuntime, AllowAll, SessionState  # noqa: E402
+from pipecat_actions import ActionRuntime, AllowAll, SessionState, attach  # noqa: E402
 from pipecat_actions.clock import ManualClock  # noqa: E402
 from pipecat_actions.ledger import Operation, OperationEvent  # noqa: E402
 from pipecat_actions.status import ActionStatus  # noqa: E402
@@ -191,7 +191,7 @@ async def converse(ledger_url: str, policy_path: Path = FLOW_POLICY) -> dict[str
         # What build_pipeline does for the tracker and the gate, in the layout run_conversation
         # builds (transport.input → user_agg → tracker → llm → tts → transport.output → gate
         # → assistant_agg); the RTVI status reporter is left out (there is no client).
-        runtime.attach(llm, session)
+        attach(runtime, llm, session)
         tracker, gate = ActionTurnTracker(session), ActionResultGate(runtime, session)
         transport = FakeTransport()
         tts = FakeTTS(secs_per_char=0.02)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bots.demo import operator_commands  # noqa: E402
 from bots.restaurant import RESTAURANT, build_actions, new_system_of_record  # noqa: E402
-from pipecat_actions import ActionRuntime, AllowAll, SessionState  # noqa: E402
+from pipecat_actions import ActionRuntime, AllowAll, SessionState, tools_schema  # noqa: E402
 from pipecat_actions.approvals import Approver  # noqa: E402
 from pipecat_actions.ledger import Operation, OperationFilter, SqlLedger  # noqa: E402
 from pipecat_actions.policy import load_policy  # noqa: E402
@@ -310,7 +310,7 @@ async def run(kind: str, ledger_url: str) -> int:
         _progress(f"{provider.name} (the real Pipecat service) against a fake on 127.0.0.1")
         context = LLMContext(
             messages=[{"role": "user", "content": OPENING}],
-            tools=runtime.tools_schema(),
+            tools=tools_schema(runtime),
         )
         pipeline, _ = build_pipeline(
             runtime=runtime, session=session, llm=provider.service(), context=context

@@ -32,6 +32,11 @@ if _typing.TYPE_CHECKING:
     from pipecat_actions.approvals import (
         Approver,
     )
+    from pipecat_actions.binding import (
+        attach,
+        instrument,
+        tools_schema,
+    )
     from pipecat_actions.clock import (
         ManualClock,
     )
@@ -67,6 +72,9 @@ if _typing.TYPE_CHECKING:
         ActionStatusReporter,
         ActionTurnTracker,
     )
+    from pipecat_actions.results import (
+        ToolResult,
+    )
     from pipecat_actions.runtime import (
         ActionRuntime,
     )
@@ -83,6 +91,10 @@ __all__ = [
     # runtime
     "ActionRuntime",
     "SessionState",
+    # wiring into a Pipecat LLM service
+    "attach",
+    "instrument",
+    "tools_schema",
     # processors and the pipeline template
     "ActionResultGate",
     "ActionStatusReporter",
@@ -109,6 +121,7 @@ __all__ = [
     # what an operation is and was told
     "ActionStatus",
     "Operation",
+    "ToolResult",
     # policies
     "PolicySet",
     "load_policy",
@@ -133,6 +146,10 @@ __all__ = [
 # this table and `__all__` name the same things, and that each resolves.
 _EXPORTS = {
     "ActionRuntime": "pipecat_actions.runtime",
+    "ToolResult": "pipecat_actions.results",
+    "attach": "pipecat_actions.binding",
+    "instrument": "pipecat_actions.binding",
+    "tools_schema": "pipecat_actions.binding",
     "SessionState": "pipecat_actions.session",
     "ActionResultGate": "pipecat_actions.processors",
     "ActionStatusReporter": "pipecat_actions.processors",

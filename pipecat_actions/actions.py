@@ -152,7 +152,7 @@ def action_context() -> ActionContext:
     """The context of the operation whose effect runs now, for a handler the runtime routes.
 
     An `action` effect is given its `ActionContext`; a handler routed through the runtime by
-    ``runtime.instrument`` or `pipecat_actions.flows.FlowActions` has the signature Pipecat or
+    ``instrument`` or `pipecat_actions.flows.FlowActions` has the signature Pipecat or
     Flows gives it, and reads it here: ``action_context().idempotency_key`` is the key to send
     to a provider that deduplicates requests.
 
@@ -163,7 +163,7 @@ def action_context() -> ActionContext:
     if ctx is None:
         raise RuntimeError(
             "action_context() is only known while the runtime runs a routed handler as an "
-            "operation's effect (runtime.instrument, FlowActions)"
+            "operation's effect (pipecat_actions.instrument, FlowActions)"
         )
     return ctx
 
@@ -233,8 +233,8 @@ class ActionDefinition:
     """An effect with its hooks and its argument model; build it with `action`.
 
     ``app_handler`` is True for an action whose handler Pipecat calls is the application's
-    own, routed through the runtime (`ActionRuntime.instrument`, `pipecat_actions.flows`):
-    `ActionRuntime.attach` registers no handler for it and `ActionRuntime.tools_schema`
+    own, routed through the runtime (`pipecat_actions.instrument`, `pipecat_actions.flows`):
+    `pipecat_actions.attach` registers no handler for it and `pipecat_actions.tools_schema`
     leaves it out, since the application (or Flows) registers and advertises it.
     ``parameter_descriptions`` are what the tool schema says of each argument whose field
     has no description of its own (`action` reads them from the docstring's ``Args:``).

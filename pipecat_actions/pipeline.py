@@ -36,8 +36,8 @@ counts the provider's responses as generations. Without it the provider would be
 
 `check_placement` reports a misplacement it can detect before the pipeline starts, and what is
 missing: the gate, the tracker, or the handlers of the runtime's actions on the LLM service
-(``runtime.attach(llm, session)`` forgotten: Pipecat would answer every call "The function is
-not currently available"). Handlers the application registers itself (``runtime.instrument``)
+(``attach(runtime, llm, session)`` forgotten: Pipecat would answer every call "The function is
+not currently available"). Handlers the application registers itself (``instrument``)
 and Pipecat Flows functions (`FlowActions`, which registers them node by node) are not the
 runtime's to attach and are not asked for. `build_pipeline` builds the template and checks it.
 """
@@ -60,7 +60,12 @@ from pipecat.processors.aggregators.llm_response_universal import (
 from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.services.llm_service import LLMService
 
-from pipecat_actions.binding import CONFIRM_TOOL, asks_for_confirmation, attached_to
+from pipecat_actions.binding import (
+    CONFIRM_TOOL,
+    asks_for_confirmation,
+    attach,
+    attached_to,
+)
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 from pipecat_actions.realtime import adapt_realtime, adapter_of, is_realtime_service
@@ -90,7 +95,7 @@ def build_pipeline(
         runtime: The action runtime; its actions are registered on ``llm`` for ``session``.
         session: The conversation's session state.
         llm: The LLM service (a cascade one or a speech-to-speech one).
-        context: The conversation context; pass ``tools=runtime.tools_schema()`` to it.
+        context: The conversation context; pass ``tools=tools_schema(runtime)`` to it.
         tts: The TTS service, if any.
         stt: The STT service, if any.
         transport: A Pipecat transport (its ``input()`` and ``output()`` are used), if any.
@@ -124,7 +129,7 @@ def build_pipeline(
             "pipeline); use one speech-to-speech service per pipeline"
         )
     gate = ActionResultGate(runtime, session)
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     if realtime:
         adapt_realtime(runtime, llm, session, gate)
     stages: list[FrameProcessor] = []
@@ -146,7 +151,7 @@ def check_placement(processors: Sequence[FrameProcessor]) -> None:
     """Raise `ConfigurationError` if the tracker, the gate or the reporter cannot work there.
 
     Also when the tracker or the gate is missing, when they serve different sessions, or when
-    the LLM service lacks the handlers ``runtime.attach(llm, session)`` registers for the
+    the LLM service lacks the handlers ``attach(runtime, llm, session)`` registers for the
     gate's runtime and session (the runtime's own actions; not the handlers it routes).
 
     Args:
@@ -234,7 +239,7 @@ def _check_attached(llm: Any, gate: ActionResultGate) -> None:
         raise ConfigurationError(
             f"{kind} has no handler of this runtime for {', '.join(missing)}: Pipecat would "
             "answer the model that the function is not currently available; call "
-            "runtime.attach(llm, session) before the pipeline runs (build_pipeline does)"
+            "attach(runtime, llm, session) before the pipeline runs (build_pipeline does)"
         )
     elsewhere = [name for name, owner in owners.items() if owner and owner[1] is not session]
     if elsewhere:

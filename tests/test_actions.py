@@ -17,7 +17,14 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, Field
 
-from pipecat_actions import ActionContext, ActionRuntime, AllowAll, ConfigurationError, action
+from pipecat_actions import (
+    ActionContext,
+    ActionRuntime,
+    AllowAll,
+    ConfigurationError,
+    action,
+    tools_schema,
+)
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.session import SessionState
 
@@ -339,7 +346,7 @@ async def test_the_tools_schema_carries_the_summary_and_the_parameter_descriptio
         ledger_url=f"sqlite:///{tmp_path}/l.db",
     )
     try:
-        (schema,) = runtime.tools_schema().standard_tools
+        (schema,) = tools_schema(runtime).standard_tools
     finally:
         await runtime.close()
     assert "Args:" not in schema.description and "Returns:" not in schema.description

@@ -14,6 +14,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.services.llm_service import FunctionCallParams
 
+from pipecat_actions import instrument, tools_schema
 from pipecat_actions.actions import ActionContext, action
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.policy import load_policy_text
@@ -83,7 +84,7 @@ async def test_attached_actions_are_advertised_with_their_argument_schema(
         ledger_url=f"sqlite:///{tmp_path}/l.db",
     )
     try:
-        (schema,) = runtime.tools_schema().standard_tools
+        (schema,) = tools_schema(runtime).standard_tools
     finally:
         await runtime.close()
     assert schema.name == "book_table"
@@ -103,7 +104,7 @@ async def test_a_handler_registered_after_instrument_is_admitted_and_recorded(
 
     llm = ScriptedLLM([ToolCalls([("get_weather", {"city": "Oslo"})]), Say("21 degrees.")])
     session = SessionState(session_id="s1", principal="alice")
-    runtime.instrument(llm, session)
+    instrument(runtime, llm, session)
     llm.register_function("get_weather", get_weather)
     messages = await _converse(llm, LLMContext(messages=[{"role": "user", "content": "?"}]))
     assert calls == [{"city": "Oslo"}]
@@ -124,7 +125,7 @@ async def test_wrapping_keeps_tool_options_and_a_handler_registered_before_instr
 
     llm = ScriptedLLM([])
     llm.register_function("book_table", book_table)
-    runtime.instrument(llm, SessionState(session_id="s1", principal="alice"))
+    instrument(runtime, llm, SessionState(session_id="s1", principal="alice"))
     item = llm._functions["book_table"]
     assert item.handler is not book_table
     assert item.handler.__wrapped__ is book_table
@@ -147,7 +148,7 @@ async def test_a_direct_function_listed_in_the_context_is_wrapped_when_pipecat_r
         await params.result_callback({"temp_c": 3})
 
     llm = ScriptedLLM([ToolCalls([("get_weather", {"city": "Bergen"})]), Say("Cold.")])
-    runtime.instrument(llm, SessionState(session_id="s1", principal="alice"))
+    instrument(runtime, llm, SessionState(session_id="s1", principal="alice"))
     context = LLMContext(messages=[{"role": "user", "content": "?"}], tools=[get_weather])
     messages = await _converse(llm, context)
     assert seen == ["Bergen"]
@@ -167,7 +168,7 @@ async def test_a_handler_for_a_tool_without_policy_is_refused_and_never_runs(
 
     llm = ScriptedLLM([ToolCalls([("transfer_money", {"amount": 10})]), Say("Hm.")])
     session = SessionState(session_id="s1", principal="alice")
-    runtime.instrument(llm, session)
+    instrument(runtime, llm, session)
     with pytest.raises(Exception, match="no entry in the policy"):
         llm.register_function("transfer_money", transfer_money)
     assert ran == []
@@ -188,7 +189,7 @@ async def test_a_handler_cancellable_by_the_llm_gets_the_runtimes_cancel_tool_no
     session = SessionState(session_id="s1", principal="alice")
     llm._sync_cancel_tools()  # what Pipecat does at each inference: its cancel tool is made
     assert "cancel_book_table" in llm._cancel_tool_names
-    runtime.instrument(llm, session)
+    instrument(runtime, llm, session)
     llm._sync_cancel_tools()
 
     assert llm._functions["book_table"].cancellable_by_llm is False
@@ -200,3 +201,32 @@ async def test_a_handler_cancellable_by_the_llm_gets_the_runtimes_cancel_tool_no
     # The policy (no cancellable_by_llm) does not let the model cancel it: refused in words.
     assert answer["status"] == "refused"
     assert answer["reason"] == "cancel_not_allowed"
+
+
+async def test_the_runtimes_own_wiring_methods_still_work_for_a_release_and_say_what_replaces_them(
+    tmp_path: Path,
+) -> None:
+    @action
+    async def book_table(ctx: ActionContext, time: str) -> dict[str, Any]:
+        """Book a table."""
+        return {}
+
+    runtime = await ActionRuntime.create(
+        load_policy_text(POLICY),
+        authorizer=AllowAll(),
+        actions=[book_table],
+        routed=["get_weather"],
+        ledger_url=f"sqlite:///{tmp_path}/l.db",
+    )
+    llm, session = ScriptedLLM([]), SessionState(session_id="s1", principal="alice")
+    try:
+        with pytest.warns(DeprecationWarning, match=r"pipecat_actions\.attach\(runtime, llm"):
+            runtime.attach(llm, session)
+        with pytest.warns(DeprecationWarning, match=r"pipecat_actions\.tools_schema\(runtime\)"):
+            schema = runtime.tools_schema()
+        with pytest.warns(DeprecationWarning, match=r"pipecat_actions\.instrument\(runtime"):
+            runtime.instrument(llm, session)
+    finally:
+        await runtime.close()
+    assert llm.has_function("book_table")  # the forwarder did the adapter's work
+    assert [t.name for t in schema.standard_tools] == ["book_table"]

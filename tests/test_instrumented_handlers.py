@@ -21,6 +21,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.services.llm_service import FunctionCallParams
 
+from pipecat_actions import instrument
 from pipecat_actions.actions import action_context
 from pipecat_actions.admission.authorization import AllowAll, Decision
 from pipecat_actions.approvals import Approver
@@ -102,7 +103,7 @@ async def test_a_committed_handlers_result_properties_reach_pipecat(runtime: Act
         )
 
     llm = ScriptedLLM([ToolCalls([("add_note", {"text": "window seat"})]), Say("Noted.")])
-    runtime.instrument(llm, _session())
+    instrument(runtime, llm, _session())
     llm.register_function("add_note", add_note)
     context = LLMContext(messages=[{"role": "user", "content": "A window seat, please."}])
     await _converse(llm, context)
@@ -130,7 +131,7 @@ async def test_a_refused_call_is_answered_without_the_handlers_properties(
     runtime = await _runtime(tmp_path, authorizer=Deny())
     try:
         llm = ScriptedLLM([ToolCalls([("add_note", {"text": "x"})]), Say("I can't do that.")])
-        runtime.instrument(llm, _session())
+        instrument(runtime, llm, _session())
         llm.register_function("add_note", add_note)
         context = LLMContext(messages=[{"role": "user", "content": "Note it."}])
         await _converse(llm, context)
@@ -156,7 +157,7 @@ async def test_a_handler_gets_its_calls_llm_context_and_worker(runtime: ActionRu
         await params.result_callback({"noted": True})
 
     llm = ScriptedLLM([ToolCalls([("add_note", {"text": "x"})], ids=["call_9"]), Say("Noted.")])
-    runtime.instrument(llm, _session())
+    instrument(runtime, llm, _session())
     llm.register_function("add_note", add_note)
     context = LLMContext(messages=[{"role": "user", "content": "Note it."}])
     await _converse(llm, context)
@@ -189,7 +190,7 @@ async def test_a_handler_registered_again_serves_the_calls_made_after_it(
             Say("Noted."),
         ]
     )
-    runtime.instrument(llm, _session())
+    instrument(runtime, llm, _session())
     llm.register_function("add_note", handler("first"))
     context = LLMContext(messages=[{"role": "user", "content": "Note one."}])
     await _converse(llm, context)
@@ -211,7 +212,7 @@ async def test_an_approved_call_runs_with_its_calls_params_after_the_call_return
         await params.result_callback({"refunded": params.arguments["amount"]})
 
     llm = ScriptedLLM([ToolCalls([("refund", {"amount": 40})]), Say("A manager will decide.")])
-    runtime.instrument(llm, _session())
+    instrument(runtime, llm, _session())
     llm.register_function("refund", refund)
     context = LLMContext(messages=[{"role": "user", "content": "Refund me."}])
     await _converse(llm, context)
@@ -241,7 +242,7 @@ async def test_an_operation_run_without_its_call_gets_a_clear_error_for_what_it_
             await params.result_callback({"messages": len(params.context.get_messages())})
 
         llm = ScriptedLLM([ToolCalls([("refund", {"amount": 40})]), Say("A manager will decide.")])
-        first.instrument(llm, _session())
+        instrument(first, llm, _session())
         llm.register_function("refund", refund)
         await _converse(llm, LLMContext(messages=[{"role": "user", "content": "Refund me."}]))
         (waiting,) = await first.pending_approvals()
@@ -251,7 +252,7 @@ async def test_an_operation_run_without_its_call_gets_a_clear_error_for_what_it_
     second = await _runtime(tmp_path, clock=clock)  # the first process is gone
     try:
         later = ScriptedLLM([])
-        second.instrument(later, _session())
+        instrument(second, later, _session())
         later.register_function("refund", refund)
         await second.approve(
             waiting.operation_id,
@@ -305,7 +306,7 @@ async def test_a_direct_function_call_that_does_not_fit_its_signature_is_refused
         await params.result_callback({"noted": True})
 
     llm = ScriptedLLM([ToolCalls([("add_note", arguments)]), Say("That did not work.")])
-    runtime.instrument(llm, _session())
+    instrument(runtime, llm, _session())
     context = LLMContext(messages=[{"role": "user", "content": "Note it."}], tools=[add_note])
     await _converse(llm, context)
 
@@ -341,7 +342,7 @@ async def test_a_direct_function_gets_what_the_model_sent_checked_against_its_ty
             Say("That did not work."),
         ]
     )
-    runtime.instrument(llm, _session())
+    instrument(runtime, llm, _session())
     context = LLMContext(messages=[{"role": "user", "content": "Note it."}], tools=[add_note])
     await _converse(llm, context)
     context.add_message({"role": "user", "content": "And that."})
@@ -374,7 +375,7 @@ async def test_a_direct_function_registered_again_is_checked_against_its_new_sig
             Say("That did not work."),
         ]
     )
-    runtime.instrument(llm, _session())
+    instrument(runtime, llm, _session())
     context = LLMContext(messages=[{"role": "user", "content": "Note a."}], tools=[first])
     await _converse(llm, context)
     context.set_tools([second])
@@ -406,7 +407,7 @@ async def test_a_direct_functions_parameters_of_any_name_are_checked_and_passed(
             Say("Hm."),
         ]
     )
-    runtime.instrument(llm, _session())
+    instrument(runtime, llm, _session())
     context = LLMContext(messages=[{"role": "user", "content": "?"}], tools=[add_note])
     await _converse(llm, context)
     context.add_message({"role": "user", "content": "Again?"})

@@ -21,7 +21,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.services.llm_service import FunctionCallParams
 
-from pipecat_actions import EffectOutcomeUnknown
+from pipecat_actions import EffectOutcomeUnknown, instrument
 from pipecat_actions.actions import ActionContext, Reconciliation, action
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.policy import load_policy_text
@@ -127,7 +127,7 @@ async def test_an_instrumented_handler_that_says_it_does_not_know_is_never_commi
     runtime = await _runtime(tmp_path, routed=["add_note"])
     try:
         llm = ScriptedLLM([ToolCalls([("add_note", {"text": "window"})]), Say("Checking.")])
-        runtime.instrument(llm, _session())
+        instrument(runtime, llm, _session())
         if kind == "handler":
             llm.register_function("add_note", add_note)
         else:

@@ -98,7 +98,7 @@ def rtvi_observer_params(
     """Return RTVI observer parameters that leave the runtime's tools to `ActionStatusReporter`.
 
     Pipecat's function-call reports are turned off (``DISABLED``) for every tool registered on
-    ``runtime``, every tool its policy names (registered later by ``runtime.instrument`` or
+    ``runtime``, every tool its policy names (registered later by ``instrument`` or
     `pipecat_actions.flows.FlowActions`, node by node) and ``confirm_action``; every other tool
     keeps the level ``params`` gives it. Pass the result to
     ``PipelineWorker(..., rtvi_observer_params=...)``.

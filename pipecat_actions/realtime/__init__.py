@@ -5,7 +5,7 @@ The layout, which `pipecat_actions.pipeline.build_pipeline` builds for such a se
     transport.input() → user_agg → ActionTurnTracker → realtime service
         → ActionStatusReporter → transport.output() → ActionResultGate → assistant_agg
 
-and the adapter on the service, which `build_pipeline` installs (by hand: ``runtime.attach``,
+and the adapter on the service, which `build_pipeline` installs (by hand: ``attach``,
 then ``adapt_realtime(runtime, llm, session, gate)``). See `pipecat_actions.realtime._base`
 for what it guarantees, and the per-service modules for what each service needs.
 """

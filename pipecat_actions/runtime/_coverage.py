@@ -4,7 +4,7 @@ A policy entry with nothing behind it used to vanish silently from ``tools_schem
 was never offered the tool and nobody was told. `ActionRuntime.create` therefore checks, once
 its actions are registered, that each entry is either one of them or a name the application
 declares as **routed** (``routed=[...]``): a handler it registers on the LLM itself and routes
-through the runtime (``runtime.instrument``), or a Pipecat Flows function (`FlowActions`).
+through the runtime (``instrument``), or a Pipecat Flows function (`FlowActions`).
 Those are registered later (``instrument`` at registration or the first inference, Flows when
 a node is set), when no single moment knows the whole set, so they are declared up front
 instead of being guessed at.
@@ -22,8 +22,8 @@ from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.policy import PolicySet
 
 ROUTED_HINT = (
-    "for a handler registered on the LLM (runtime.instrument) or a Pipecat Flows function "
-    "(FlowActions), name it in ActionRuntime.create(routed=[...])"
+    "for a handler registered on the LLM (instrument(runtime, llm, session)) or a Pipecat "
+    "Flows function (FlowActions), name it in ActionRuntime.create(routed=[...])"
 )
 
 

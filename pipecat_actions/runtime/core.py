@@ -10,8 +10,8 @@ Wiring into Pipecat::
     runtime = await ActionRuntime.create("configs/restaurant.yaml", actions=[book_table],
                                          authorizer=MyAuthorizer())
     session = SessionState(session_id="call-1", principal="alice")
-    runtime.attach(llm, session)                  # one handler per action (+ confirm_action)
-    context = LLMContext(messages, tools=runtime.tools_schema())
+    attach(runtime, llm, session)                 # one handler per action (+ confirm_action)
+    context = LLMContext(messages, tools=tools_schema(runtime))
 
 `ActionRuntime` is a facade: each method hands the call to the part that does the work
 (`pipecat_actions.runtime._parts` builds them), the way DBOS's ``DBOS`` fronts its core and
@@ -26,6 +26,7 @@ import asyncio
 import os
 import socket
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -236,22 +237,29 @@ class ActionRuntime:
         """The tools declared ``routed`` at `create`: the application's or Flows' handlers."""
         return self._routed
 
+    # Deprecated forwarders (0.2.0; removed in 0.3.0). The adapters sit above the runtime and
+    # take it as an argument: `pipecat_actions.attach(runtime, llm, session)`. These are the
+    # only imports from the runtime up into the adapters, named in pyproject.toml's contract.
+
     def attach(self, llm: Any, session: SessionState) -> None:
-        """Register a handler on a Pipecat ``llm`` for every action, bound to ``session``."""
+        """Deprecated: use ``pipecat_actions.attach(runtime, llm, session)``."""
         from pipecat_actions.binding import attach
 
+        _moved_to_adapters("runtime.attach(llm, session)", "attach(runtime, llm, session)")
         attach(self, llm, session)
 
     def instrument(self, llm: Any, session: SessionState) -> None:
-        """Route handlers the application registers on ``llm`` through this runtime."""
+        """Deprecated: use ``pipecat_actions.instrument(runtime, llm, session)``."""
         from pipecat_actions.binding import instrument
 
+        _moved_to_adapters("runtime.instrument(llm, session)", "instrument(runtime, llm, session)")
         instrument(self, llm, session)
 
     def tools_schema(self) -> Any:
-        """Return a Pipecat ``ToolsSchema`` of every action, for ``LLMContext(tools=...)``."""
+        """Deprecated: use ``pipecat_actions.tools_schema(runtime)``."""
         from pipecat_actions.binding import tools_schema
 
+        _moved_to_adapters("runtime.tools_schema()", "tools_schema(runtime)")
         return tools_schema(self)
 
     @property
@@ -534,3 +542,12 @@ class ActionRuntime:
         await self._recovery.release_life(left=left)
         if self._owns_ledger:
             await self.ledger.close()
+
+
+def _moved_to_adapters(old: str, new: str) -> None:
+    warnings.warn(
+        f"{old} is deprecated and goes in 0.3.0: use pipecat_actions.{new} (the Pipecat "
+        "adapters take the runtime; the runtime no longer reaches up into them)",
+        DeprecationWarning,
+        stacklevel=3,
+    )

@@ -27,6 +27,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat_actions.actions import ActionDefinition
 from pipecat_actions.admission.authorization import AllowAll, Authorizer
 from pipecat_actions.approvals import Approver
+from pipecat_actions.binding import attach, tools_schema
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.errors import OperationNotFound, PolicyProblem
 from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
@@ -741,8 +742,8 @@ class _Scene:
         llm = ScriptedLLM(self.script, fallback="Okay.")
         llm.emitted = self.emitted  # one list for the story, whichever pipeline makes a call
         self.llm = llm
-        self.runtime.attach(llm, self.session)
-        self.context.set_tools(self.runtime.tools_schema())
+        attach(self.runtime, llm, self.session)
+        self.context.set_tools(tools_schema(self.runtime))
         self.gate = ActionResultGate(self.runtime, self.session)
         transport = FakeTransport()
         try:

@@ -14,14 +14,14 @@ from typing import Any
 
 __all__ = ["RESTAURANT", "build_actions", "new_system_of_record"]
 
-from pipecat_actions import (
+from pipecat_actions.actions import (
     ActionContext,
+    ActionDefinition,
     CancelOutcome,
-    EffectFailed,
     Reconciliation,
     action,
 )
-from pipecat_actions.actions import ActionDefinition
+from pipecat_actions.execution.outcomes import EffectFailed
 from pipecat_actions.testing.system_of_record import FakeSystemOfRecord, ProviderRejected
 
 RESTAURANT = "trattoria"

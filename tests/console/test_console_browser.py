@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from pipecat_actions import attach, tools_schema
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.console import ConsoleSettings, RunningConsole, start_console
 from pipecat_actions.console.users import Credentials
@@ -179,10 +180,10 @@ async def test_a_manager_approves_in_the_browser_and_the_caller_hears_the_outcom
                 Say("Good news: your refund of twenty euros has been approved and sent."),
             ]
         )
-        agent.runtime.attach(llm, session)
+        attach(agent.runtime, llm, session)
         context = LLMContext(
             messages=[{"role": "system", "content": "You take restaurant bookings."}],
-            tools=agent.runtime.tools_schema(),
+            tools=tools_schema(agent.runtime),
         )
 
         async def told_the_outcome() -> None:

@@ -38,6 +38,7 @@ from typing import Any
 
 from loguru import logger
 
+from pipecat_actions import attach, tools_schema
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.execution.executor import ReconcileSchedule
 from pipecat_actions.ledger import ForwardingLedger, Ledger, SqlLedger
@@ -227,10 +228,10 @@ class Child:
             ToolCalls([(op.tool, {"ref": op.ref}) for op in wave]) for wave in self.plan.waves()
         ]
         llm = ScriptedLLM([*script, Say("That is everything.")])
-        self.runtime.attach(llm, self.session)
+        attach(self.runtime, llm, self.session)
         context = LLMContext(
             messages=[{"role": "user", "content": "Please do all of these."}],
-            tools=self.runtime.tools_schema(),
+            tools=tools_schema(self.runtime),
         )
         pair = LLMContextAggregatorPair(context)
         gate = ActionResultGate(self.runtime, self.session)

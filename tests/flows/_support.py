@@ -26,7 +26,7 @@ from pipecat.flows import TRANSITION_IN_YAML, FlowConfig, FlowManager, FlowsFunc
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 
-from pipecat_actions import ActionRuntime, AllowAll
+from pipecat_actions import ActionRuntime, AllowAll, attach
 from pipecat_actions.actions import ActionContext, Reconciliation, action_context
 from pipecat_actions.flows import FlowActions, FunctionHooks
 from pipecat_actions.ledger import Operation
@@ -391,7 +391,7 @@ async def flow_agent(
         context = LLMContext()
         pair = LLMContextAggregatorPair(context, user_params=offline_user_params())
         gate = ActionResultGate(runtime, session)
-        runtime.attach(llm, session)
+        attach(runtime, llm, session)
         agent = FlowAgent(
             runtime, session, sor, clock, actions, llm, context, pair, gate, start, handled
         )

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pipecat.flows import FlowManager, FlowsFunctionSchema
 
-from pipecat_actions import Decision
+from pipecat_actions import Decision, instrument
 from pipecat_actions.approvals import Approver
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.flows import STATE_KEY
@@ -426,7 +426,7 @@ async def test_attach_after_the_flow_started_is_refused(tmp_path: Path) -> None:
 
 
 async def test_instrument_alone_keeps_a_flows_edge_transition(tmp_path: Path) -> None:
-    # Without FlowActions, runtime.instrument wraps Flows' transition function as a whole:
+    # Without FlowActions, instrument() wraps Flows' transition function as a whole:
     # the call is admitted and recorded, and Flows' run_llm=False and transition still hold.
     # (Every function then needs a policy entry: instrument routes them all.)
     every = POLICY + "      ask_elsewhere:\n        kind: read\n"
@@ -434,7 +434,7 @@ async def test_instrument_alone_keeps_a_flows_edge_transition(tmp_path: Path) ->
     async with flow_agent(tmp_path, script, kind="python", policy_text=every) as a:
 
         def instrument_instead(manager: FlowManager, gate: Any) -> None:
-            a.runtime.instrument(a.llm, a.session)
+            instrument(a.runtime, a.llm, a.session)
 
         a.actions.attach = instrument_instead  # type: ignore[method-assign]
 

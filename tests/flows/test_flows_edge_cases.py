@@ -18,7 +18,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.services.llm_service import FunctionCallParams
 
-from pipecat_actions import binding
+from pipecat_actions import binding, instrument
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.approvals import Approver
 from pipecat_actions.policy import load_policy_text
@@ -203,7 +203,7 @@ async def test_an_instrumented_call_is_forgotten_once_its_effect_ran(tmp_path: P
             await params.result_callback({"refunded": params.arguments["amount"]})
 
         llm = ScriptedLLM([ToolCalls([("refund", {"amount": 40})]), Say("A manager decides.")])
-        runtime.instrument(llm, SessionState(session_id="s1", principal="alice"))
+        instrument(runtime, llm, SessionState(session_id="s1", principal="alice"))
         llm.register_function("refund", refund)
         context = LLMContext(messages=[{"role": "user", "content": "Refund me."}])
         pair = LLMContextAggregatorPair(context)

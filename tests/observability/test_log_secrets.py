@@ -17,7 +17,15 @@ import pytest
 from loguru import logger
 from pipecat.processors.aggregators.llm_context import LLMContext
 
-from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
+from pipecat_actions import (
+    ActionContext,
+    ActionRuntime,
+    AllowAll,
+    SessionState,
+    action,
+    attach,
+    tools_schema,
+)
 from pipecat_actions.observability.redaction import (
     install_log_redaction,
     uninstall_log_redaction,
@@ -110,13 +118,13 @@ async def _converse(runtime: ActionRuntime) -> list[str]:
             Say(f"Booked, and I will text the confirmation to {PHONE}."),
         ]
     )
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     with capture_logs("DEBUG") as lines:
         await run_conversation(
             [UserSays("Book for Ada and Grace and take the deposit"), Wait(0.3)],
             llm=llm,
             tts=FakeTTS(secs_per_char=0.002),
-            context=LLMContext(messages=[], tools=runtime.tools_schema()),
+            context=LLMContext(messages=[], tools=tools_schema(runtime)),
             after_user_aggregator=[ActionTurnTracker(session)],
             before_assistant_aggregator=[ActionResultGate(runtime, session)],
         )

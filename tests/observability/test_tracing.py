@@ -20,7 +20,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pipecat.frames.frames import InterruptionFrame
 from pipecat.processors.aggregators.llm_context import LLMContext
 
-from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
+from pipecat_actions import (
+    ActionContext,
+    ActionRuntime,
+    AllowAll,
+    SessionState,
+    action,
+    attach,
+    tools_schema,
+)
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.observability import enable_tracing, key_hash
 from pipecat_actions.policy import load_policy_text
@@ -139,8 +147,8 @@ async def test_with_pipecat_tracing_on_the_spans_are_children_of_its_turn_spans(
         llm = ScriptedLLM(
             [ToolCalls([("book_table", booking())]), Say("Still booking."), Say("It is booked.")]
         )
-        runtime.attach(llm, session)
-        context = LLMContext(messages=[], tools=runtime.tools_schema())
+        attach(runtime, llm, session)
+        context = LLMContext(messages=[], tools=tools_schema(runtime))
 
         def closed_running() -> bool:
             return any(

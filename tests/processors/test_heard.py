@@ -17,7 +17,15 @@ from typing import Any
 import pytest
 from pipecat.processors.aggregators.llm_context import LLMContext
 
-from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
+from pipecat_actions import (
+    ActionContext,
+    ActionRuntime,
+    AllowAll,
+    SessionState,
+    action,
+    attach,
+    tools_schema,
+)
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.status import ActionStatus
@@ -112,8 +120,8 @@ class Talk:
         self.runtime = booking.runtime
         self.session = SessionState(session_id="call-1", principal="alice")
         self.llm = ScriptedLLM(script)
-        self.runtime.attach(self.llm, self.session)
-        self.context = LLMContext(messages=[], tools=self.runtime.tools_schema())
+        attach(self.runtime, self.llm, self.session)
+        self.context = LLMContext(messages=[], tools=tools_schema(self.runtime))
         self.transport = FakeTransport()
 
     async def run(self, steps: list[Any]) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from pipecat.processors.aggregators.llm_context import LLMContext
 
-from pipecat_actions import ActionRuntime, SessionState
+from pipecat_actions import ActionRuntime, SessionState, attach, tools_schema
 from pipecat_actions.actions import ActionContext, action
 from pipecat_actions.ledger.records import EventKind, Operation, OperationEvent
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
@@ -97,8 +97,8 @@ class Talk:
         self.runtime = runtime
         self.session = SessionState(session_id="call-1", principal="alice")
         self.llm = ScriptedLLM(script)
-        runtime.attach(self.llm, self.session)
-        self.context = LLMContext(messages=[], tools=runtime.tools_schema())
+        attach(runtime, self.llm, self.session)
+        self.context = LLMContext(messages=[], tools=tools_schema(runtime))
 
     async def run(self, steps: Sequence[Any]) -> ConversationResult:
         return await run_conversation(

@@ -19,6 +19,8 @@ from pipecat_actions import (
     ConfigurationError,
     SessionState,
     action,
+    attach,
+    instrument,
 )
 from pipecat_actions.pipeline import build_pipeline, check_placement
 from pipecat_actions.policy import load_policy_text
@@ -148,14 +150,14 @@ CASCADE = "user tracker llm reporter output gate assistant"
 async def test_the_cascade_layout_with_the_runtime_attached_passes(runtime: ActionRuntime) -> None:
     # The control for the refusals below: each adds one fault to this layout.
     session, llm = SessionState(session_id="s", principal="p"), ScriptedLLM([])
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     parts = _cascade(runtime, session, llm)
     check_placement([parts[name] for name in CASCADE.split()])
 
 
 async def test_a_pipeline_without_a_turn_tracker_is_refused(runtime: ActionRuntime) -> None:
     session, llm = SessionState(session_id="s", principal="p"), ScriptedLLM([])
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     parts = _cascade(runtime, session, llm)
     with pytest.raises(ConfigurationError) as refused:
         check_placement([parts[name] for name in CASCADE.split() if name != "tracker"])
@@ -168,13 +170,13 @@ async def test_a_pipeline_whose_llm_the_runtime_was_never_attached_to_is_refused
     runtime: ActionRuntime,
 ) -> None:
     session, llm = SessionState(session_id="s", principal="p"), ScriptedLLM([])
-    parts = _cascade(runtime, session, llm)  # runtime.attach(llm, session) forgotten
+    parts = _cascade(runtime, session, llm)  # attach(runtime, llm, session) forgotten
     with pytest.raises(ConfigurationError) as refused:
         check_placement([parts[name] for name in CASCADE.split()])
     message = str(refused.value)
     assert "ScriptedLLM has no handler of this runtime for noop" in message
     assert "not currently available" in message  # what Pipecat would tell the model
-    assert "runtime.attach(llm, session)" in message
+    assert "attach(runtime, llm, session)" in message
 
 
 async def test_an_application_handler_in_place_of_the_runtimes_is_refused(
@@ -192,7 +194,7 @@ async def test_an_application_handler_in_place_of_the_runtimes_is_refused(
 
 async def test_handlers_attached_for_another_session_are_refused(runtime: ActionRuntime) -> None:
     session, llm = SessionState(session_id="s", principal="p"), ScriptedLLM([])
-    runtime.attach(llm, SessionState(session_id="other", principal="mallory"))
+    attach(runtime, llm, SessionState(session_id="other", principal="mallory"))
     parts = _cascade(runtime, session, llm)
     with pytest.raises(ConfigurationError, match="attached for another SessionState"):
         check_placement([parts[name] for name in CASCADE.split()])
@@ -200,7 +202,7 @@ async def test_handlers_attached_for_another_session_are_refused(runtime: Action
 
 async def test_a_tracker_of_another_session_is_refused(runtime: ActionRuntime) -> None:
     session, llm = SessionState(session_id="s", principal="p"), ScriptedLLM([])
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     other = SessionState(session_id="s", principal="p")  # the same ids, another state
     parts = _cascade(runtime, session, llm, tracker_session=other)
     with pytest.raises(ConfigurationError, match="different SessionStates"):
@@ -210,7 +212,7 @@ async def test_a_tracker_of_another_session_is_refused(runtime: ActionRuntime) -
 async def test_handlers_the_runtime_routes_need_no_attach_and_attach_and_instrument_combine(
     tmp_path: Path,
 ) -> None:
-    # A routed handler (runtime.instrument, Flows) is the application's to register: a
+    # A routed handler (instrument, Flows) is the application's to register: a
     # pipeline with only those passes without attach; with an action too, attach and
     # instrument on one service keep each other's handlers.
     policy = load_policy_text(
@@ -236,14 +238,14 @@ async def test_handlers_the_runtime_routes_need_no_attach_and_attach_and_instrum
 
         session = SessionState(session_id="s", principal="p")
         llm = ScriptedLLM([])
-        routed_only.instrument(llm, session)
+        instrument(routed_only, llm, session)
         llm.register_function("lookup", lookup)
         parts = _cascade(routed_only, session, llm)
         check_placement([parts[name] for name in CASCADE.split()])
 
         llm = ScriptedLLM([])
-        both.attach(llm, session)
-        both.instrument(llm, session)
+        attach(both, llm, session)
+        instrument(both, llm, session)
         llm.register_function("lookup", lookup)
         parts = _cascade(both, session, llm)
         check_placement([parts[name] for name in CASCADE.split()])

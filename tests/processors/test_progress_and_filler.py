@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pipecat.processors.aggregators.llm_context import LLMContext
 
-from pipecat_actions import ActionRuntime, SessionState
+from pipecat_actions import ActionRuntime, SessionState, attach, tools_schema
 from pipecat_actions.actions import ActionContext, action
 from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.status import ActionStatus
@@ -82,8 +82,8 @@ class Talk:
         self.runtime = runtime
         self.session = SessionState(session_id="call-1", principal="alice")
         self.llm = ScriptedLLM(script)
-        runtime.attach(self.llm, self.session)
-        self.context = LLMContext(messages=[], tools=runtime.tools_schema())
+        attach(runtime, self.llm, self.session)
+        self.context = LLMContext(messages=[], tools=tools_schema(runtime))
         self.tts = FakeTTS(secs_per_char=0.01)
         self.idle = Call(self._idle)
 

@@ -32,7 +32,7 @@ from pipecat.services.llm_service import LLMService
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 from pipecat.workers.runner import WorkerRunner
 
-from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
+from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action, attach
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.pipeline import build_pipeline, check_placement
 from pipecat_actions.policy import load_policy_text
@@ -239,7 +239,7 @@ async def test_a_realtime_service_without_its_adapter_is_refused(
     runtime: ActionRuntime, make_service: Callable[[], LLMService]
 ) -> None:
     session, llm = _session(), make_service()
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     parts = _parts(runtime, session, llm, ActionResultGate(runtime, session))
     with pytest.raises(ConfigurationError) as refused:
         check_placement([parts[name] for name in REALTIME_LAYOUT.split()])
@@ -257,7 +257,7 @@ async def test_the_same_layout_with_the_adapter_installed_passes(
     # The control for the refusals around it: only the fault each one adds is refused.
     session, llm = _session(), make_service()
     gate = ActionResultGate(runtime, session)
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     adapt_realtime(runtime, llm, session, gate)
     parts = _parts(runtime, session, llm, gate)
     check_placement([parts[name] for name in REALTIME_LAYOUT.split()])
@@ -269,12 +269,12 @@ async def test_a_realtime_layout_without_a_turn_tracker_or_without_attach_is_ref
 ) -> None:
     session, llm = _session(), make_service()
     gate = ActionResultGate(runtime, session)
-    adapt_realtime(runtime, llm, session, gate)  # runtime.attach(llm, session) forgotten
+    adapt_realtime(runtime, llm, session, gate)  # attach(runtime, llm, session) forgotten
     parts = _parts(runtime, session, llm, gate)
     with pytest.raises(ConfigurationError) as unattached:
         check_placement([parts[name] for name in REALTIME_LAYOUT.split()])
     assert f"{type(llm).__name__} has no handler of this runtime for noop" in str(unattached.value)
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     without_tracker = [parts[name] for name in REALTIME_LAYOUT.split() if name != "tracker"]
     with pytest.raises(ConfigurationError, match="no ActionTurnTracker"):
         check_placement(without_tracker)
@@ -286,7 +286,7 @@ async def test_an_adapter_speaking_through_another_pipelines_gate_is_refused(
 ) -> None:
     session, llm = _session(), make_service()
     gate_a, gate_b = ActionResultGate(runtime, session), ActionResultGate(runtime, session)
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     adapter = adapt_realtime(runtime, llm, session, gate_a)
     assert gate_a.speaker is adapter
     assert gate_b.speaker is None
@@ -329,7 +329,7 @@ async def test_misplaced_processors_around_a_realtime_service_are_refused_with_t
 ) -> None:
     session, llm = _session(), openai_service()
     gate = ActionResultGate(runtime, session)
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     adapt_realtime(runtime, llm, session, gate)
     parts = _parts(runtime, session, llm, gate)
     with pytest.raises(ConfigurationError) as refused:

@@ -40,6 +40,8 @@ from pipecat_actions import (
     Reconciliation,
     SessionState,
     action,
+    attach,
+    tools_schema,
 )
 from pipecat_actions.binding import CONFIRM_TOOL
 from pipecat_actions.policy import load_policy_text
@@ -132,9 +134,9 @@ class Agent:
         self.clock = clock
         self.session = SessionState(session_id="call-1", principal="alice")
         self.llm = ScriptedLLM(script)
-        runtime.attach(self.llm, self.session)
+        attach(runtime, self.llm, self.session)
         self.context = LLMContext(
-            messages=[{"role": "user", "content": "book a table"}], tools=runtime.tools_schema()
+            messages=[{"role": "user", "content": "book a table"}], tools=tools_schema(runtime)
         )
         self.gate = ActionResultGate(runtime, self.session)
         self.log = FrameLog()

@@ -16,7 +16,14 @@ from typing import Any
 from pipecat.frames.frames import LLMRunFrame
 from pipecat.processors.aggregators.llm_context import LLMContext
 
-from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
+from pipecat_actions import (
+    ActionContext,
+    ActionRuntime,
+    AllowAll,
+    SessionState,
+    action,
+    tools_schema,
+)
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import ForwardingLedger, Ledger, SqlLedger
 from pipecat_actions.pipeline import build_pipeline
@@ -86,7 +93,7 @@ async def test_committed_results_pass_the_template_with_no_ledger_read_and_one_d
             [ToolCalls([("book", {"n": 1})]), ToolCalls([("book", {"n": 2})]), Say("done")]
         )
         context = LLMContext(messages=[{"role": "user", "content": "go"}])
-        context.set_tools(runtime.tools_schema())
+        context.set_tools(tools_schema(runtime))
         pipeline, gate = build_pipeline(runtime=runtime, session=session, llm=llm, context=context)
 
         def results() -> list[dict[str, Any]]:

@@ -45,6 +45,7 @@ from pipecat_actions import (
     Reconciliation,
     SessionState,
     action,
+    tools_schema,
 )
 from pipecat_actions.approvals import Approver
 from pipecat_actions.execution.executor import ReconcileSchedule
@@ -86,7 +87,7 @@ class Bot:
         self.session = SessionState(session_id="call-1", principal="alice")
         self.llm = ScriptedLLM([])
         self.context = LLMContext(
-            messages=[{"role": "user", "content": "book a table"}], tools=runtime.tools_schema()
+            messages=[{"role": "user", "content": "book a table"}], tools=tools_schema(runtime)
         )
         self.log = FrameLog()
 
@@ -501,7 +502,7 @@ async def test_frames_pass_unchanged_in_order_and_none_waits_for_the_ledger(
 
 
 async def test_a_policy_tool_registered_later_is_left_to_the_reporter_too(tmp_path: Path) -> None:
-    # Flows (FlowActions) and runtime.instrument register their tools after the worker and its
+    # Flows (FlowActions) and instrument() register their tools after the worker and its
     # RTVI observer are made: the policy names them before that.
     runtime = await ActionRuntime.create(
         load_policy_text("version: 1\ntools:\n  book_table:\n    kind: mutation\n"),

@@ -29,7 +29,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.llm_service import LLMService
 from pipecat.workers.runner import WorkerRunner
 
-from pipecat_actions import ActionRuntime, Decision, build_pipeline
+from pipecat_actions import ActionRuntime, Decision, build_pipeline, tools_schema
 from pipecat_actions.ledger import Operation
 from pipecat_actions.processors import ActionResultGate
 from pipecat_actions.session import SessionState
@@ -241,7 +241,7 @@ async def running_pipeline(
     session = new_session(session_id)
     context = LLMContext(
         messages=[{"role": "user", "content": "I'd like a table tonight."}],
-        tools=runtime.tools_schema(),
+        tools=tools_schema(runtime),
     )
     pipeline, gate = build_pipeline(
         runtime=runtime, session=session, llm=llm, context=context, transport=transport

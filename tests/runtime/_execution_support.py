@@ -35,6 +35,7 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.tests.utils import run_test
 
+from pipecat_actions import attach, tools_schema
 from pipecat_actions.actions import (
     ActionContext,
     ActionDefinition,
@@ -367,11 +368,11 @@ async def converse(
     """Run one conversation through a real pipeline; return the context's messages."""
     context = LLMContext(
         messages=[{"role": "user", "content": "A table for two at nine, please."}],
-        tools=runtime.tools_schema(),
+        tools=tools_schema(runtime),
     )
     pair = LLMContextAggregatorPair(context)
     llm = ScriptedLLM(script)
-    runtime.attach(llm, session)
+    attach(runtime, llm, session)
     await run_test(
         Pipeline([pair.user(), TurnTap(session), llm, pair.assistant()]),
         frames_to_send=list(frames),

@@ -1,7 +1,7 @@
 """Barge-in and background tools through a real Pipecat pipeline.
 
 `ScriptedLLM` makes the tool calls through Pipecat's real ``run_function_calls``; the real
-aggregators build the context; `ActionRuntime.attach` registers the handlers. A barge-in is an
+aggregators build the context; `pipecat_actions.attach` registers the handlers. A barge-in is an
 `InterruptionFrame` sent while the effect runs, which makes Pipecat cancel a blocking tool's
 handler. The system of record and the runtime run on a manual clock: a request is answered
 (and a slow cancel acts) only when the script advances it, after what must come first.
@@ -21,6 +21,7 @@ from pipecat.frames.frames import (
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 
+from pipecat_actions import attach, tools_schema
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
 from pipecat_actions.testing import FakeSystemOfRecord, Say, ScriptedLLM, ToolCalls
@@ -97,10 +98,10 @@ class Conversation:
         self.session = session
         self.context = LLMContext(
             messages=[{"role": "user", "content": "A table for two at nine, please."}],
-            tools=runtime.tools_schema(),
+            tools=tools_schema(runtime),
         )
         self.llm = ScriptedLLM(script)
-        runtime.attach(self.llm, session)
+        attach(runtime, self.llm, session)
         self.log = FrameLog()
 
     def messages(self) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 A policy entry with nothing behind it used to vanish from ``tools_schema()`` without a word.
 `ActionRuntime.create` now refuses it, naming it and the registered actions; handlers the
-application registers on the LLM (``runtime.instrument``) and Flows functions are registered
+application registers on the LLM (``pipecat_actions.instrument``) and Flows functions are registered
 later, so their names are declared at ``create(routed=[...])`` and are never refused.
 """
 
@@ -15,7 +15,14 @@ import pytest
 from pipecat.flows import FlowConfig
 from pipecat.services.llm_service import FunctionCallParams
 
-from pipecat_actions import ActionContext, ActionRuntime, AllowAll, ConfigurationError, action
+from pipecat_actions import (
+    ActionContext,
+    ActionRuntime,
+    AllowAll,
+    ConfigurationError,
+    action,
+    instrument,
+)
 from pipecat_actions.flows import flow_functions
 from pipecat_actions.operator import OperatorApp, reconcile
 from pipecat_actions.policy import load_policy_text
@@ -109,7 +116,7 @@ async def test_names_declared_routed_pass_and_an_instrumented_handler_runs_under
             await params.result_callback({"order_id": params.arguments["order_id"]})
 
         llm = ScriptedLLM([])
-        runtime.instrument(llm, SessionState(session_id="s1", principal="alice"))
+        instrument(runtime, llm, SessionState(session_id="s1", principal="alice"))
         llm.register_function("lookup_order", lookup)
         assert runtime.bindings["lookup_order"].action.app_handler
     finally:
