@@ -112,7 +112,6 @@ from pipecat_actions import (
     AuthorizationRequest,
     Decision,
     SessionState,
-    tools_schema,
 )
 
 # Pipecat is imported inside the functions that need it: importing it logs a banner, and a
@@ -366,6 +365,8 @@ async def build_bot(
             context = LLMContext(messages=[])  # each node sets its tools
             pair = LLMContextAggregatorPair(context, user_params=user_params)
         else:
+            from pipecat_actions import tools_schema  # imports Pipecat: not before the keys
+
             context = LLMContext(messages=[], tools=tools_schema(runtime))
         pipeline, gate = build_pipeline(
             runtime=runtime,
