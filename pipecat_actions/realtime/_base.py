@@ -64,7 +64,7 @@ from pipecat.services.llm_service import LLMService
 from pipecat_actions._recent import remember
 from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.processors._closing import closing_frame, closing_result, stopped_result
+from pipecat_actions.processors._closing import closing_frame, truthful_close
 from pipecat_actions.runtime.deliveries import Told
 from pipecat_actions.session import SessionState
 
@@ -260,15 +260,7 @@ class RealtimeAdapter:
         """Close a cancelled call with its operation's real state, through the service."""
         call_id = cancel.tool_call_id
         operation_id = self.runtime.operation_for_call(call_id) or self._confirms.get(call_id)
-        if operation_id is None:
-            # Cancelled while it was being admitted: admission runs on; what it made of the
-            # call (an operation that goes on, or none) is what the provider is told.
-            operation_id = await self.runtime.admitted_as(call_id)
-        if operation_id is None:
-            # No operation behind it: a read, or a call stopped before it was admitted.
-            result = stopped_result(self.runtime, cancel)
-        else:
-            result, _ = await closing_result(self.delivery, cancel, operation_id)
+        result, _, _ = await truthful_close(self.runtime, self.delivery, cancel, operation_id)
         await self._closed(cancel, result)
 
     async def _closed(self, cancel: FunctionCallCancelFrame, result: dict[str, Any]) -> None:
