@@ -28,17 +28,20 @@ What holds:
 * **Each node's own handler.** Flows builds a fresh transition function per node; each call
   runs the handler of the node it was made in, even when two nodes reuse a function name.
 * **Policy governs.** Every function needs a policy entry (or is named in ``unmanaged``, or is
-  a config's ``transition_only`` function, which runs no code); its ``mode`` and
+  a config's ``transition_only`` function, which runs no code: an entry for one is ignored,
+  with a warning); its ``mode`` and
   ``timeout_secs`` replace Flows' call options (``mode: blocking`` is Pipecat's
   ``cancel_on_interruption=True``). The runtime is told the managed names when it is created
   (``routed=``; `flow_functions` reads them from a config), since Flows registers each
   function only when its node is set.
-* **Transitions on the truth.** A ``transition_to: {field: status, cases: {...}}`` branch is
-  evaluated on the runtime's result (a committed result also shows the handler's own fields
-  to the branch, so branches on them keep working). An unconditional ``transition_to`` (or a
-  Python handler's next node, also for a repeated call that joined the operation) is
-  followed only when the operation committed; otherwise the node stays and the bot tells the
-  truth.
+* **Transitions on the truth.** A ``transition_to: {field: pipecat_actions_status, cases:
+  {...}}`` branch (`STATUS_FIELD`) is evaluated on the runtime's status. A committed result
+  also shows the handler's own fields to the branch, as the handler returned them, so
+  branches on them keep working, ``status`` included (``field: status, cases: {booked:
+  ...}``); where the handler's result has no ``status``, ``status`` is the runtime's too.
+  An unconditional ``transition_to`` (or a Python handler's next node, also for a repeated
+  call that joined the operation) is followed only when the operation committed; otherwise
+  the node stays and the bot tells the truth.
 * **What a handler needs.** `pipecat_actions.action_context` gives the running handler its
   operation's `ActionContext` (``idempotency_key`` for a provider that deduplicates);
   ``flow_manager.state[STATE_KEY][function]`` holds the runtime's latest result of each
@@ -52,7 +55,7 @@ What holds:
 
 from __future__ import annotations
 
-__all__ = ["STATE_KEY", "FlowActions", "FunctionHooks", "flow_functions"]
+__all__ = ["STATE_KEY", "STATUS_FIELD", "FlowActions", "FunctionHooks", "flow_functions"]
 
 import asyncio
 import dataclasses
@@ -90,6 +93,7 @@ from pipecat_actions.actions import (
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.outcomes import EffectNotSent
 from pipecat_actions.results import reconcilable, render_operation
+from pipecat_actions.runtime._coverage import RoutedNames
 from pipecat_actions.status import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -100,6 +104,12 @@ if TYPE_CHECKING:
     from pipecat_actions.processors import ActionResultGate
     from pipecat_actions.runtime import ActionRuntime
     from pipecat_actions.session import SessionState
+
+STATUS_FIELD = "pipecat_actions_status"
+"""The field a ``transition_to`` branch reads the runtime's status from (``committed``,
+``refused``, ``unknown``, ...). A branch on ``status`` reads the same, unless the handler's own
+committed result has a ``status`` of its own (``booked``): that one is the handler's, kept as
+it returned it, as are all its fields."""
 
 STATE_KEY = "pipecat_actions"
 """``flow_manager.state[STATE_KEY][function]`` holds the runtime's latest result of each managed
@@ -198,18 +208,21 @@ class FunctionHooks:
 _CURRENT: ContextVar[_FlowCall | None] = ContextVar("pipecat_actions_flow_call", default=None)
 
 
-def flow_functions(config: FlowConfig, *, unmanaged: Iterable[str] = ()) -> list[str]:
+def flow_functions(config: FlowConfig, *, unmanaged: Iterable[str] = ()) -> RoutedNames:
     """The functions of ``config`` `FlowActions` routes, for ``ActionRuntime.create(routed=...)``.
 
     Every function of its nodes and its global functions, in order and once each, but its
-    ``transition_only`` ones and those named in ``unmanaged`` (as given to `FlowActions`).
+    ``transition_only`` ones and those named in ``unmanaged`` (as given to `FlowActions`). The
+    ``transition_only`` ones ride along (`RoutedNames.transition_only`): a policy entry for one
+    of them is ignored with a warning rather than refused.
     """
     left_out = frozenset(unmanaged)
     functions = [*config.global_functions] + [
         f for node in config.nodes.values() for f in node.functions
     ]
     names = (f.name for f in functions if not f.transition_only and f.name not in left_out)
-    return list(dict.fromkeys(names))
+    passive = {f.name for f in functions if f.transition_only}
+    return RoutedNames(dict.fromkeys(names), transition_only=passive)
 
 
 class FlowActions:
@@ -625,7 +638,8 @@ class FlowActions:
         if target.field not in view:
             return None  # branches on a field of the handler's own result: it did not commit
         value = case_key(view[target.field])
-        if target.field == "status" and value == "rejected" and value not in target.cases:
+        runtimes = result.get("status") == "rejected" and target.field in ("status", STATUS_FIELD)
+        if runtimes and value == "rejected" and value not in target.cases:
             # A person's rejection is a refusal that came late: a ``refused:`` case catches it
             # unless the flow has a ``rejected:`` case of its own.
             value = "refused"
@@ -710,12 +724,16 @@ def _open_model(name: str) -> type[BaseModel]:
 
 
 def _view(result: Mapping[str, Any]) -> dict[str, Any]:
-    """What a branch sees: the runtime's result, and a committed handler result's own fields."""
+    """What a branch sees: the runtime's result, a committed handler's own fields over it.
+
+    The handler's own fields are kept as it returned them (its ``status: booked`` stays
+    ``booked``); the runtime's status is always under `STATUS_FIELD` as well.
+    """
     view = dict(result)
     own = result.get("result")
     if result.get("status") == "committed" and isinstance(own, Mapping):
-        for key, value in own.items():
-            view.setdefault(str(key), value)
+        view.update({str(key): value for key, value in own.items()})
+    view.setdefault(STATUS_FIELD, result.get("status"))
     return view
 
 

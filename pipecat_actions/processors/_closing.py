@@ -7,7 +7,7 @@ the call with the operation's real state, never a bare cancellation.
 
 from __future__ import annotations
 
-__all__ = ["closing_frame", "closing_result", "stopped_result"]
+__all__ = ["closing_frame", "closing_result", "stopped_result", "truthful_close"]
 
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -96,3 +96,25 @@ def stopped_result(runtime: ActionRuntime, cancel: FunctionCallCancelFrame) -> d
         "message": f"{cancel.function_name} was stopped while it was being checked, "
         "before it started; nothing was done. Ask again if it is still wanted.",
     }
+
+
+async def truthful_close(
+    runtime: ActionRuntime,
+    delivery: SessionDelivery,
+    cancel: FunctionCallCancelFrame,
+    operation_id: str | None,
+) -> tuple[dict[str, Any], str | None, Operation | None]:
+    """What closes ``cancel``'s call: the result, its operation (None: none), the record read.
+
+    The one place the cascade gate and the realtime adapters decide it. ``operation_id``: the
+    operation the call is known to be about, or None while admission may still be under way:
+    admission runs on to its end, and what it made of the call (an operation that goes on, or
+    none) closes it. With no operation behind the call (a read, stopped with its handler, or a
+    call stopped before it was admitted), the result says it was stopped.
+    """
+    if operation_id is None:
+        operation_id = await runtime.admitted_as(cancel.tool_call_id)
+    if operation_id is None:
+        return stopped_result(runtime, cancel), None, None
+    result, op = await closing_result(delivery, cancel, operation_id)
+    return result, operation_id, op

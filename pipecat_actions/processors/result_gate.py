@@ -60,7 +60,7 @@ from pipecat.processors.frame_processor import (
 )
 
 from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
-from pipecat_actions.processors._closing import closing_frame, closing_result, stopped_result
+from pipecat_actions.processors._closing import closing_frame, stopped_result, truthful_close
 from pipecat_actions.runtime.deliveries import PENDING_STATUSES, SessionDelivery, Speaker, Told
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES
@@ -277,14 +277,12 @@ class ActionResultGate(FrameProcessor):
     async def _close_truthfully(
         self, cancel: FunctionCallCancelFrame, operation_id: str | None, group: str | None
     ) -> None:
+        result, operation_id, op = await truthful_close(
+            self.runtime, self.delivery, cancel, operation_id
+        )
         if operation_id is None:
-            # Cancelled while it was being admitted: admission runs on to its end, and what
-            # it made of the call (an operation that goes on, or none) closes it.
-            operation_id = await self.runtime.admitted_as(cancel.tool_call_id)
-        if operation_id is None:
-            await self.push_frame(closing_frame(cancel, stopped_result(self.runtime, cancel)))
+            await self.push_frame(closing_frame(cancel, result))
             return
-        result, op = await closing_result(self.delivery, cancel, operation_id)
         if op is None or op.status not in TERMINAL_STATUSES:
             self.delivery.await_outcome(operation_id, group)
         # What the truth leads to (a Flows transition) follows once it is in the context.

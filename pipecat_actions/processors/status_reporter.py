@@ -24,7 +24,12 @@ is told (`pipecat_actions.results.render_operation`). ``event`` says why the mes
   (``committed``, ``failed_final``, ``awaiting_approval``, ``rejected``, ...) or it came later,
   after the wait ended (``committed`` after ``unknown``, ``failed_final`` at a deadline,
   ``committed`` or ``rejected`` after an approval, ``compensated``; a compensation's own
-  operation carries ``compensates``, the operation it reverses).
+  operation carries ``compensates``, the operation it reverses);
+* ``answered``: a call about an operation another call made (the model's ``cancel_<tool>``,
+  ``confirm_action``) got its answer: ``tool`` and ``tool_call_id`` are that call's,
+  ``status`` and ``message`` its answer, ``operation_id`` the operation it is about. The
+  operation's own statuses stay under the operation's own call (the one that proposed it),
+  whatever a cancel or a confirmation answered.
 
 A message never carries arguments or result values, and its ``message`` is cut to
 `MAX_MESSAGE_CHARS`, so a provider's huge error text cannot blow it up. An operation's messages
@@ -192,24 +197,27 @@ class ActionStatusReporter(FrameProcessor):
         if isinstance(frame, FunctionCallCancelFrame):
             # Pipecat asks for inference on a cancel only when the call ran past its timeout.
             event = "wait_timed_out" if frame.run_llm else "wait_interrupted"
-            operation_id = self.runtime.operation_for_call(call) or self._confirming.get(call)
+            confirmed = self._confirming.get(call)
+            operation_id = self.runtime.operation_for_call(call) or confirmed
             if operation_id is None:
                 self._send(self._not_admitted(event, frame.function_name, call))
                 return
             # Looked up by the provider's call id (not unique across sessions) or named by the
             # model (confirm_action): told only if it is this session's.
-            self._spawn(self._read(operation_id, event, call, ours_only=True))
+            self._spawn(
+                self._read(operation_id, event, call, ours_only=True, about=confirmed is not None)
+            )
             return
         if frame.properties is not None and not frame.properties.is_final:
             return
         result = frame.result if isinstance(frame.result, Mapping) else {}
         operation_id = result.get("operation_id")
+        if self._is_about_another_call(frame.function_name):
+            self._on_answer_about(frame.function_name, call, result, operation_id)
+            return
         # The operation the runtime answered with is what this session's model was told (a
         # duplicate may join another session's); any other is told only if it is this one's.
-        ours_only = (
-            frame.function_name == CONFIRM_TOOL
-            or cancel_target(self.runtime, frame.function_name) is not None
-        )
+        ours_only = False
         if not isinstance(operation_id, str):
             operation_id = self.runtime.operation_for_call(call)
             ours_only = True
@@ -225,6 +233,29 @@ class ActionStatusReporter(FrameProcessor):
             # A refusal before any operation was recorded, or a read (its record is written
             # after its answer, in a batch): told as the model got it.
             self._send(self._answer(frame.function_name, call, result, operation_id))
+
+    def _is_about_another_call(self, tool: str) -> bool:
+        """Whether ``tool``'s calls are about an operation another call made.
+
+        The model's ``cancel_<tool>`` and ``confirm_action`` name an operation that exists
+        already; their answers are theirs, and the operation's statuses stay under its own call.
+        """
+        return tool == CONFIRM_TOOL or cancel_target(self.runtime, tool) is not None
+
+    def _on_answer_about(
+        self, tool: str, call: str, result: Mapping[str, Any], operation_id: Any
+    ) -> None:
+        """A call about another call's operation was answered (see `_is_about_another_call`).
+
+        It gets its own message, under its own id, with its own answer; the operation's
+        status, if that is news, is told under the operation's own call.
+        """
+        named = operation_id if isinstance(operation_id, str) else None
+        if "status" in result:
+            self._send(self._answer(tool, call, result, named, event="answered"))
+        if named is not None:
+            # Named by the model: told only if it is this session's.
+            self._spawn(self._read(named, "changed", None, ours_only=True))
 
     def _is_read(self, tool: str) -> bool:
         binding = self.runtime.bindings.get(tool)
@@ -250,8 +281,13 @@ class ActionStatusReporter(FrameProcessor):
         *,
         ours_only: bool = False,
         fallback: tuple[str, Mapping[str, Any]] | None = None,
+        about: bool = False,
     ) -> None:
-        """Tell ``operation_id`` as the ledger has it; unread, the call's result (``fallback``)."""
+        """Tell ``operation_id`` as the ledger has it; unread, the call's result (``fallback``).
+
+        ``about``: ``tool_call_id`` is a call about the operation (``confirm_action``), not its
+        own: the message goes under that call, which the operation's later statuses do not.
+        """
         try:
             op = await self.runtime.ledger.get(operation_id)
         except Exception as exc:  # a ledger hiccup must not break the conversation
@@ -261,6 +297,9 @@ class ActionStatusReporter(FrameProcessor):
                 self._send(self._answer(tool, tool_call_id, result, operation_id))
             return
         if ours_only and op.session_id != self.session.session_id:
+            return
+        if about and tool_call_id is not None:
+            self._tell_about(op, event, tool_call_id)
             return
         self._tell(op, event, tool_call_id=tool_call_id)
 
@@ -291,6 +330,20 @@ class ActionStatusReporter(FrameProcessor):
         if op.compensates is not None:
             data["compensates"] = op.compensates
         self._send(data)
+
+    def _tell_about(self, op: Operation, event: str, tool_call_id: str) -> None:
+        """Send ``op``'s status under a call about it (its own call's record is left alone)."""
+        told = render_operation(op, reconcilable=reconcilable(self.runtime.bindings, op.tool))
+        self._send(
+            self._message(
+                event,
+                tool=op.tool,
+                tool_call_id=tool_call_id,
+                status=str(told["status"]),
+                message=str(told["message"]),
+                operation_id=op.operation_id,
+            )
+        )
 
     def _is_news(self, op: Operation, status: str, event: str, *, authoritative: bool) -> bool:
         last = self._told.get(op.operation_id)
@@ -349,10 +402,12 @@ class ActionStatusReporter(FrameProcessor):
         tool_call_id: str | None,
         result: Mapping[str, Any],
         operation_id: str | None = None,
+        *,
+        event: str = "changed",
     ) -> dict[str, Any]:
         """The message of a call's result as the model got it (no record of it to read)."""
         return self._message(
-            "changed",
+            event,
             tool=tool,
             tool_call_id=tool_call_id,
             status=str(result.get("status")),

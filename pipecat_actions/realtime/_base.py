@@ -17,6 +17,16 @@ before the assistant aggregator are given here, on the service instance:
   the provider as a conversation item; the assistant aggregator records it and asks for a
   response when the delivery says so. A telling waits while the service is not connected, so
   an outcome owed across a reconnect is told once the session is back.
+* **Told once, into the conversation that lives.** A service sets the provider's
+  conversation up from the local context (at its first context, after a reconnect), and
+  replays whatever that context holds by then; a session opened before the pipeline's first
+  context may be replaced by one made for it. So nothing is told (no telling, no result
+  held across a reconnect) until the provider's conversation is the pipeline's, set up from
+  the local context (`ready`): the setup then carries only what was told before, and what is
+  told after reaches the provider once, as an outcome (a call's answer, or a note of the
+  service's, never the user's words). A telling that comes before the pipeline's first
+  context, and asks for an answer, asks for that context (an ``LLMRunFrame`` to the user
+  aggregator): the model answers the outcome, in the conversation the pipeline keeps.
 * **Nothing lost while the session is away.** A result of the runtime's call that comes while
   the service has no session with the provider (it would drop it) waits until the session is
   back; only then does it reach the gate, which records it as told. If the session never comes
@@ -46,6 +56,7 @@ from pipecat.frames.frames import (
     InterruptionFrame,
     LLMFullResponseEndFrame,
     LLMMessagesAppendFrame,
+    LLMRunFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import LLMService
@@ -53,7 +64,7 @@ from pipecat.services.llm_service import LLMService
 from pipecat_actions._recent import remember
 from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.processors._closing import closing_frame, closing_result, stopped_result
+from pipecat_actions.processors._closing import closing_frame, truthful_close
 from pipecat_actions.runtime.deliveries import Told
 from pipecat_actions.session import SessionState
 
@@ -101,6 +112,10 @@ class RealtimeAdapter:
         self._confirms: dict[str, str] = {}
         """confirm_action call → the operation it is about (told if the call is cancelled)."""
         self._ready = asyncio.Event()
+        """Set while the service has a session with the provider."""
+        self._conversation = asyncio.Event()
+        """Set when the service has set the provider's conversation up (see `_set_up`)."""
+        self._setting_up = asyncio.Lock()
         self._gone = asyncio.Event()
         """Set when the service is cleaned up: nothing waits for its session any more."""
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -166,6 +181,35 @@ class RealtimeAdapter:
         """The service lost its session (a disconnect, a reconnect under way)."""
         self._ready.clear()
 
+    # --- the provider's conversation ---------------------------------------------------------
+
+    def _set_up(self) -> bool:
+        """Whether the provider's conversation is the pipeline's, set up from the local context.
+
+        Until then a telling would be lost with a session the service replaces, or told again
+        when the service replays the local context into the provider's conversation.
+        """
+        return True
+
+    def _conversation_set_up(self) -> None:
+        """The service set the provider's conversation up: tellings that wait may go."""
+        self._conversation.set()
+
+    async def _set_up_conversation(self, *, start: bool) -> None:
+        """Have the service set the provider's conversation up, if it can now (a subclass).
+
+        ``start``: a telling that asks for an answer waits; if the service has not had the
+        pipeline's first context yet, ask for it (`_ask_for_context`).
+        """
+
+    async def _ask_for_context(self) -> None:
+        """Ask the user aggregator for the pipeline's context (it pushes it to the service)."""
+        await self._push(LLMRunFrame(), FrameDirection.UPSTREAM)
+
+    def _can_tell(self) -> bool:
+        """Whether something told now reaches the provider's conversation once."""
+        return self._ready.is_set() and self._set_up()
+
     # --- the service's push_frame ----------------------------------------------------------
 
     async def _push_frame(
@@ -184,9 +228,11 @@ class RealtimeAdapter:
             if owned and isinstance(frame, FunctionCallCancelFrame):
                 self._spawn(self._close(frame))
                 return  # the provider is told the truth instead (see _close)
-            if owned and not self._ready.is_set():
-                # The service would drop it (no session): it goes once the session is back,
-                # and only then reaches the gate, which records it as told.
+            if owned and not self._can_tell():
+                # The service would drop it (no session), or send it and then replay it with
+                # the local context it is about to set the provider's conversation up from:
+                # it goes once that is done, and only then reaches the gate, which records it
+                # as told.
                 self._spawn(self._push_when_ready(frame))
                 return
             if isinstance(frame, FunctionCallInProgressFrame):
@@ -214,15 +260,7 @@ class RealtimeAdapter:
         """Close a cancelled call with its operation's real state, through the service."""
         call_id = cancel.tool_call_id
         operation_id = self.runtime.operation_for_call(call_id) or self._confirms.get(call_id)
-        if operation_id is None:
-            # Cancelled while it was being admitted: admission runs on; what it made of the
-            # call (an operation that goes on, or none) is what the provider is told.
-            operation_id = await self.runtime.admitted_as(call_id)
-        if operation_id is None:
-            # No operation behind it: a read, or a call stopped before it was admitted.
-            result = stopped_result(self.runtime, cancel)
-        else:
-            result, _ = await closing_result(self.delivery, cancel, operation_id)
+        result, _, _ = await truthful_close(self.runtime, self.delivery, cancel, operation_id)
         await self._closed(cancel, result)
 
     async def _closed(self, cancel: FunctionCallCancelFrame, result: dict[str, Any]) -> None:
@@ -232,8 +270,8 @@ class RealtimeAdapter:
     # --- the delivery service's speaker ----------------------------------------------------
 
     async def tell(self, told: Told) -> None:
-        """Tell ``told`` to the provider through the service, once the service is connected."""
-        await self.ready()
+        """Tell ``told`` to the provider through the service, once the service is `ready`."""
+        await self.ready(start=told.run_llm)
         await self._tell(told)
 
     async def _tell(self, told: Told) -> None:
@@ -253,24 +291,47 @@ class RealtimeAdapter:
         """Cut the bot off for an ``interrupt`` delivery: locally and at the provider."""
         await self.llm.broadcast_interruption()  # type: ignore[no-untyped-call]
 
-    async def ready(self) -> None:
-        """Wait until the service can send to the provider.
+    async def ready(self, *, start: bool = False) -> None:
+        """Wait until what is sent reaches the provider's conversation once (`_can_tell`).
+
+        The service has a session with the provider, and has set the provider's conversation
+        up from the local context (a subclass has it do so when it can: see the module
+        docstring). ``start``: a telling that asks for an answer; it may ask for the
+        pipeline's first context.
 
         Raises:
             ConnectionError: The service was cleaned up first (the pipeline ended).
         """
-        if not self._ready.is_set():
-            logger.bind(session_id=self.session.session_id).debug(
-                "{}: waiting for the provider's session before telling an outcome", self
-            )
-            ready = asyncio.ensure_future(self._ready.wait())
+        while True:
+            if not self._ready.is_set():
+                logger.bind(session_id=self.session.session_id).debug(
+                    "{}: waiting for the provider's session before telling an outcome", self
+                )
+                await self._until(self._ready)
+            if self._set_up():
+                return
+            async with self._setting_up:
+                if self._set_up() or not self._ready.is_set():
+                    continue
+                self._conversation.clear()
+                await self._set_up_conversation(start=start)
+                if not self._set_up():
+                    logger.bind(session_id=self.session.session_id).debug(
+                        "{}: waiting for the provider's conversation to be set up", self
+                    )
+                    await self._until(self._conversation)
+
+    async def _until(self, event: asyncio.Event) -> None:
+        """Wait until ``event`` is set; raise ConnectionError if the service is gone first."""
+        if not event.is_set() and not self._gone.is_set():
+            waiting = asyncio.ensure_future(event.wait())
             gone = asyncio.ensure_future(self._gone.wait())
             try:
-                await asyncio.wait({ready, gone}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                ready.cancel()
+                waiting.cancel()
                 gone.cancel()
-        if self._gone.is_set() or not self._ready.is_set():
+        if self._gone.is_set() or not event.is_set():
             raise ConnectionError(f"{type(self.llm).__name__} ended before its session was back")
 
     def __repr__(self) -> str:

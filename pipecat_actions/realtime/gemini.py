@@ -31,6 +31,12 @@ package's ``gemini`` extra). What the 1.14 service does and what the adapter cha
 * **Reconnects.** The service drops a tool result sent while it reconnects (pipecat #5465) and
   forgets its call ids. The adapter holds such a result until the session is back and tells
   it as text; late outcomes wait for the session too.
+* **The start-up session.** The service connects when the pipeline starts, and connects again
+  when the pipeline's first context brings tools or instructions of its own (closing the
+  first session a moment later), seeding the new one from the local context. So nothing is
+  told before the service has had that first context (`RealtimeAdapter.ready`): an outcome
+  goes once, into the session the conversation goes on in. A telling that asks for an
+  answer before then asks for the context.
 
 Which models take which settings (Pipecat 1.14's own gates, which the adapter follows):
 NON_BLOCKING, ``scheduling`` and ``will_continue`` only where ``_supports_non_blocking_tools``
@@ -116,6 +122,9 @@ class GeminiLiveAdapter(RealtimeAdapter):
             llm._disconnect,
         )
         connection = llm._connection_task_handler
+        handle_context = llm._handle_context
+        self._has_context = llm._context is not None
+        """Whether the service has had the pipeline's first context (see the docstring)."""
         self._groups: dict[str, str | None] = {}
         """Call id → the group it was proposed with, while its final answer is to come."""
 
@@ -135,6 +144,14 @@ class GeminiLiveAdapter(RealtimeAdapter):
         async def session_ready(session: Any) -> None:
             await ready(session)
             self._became_ready()
+
+        async def context(context: Any, *args: Any, **kwargs: Any) -> None:
+            # The first context may replace the start-up session (a reconnect) and seeds the
+            # conversation: only from then on is the session the conversation's.
+            await handle_context(context, *args, **kwargs)
+            if not self._has_context:
+                self._has_context = True
+                self._conversation_set_up()
 
         async def disconnecting() -> None:
             self._went_away()
@@ -160,6 +177,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
         llm._handle_session_ready = session_ready
         llm._disconnect = disconnecting
         llm._connection_task_handler = connected
+        llm._handle_context = context
         if not llm._supports_non_blocking_tools:
             self._block_background_calls()
         super().install()
@@ -185,6 +203,14 @@ class GeminiLiveAdapter(RealtimeAdapter):
         """Whether the service has a live session with the provider."""
         llm: Any = self.llm
         return bool(llm._session is not None and not llm._disconnecting)
+
+    def _set_up(self) -> bool:
+        """Whether the service has had the pipeline's first context (its session is the one)."""
+        return self._has_context
+
+    async def _set_up_conversation(self, *, start: bool) -> None:
+        if start:
+            await self._ask_for_context()
 
     # --- declarations ----------------------------------------------------------------------
 

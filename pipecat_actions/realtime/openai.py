@@ -12,9 +12,16 @@ llm.py`):
   user's speech, incomplete, failed) and the server's ``speech_started`` mark it interrupted;
   a completed one settles once its end frame has been played (see `RealtimeAdapter`).
 * A late outcome goes in as a system message item; the response it asks for is created when
-  the assistant aggregator pushes the context back upstream. After ``reset_conversation`` the
-  service sets the conversation up again from the local context at its next response: a told
-  outcome is in that context, and the adapter makes sure the response is asked for.
+  the assistant aggregator pushes the context back upstream.
+* **The conversation set-up.** The service sets the provider's conversation up from the local
+  context at its first response, and again after ``reset_conversation``; it packs the whole
+  context into one *user* message, and sends nothing appended before that. Told before the
+  set-up, an outcome would reach the provider in the user's words, and a result held across
+  the reconnect twice (its own item, then inside the replay). So nothing is told until the
+  conversation is set up (`RealtimeAdapter.ready`): after a reconnect the adapter has the
+  service set it up (and answer) at once; before the pipeline's first context, a telling that
+  asks for an answer asks for that context. What is told then goes in once, as the call's
+  answer or a system item.
 * An ``interrupt`` delivery cancels the provider's response (``response.cancel``) and cuts the
   local audio, as a barge-in does.
 """
@@ -23,12 +30,12 @@ from __future__ import annotations
 
 __all__ = ["OpenAIRealtimeAdapter"]
 
+import asyncio
 from typing import Any
 
 from pipecat.services.openai.realtime import events
 
 from pipecat_actions.realtime._base import RealtimeAdapter
-from pipecat_actions.runtime.deliveries import Told
 
 
 class OpenAIRealtimeAdapter(RealtimeAdapter):
@@ -43,7 +50,17 @@ class OpenAIRealtimeAdapter(RealtimeAdapter):
         updated, disconnect = llm._handle_evt_session_updated, llm._disconnect
         receive = llm._receive_task_handler
         started = llm._handle_evt_speech_started
+        create_response = llm._create_response
         self._generation = self.session.generation
+        self._response_over = asyncio.Event()
+        """Set at each response's end (waited for after a set-up's own response)."""
+
+        async def creating_response() -> None:
+            # The service sets the provider's conversation up from the local context here
+            # (when it needs to), before it asks for the response.
+            await create_response()
+            if self._set_up():
+                self._conversation_set_up()
 
         async def response_created(evt: Any) -> None:
             self._generation = self.session.start_generation()
@@ -59,6 +76,7 @@ class OpenAIRealtimeAdapter(RealtimeAdapter):
                 self.session.interrupt()
             await done(evt)
             self._no_end_frame()
+            self._response_over.set()
 
         async def speech_started(evt: Any) -> None:
             # The server heard the user: a response not yet heard to its end is interrupted
@@ -74,6 +92,7 @@ class OpenAIRealtimeAdapter(RealtimeAdapter):
         async def disconnecting() -> None:
             self._went_away()
             await disconnect()
+            self._response_over.set()  # no response runs in a new session
 
         async def receiving() -> None:
             # The receive loop ends when the provider closes the websocket (or on a fatal
@@ -89,6 +108,7 @@ class OpenAIRealtimeAdapter(RealtimeAdapter):
         llm._disconnect = disconnecting
         llm._receive_task_handler = receiving
         llm._handle_evt_speech_started = speech_started
+        llm._create_response = creating_response
         super().install()
 
     def connected(self) -> bool:
@@ -96,14 +116,34 @@ class OpenAIRealtimeAdapter(RealtimeAdapter):
         llm: Any = self.llm
         return bool(llm._websocket and llm._api_session_ready and not llm._disconnecting)
 
-    async def _tell(self, told: Told) -> None:
+    def _set_up(self) -> bool:
+        """Whether the service has set the provider's conversation up from the local context."""
         llm: Any = self.llm
-        if told.run_llm and llm._llm_needs_conversation_setup:
-            # The service skips appends until it sets the conversation up from the local
-            # context (after a reset); the told outcome is recorded there, and the response
-            # asked for now is the one that sets it up.
-            llm._results_awaiting_response = True
-        await super()._tell(told)
+        return not llm._llm_needs_conversation_setup
+
+    async def _set_up_conversation(self, *, start: bool) -> None:
+        """Have the service set the conversation up now (it asks for a response too).
+
+        Before the pipeline's first context there is nothing to set it up from: a telling that
+        asks for an answer asks for that context; anything else waits for it. Returns once the
+        response the set-up asked for is over.
+        """
+        llm: Any = self.llm
+        if llm._context is None:
+            if not start:
+                return  # it waits for the pipeline's first context
+            await self._ask_for_context()
+            await self._until(self._conversation)
+        elif llm._api_session_ready and not llm._response_active:
+            await llm._create_response()
+        else:
+            return  # a response under way sets it up when it is over
+        # The set-up asked for a response; the service counts whatever is told before that
+        # response starts as taken in by it. What is told next asks for its own.
+        while llm._response_active:
+            self._response_over.clear()
+            if llm._response_active:
+                await self._until(self._response_over)
 
     async def interrupt(self) -> None:
         """Cancel the provider's response, then cut the local audio off."""

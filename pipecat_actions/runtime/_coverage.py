@@ -8,14 +8,20 @@ through the runtime (``instrument``), or a Pipecat Flows function (`FlowActions`
 Those are registered later (``instrument`` at registration or the first inference, Flows when
 a node is set), when no single moment knows the whole set, so they are declared up front
 instead of being guessed at.
+
+A Flows ``transition_only`` function runs no code and needs no entry. One that carries an
+entry anyway (it used to need one) is not refused: `flow_functions` hands its name over as
+one that runs no code (`RoutedNames.transition_only`), and the entry is ignored with a warning.
 """
 
 from __future__ import annotations
 
-__all__ = ["check_coverage", "no_policy_entry"]
+__all__ = ["RoutedNames", "check_coverage", "no_policy_entry"]
 
 import difflib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
+
+from loguru import logger
 
 from pipecat_actions.actions import Binding
 from pipecat_actions.errors import ConfigurationError
@@ -27,6 +33,19 @@ ROUTED_HINT = (
 )
 
 
+class RoutedNames(list[str]):
+    """Names for ``ActionRuntime.create(routed=...)``, and the functions that run no code.
+
+    `pipecat_actions.flows.flow_functions` returns one: the list is the routed names, and
+    ``transition_only`` the flow's functions that only move the conversation, whose policy
+    entries (if any) are ignored with a warning instead of refused.
+    """
+
+    def __init__(self, names: Iterable[str], *, transition_only: Iterable[str] = ()) -> None:
+        super().__init__(names)
+        self.transition_only: frozenset[str] = frozenset(transition_only)
+
+
 def no_policy_entry(name: str, policy: PolicySet) -> ConfigurationError:
     """The error for an action ``name`` that ``policy`` has no entry for (with a close one)."""
     close = difflib.get_close_matches(name, policy.names(), n=1)
@@ -35,9 +54,16 @@ def no_policy_entry(name: str, policy: PolicySet) -> ConfigurationError:
 
 
 def check_coverage(
-    policy: PolicySet, bindings: Mapping[str, Binding], routed: Collection[str]
+    policy: PolicySet,
+    bindings: Mapping[str, Binding],
+    routed: Collection[str],
+    *,
+    transition_only: Collection[str] = (),
 ) -> None:
     """Refuse a policy entry that is neither a registered action nor declared ``routed``.
+
+    An entry for a ``transition_only`` name (a Flows function that runs no code) is ignored,
+    with a one-line warning.
 
     Raises:
         ConfigurationError: Such an entry (each is named, with the registered actions), or a
@@ -55,7 +81,23 @@ def check_coverage(
             f"{', '.join(both)}: named in routed=[...] and also given as an @action; a tool is "
             "one or the other"
         )
-    missing = [name for name in policy.names() if name not in bindings and name not in routed]
+    unused = [
+        name
+        for name in policy.names()
+        if name in transition_only and name not in bindings and name not in routed
+    ]
+    if unused:
+        logger.warning(
+            "policy {}: {} transition_only in the flow (it runs no code); its entry is ignored "
+            "and may be removed",
+            policy.source,
+            ", ".join(unused),
+        )
+    missing = [
+        name
+        for name in policy.names()
+        if name not in bindings and name not in routed and name not in transition_only
+    ]
     if not missing:
         return
     registered = ", ".join(sorted(bindings)) or "none"

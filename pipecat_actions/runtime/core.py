@@ -43,7 +43,7 @@ from pipecat_actions.ledger.sealed import SealedLedger, sealer_for
 from pipecat_actions.observability.metrics import ActionMetrics
 from pipecat_actions.observability.redaction import install_log_redaction
 from pipecat_actions.policy import OnInterruption, PolicySet, load_policy
-from pipecat_actions.runtime._coverage import check_coverage, no_policy_entry
+from pipecat_actions.runtime._coverage import RoutedNames, check_coverage, no_policy_entry
 from pipecat_actions.runtime._operations import Listener
 from pipecat_actions.runtime._parts import RuntimeParts, build_parts
 from pipecat_actions.runtime.recovery import RecoverUnsent
@@ -124,7 +124,9 @@ class ActionRuntime:
             routed: Tools of the policy whose handler is not an action here but the
                 application's, registered on the LLM and routed through this runtime
                 (`instrument`), or a Pipecat Flows function (`FlowActions`). Every other
-                entry of the policy needs an action in ``actions``.
+                entry of the policy needs an action in ``actions``, but a Flows
+                ``transition_only`` function's that `flow_functions` names (ignored, with a
+                warning).
             ledger: An open ledger to use (the caller closes it); else one is opened.
             ledger_url: Where to open the ledger (default: `default_ledger_url`).
             clock: Time source; the ledger opened here uses it too.
@@ -176,7 +178,12 @@ class ActionRuntime:
         try:
             runtime._routed = frozenset(routed)
             runtime.register(*actions)
-            check_coverage(runtime.policy, runtime.bindings, runtime._routed)
+            check_coverage(
+                runtime.policy,
+                runtime.bindings,
+                runtime._routed,
+                transition_only=routed.transition_only if isinstance(routed, RoutedNames) else (),
+            )
             await runtime._recovery.hold_life()
             runtime.watchdog.start()
             runtime._recovery.start(claim=recover)

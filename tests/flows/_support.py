@@ -234,7 +234,11 @@ class FlowAgent:
         return int(self.sor.side_effects.get("book", 0))
 
 
-def _book_with(sor: FakeSystemOfRecord, handled: list[str], label: str) -> Callable[..., Any]:
+def _book_with(
+    sor: FakeSystemOfRecord, handled: list[str], label: str, own: dict[str, Any] | None = None
+) -> Callable[..., Any]:
+    """The booking handler; its result is the booking id and the fields of ``own``."""
+
     async def book(args: dict[str, Any]) -> dict[str, Any]:
         handled.append(label)
         booking = await sor.book(
@@ -245,16 +249,20 @@ def _book_with(sor: FakeSystemOfRecord, handled: list[str], label: str) -> Calla
             "Ada",
             idempotency_key=action_context().idempotency_key,  # the operation's own key
         )
-        return {"booking_id": booking.booking_id}
+        return {"booking_id": booking.booking_id, **(own or {})}
 
     return book
 
 
 def configured_start(
-    actions: FlowActions, sor: FakeSystemOfRecord, handled: list[str], transition_to: Any
+    actions: FlowActions,
+    sor: FakeSystemOfRecord,
+    handled: list[str],
+    transition_to: Any,
+    own: dict[str, Any] | None = None,
 ) -> Callable[[FlowManager], Awaitable[None]]:
     """The configured flow: YAML joined to a Flows direct function that books."""
-    book = _book_with(sor, handled, "configured")
+    book = _book_with(sor, handled, "configured", own)
 
     async def book_table(
         flow_manager: FlowManager, date: str, time: str, party_size: int
@@ -345,13 +353,15 @@ async def flow_agent(
     transition_to: Any = BRANCH,
     authorizer: Any = None,
     reconcile: bool = False,
+    own: dict[str, Any] | None = None,
 ) -> AsyncIterator[FlowAgent]:
     """A flow agent (``kind``: ``configured`` or ``python``) whose model follows ``script``.
 
     ``reconcile``: give book_table a reconcile hook that says "pending" while
     `FlowAgent.still_checking` is set, then what the restaurant holds. The pipeline is the
     cascade template's (tracker after the user aggregator, gate before the assistant
-    aggregator; `run_conversation` lays it out), with ``runtime.attach``.
+    aggregator; `run_conversation` lays it out), with ``runtime.attach``. ``own``: fields the
+    configured flow's handler returns besides the booking id (its own ``status``, say).
     """
     clock = ScriptClock()
     sor = FakeSystemOfRecord(clock=clock)
@@ -383,7 +393,7 @@ async def flow_agent(
         actions = FlowActions(runtime, session, unmanaged=unmanaged, hooks=hooks)
         handled: list[str] = []
         start = (
-            configured_start(actions, sor, handled, transition_to)
+            configured_start(actions, sor, handled, transition_to, own)
             if kind == "configured"
             else python_start(sor, handled)
         )

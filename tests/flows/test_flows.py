@@ -15,7 +15,7 @@ from pipecat.flows import FlowManager, FlowsFunctionSchema
 from pipecat_actions import Decision, instrument
 from pipecat_actions.approvals import Approver
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.flows import STATE_KEY
+from pipecat_actions.flows import STATE_KEY, STATUS_FIELD
 from pipecat_actions.runtime.deliveries import WATCH_SECS
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing.conversation import (
@@ -152,6 +152,62 @@ async def test_a_branch_on_a_field_of_the_handlers_own_result_works_when_it_comm
     assert a.nodes == ["greet", "confirm"]
     # What the model is told is the runtime's result (the handler's fields under "result").
     assert set(tool_messages(result)[0]) == {"status", "operation_id", "message", "result"}
+
+
+OWN_STATUS = {"field": "status", "cases": {"booked": "confirm"}, "default": "try_again"}
+"""A branch on the handler's own ``status``, as a flow written for bare Flows has it."""
+RUNTIMES = {"field": STATUS_FIELD, "cases": {"committed": "confirm"}, "default": "try_again"}
+"""A branch on the runtime's status, whatever the handler's result holds."""
+
+
+@pytest.mark.parametrize("branch", [OWN_STATUS, RUNTIMES], ids=["own_status", "runtimes"])
+async def test_a_handlers_own_status_is_kept_for_its_branch_and_the_runtimes_is_beside_it(
+    tmp_path: Path, branch: dict[str, Any]
+) -> None:
+    own = {"status": "booked", "message": "Table 4 is yours."}
+    script = _script_book(Say("Done."))
+    async with flow_agent(tmp_path, script, transition_to=branch, own=own) as a:
+        result = await a.converse([WaitUntilIdle(), UserSays("Two at nine."), Call(a.answers())])
+        await a.settled(S.COMMITTED)
+
+    assert a.nodes == ["greet", "confirm"]
+    # The model is told the runtime's result, the handler's own fields under "result".
+    (told,) = tool_messages(result)
+    assert told["status"] == "committed"
+    assert told["result"]["status"] == "booked"
+
+
+async def test_a_late_commit_follows_the_branch_on_the_handlers_own_status(
+    tmp_path: Path,
+) -> None:
+    # The wait ended at a barge-in; the outcome came later, through the delivery: the branch
+    # still sees the handler's own status.
+    blocking = booking_policy("mode: blocking")
+    script = [
+        Say("Hello, what can I book for you?"),
+        ToolCalls([("book_table", DETAILS)], say="One moment while I book that for you."),
+        Say("Still working on it."),
+        Say("You're booked."),
+    ]
+    own = {"status": "booked"}
+    branch = {"field": "status", "cases": {"booked": "confirm"}}  # "running" keeps the node
+    async with flow_agent(
+        tmp_path, script, policy_text=blocking, transition_to=branch, own=own
+    ) as a:
+        await a.converse(
+            [
+                WaitUntilIdle(),
+                UserSays("Two at nine."),
+                BargeIn("Are you still there?", after_secs=0.1),
+                WaitUntilIdle(),
+                Call(a.answers()),
+                Call(a.entered("confirm")),
+                WaitUntilIdle(),
+            ]
+        )
+        await a.settled(S.COMMITTED)
+
+    assert a.nodes == ["greet", "confirm"]
 
 
 async def test_awaiting_approval_waits_and_the_approval_moves_the_flow_on(tmp_path: Path) -> None:

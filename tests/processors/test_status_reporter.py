@@ -517,3 +517,49 @@ async def test_a_policy_tool_registered_later_is_left_to_the_reporter_too(tmp_pa
 
     assert "book_table" not in runtime.bindings
     assert levels["book_table"] is RTVIFunctionCallReportLevel.DISABLED
+
+
+# --- calls about another call's operation ---------------------------------------------------
+
+CANCELLABLE = "    mode: background\n    cancellable_by_llm: true\n"
+
+
+@pytest.mark.parametrize("commits", ["after_the_cancel", "before_the_cancel_is_read"])
+async def test_after_a_cancel_the_booking_keeps_its_own_call_and_the_cancel_gets_its_own_answer(
+    tmp_path: Path, commits: str
+) -> None:
+    # No cancel hook: the cancel cannot stop a booking already sent, and its answer says so
+    # (news to the client). The booking's later statuses are the booking call's, never the
+    # cancel call's; the cancel call gets one message of its own, with its answer.
+    async with bot_on(tmp_path, extra_policy=CANCELLABLE) as bot:
+        bot.llm.push_step(ToolCalls([("book_table", BOOK)], ids=["call_book"]))
+        bot.llm.push_step(ToolCalls([("cancel_book_table", {})], ids=["call_cancel"]))
+        bot.llm.push_step(Say("I could not stop it; it goes on."))
+        bot.llm.push_step(Say("It is booked."))
+
+        async def answered() -> None:
+            await eventually(
+                lambda: bot.action_status("call_cancel"),
+                what=lambda: f"the cancel's answer: {bot.client()}",
+            )
+
+        steps: list[Step] = [LLMRunFrame(), bot.sent(0.5), LLMRunFrame()]
+        if commits == "after_the_cancel":
+            steps += [answered, bot.advance(0.5)]
+        else:
+            steps += [bot.advance(0.5), answered]
+        await bot.run(
+            [*steps, bot.told("call_book", "committed")], rtvi=rtvi_observer_params(bot.runtime)
+        )
+        (op,) = await bot.runtime.ledger.list()
+
+    assert op.status is ActionStatus.COMMITTED
+    booking = bot.action_status("call_book")
+    assert booking[-1]["status"] == "committed"
+    assert {m["tool"] for m in booking} == {"book_table"}
+    (cancel,) = bot.action_status("call_cancel")
+    assert cancel["event"] == "answered"
+    assert cancel["tool"] == "cancel_book_table"
+    assert cancel["operation_id"] == op.operation_id
+    assert cancel["status"] != "cancelled"
+    assert bot.function_call_reports() == []

@@ -234,9 +234,18 @@ async def agent_on(
 
 @asynccontextmanager
 async def running_pipeline(
-    place: Restaurant, llm: LLMService, *, session_id: str = "call-1", transport: Any = None
+    place: Restaurant,
+    llm: LLMService,
+    *,
+    session_id: str = "call-1",
+    transport: Any = None,
+    run_first: bool = True,
 ) -> AsyncIterator[Agent]:
-    """Run one pipeline of the session on ``llm`` until the test is done with it."""
+    """Run one pipeline of the session on ``llm`` until the test is done with it.
+
+    ``run_first``: the pipeline asks for the model's first response as it starts (else the
+    test does, when it likes: a bot that waits for its client, say).
+    """
     runtime, sor, clock = place.runtime, place.sor, place.clock
     session = new_session(session_id)
     context = LLMContext(
@@ -253,7 +262,8 @@ async def running_pipeline(
     await runner.add_workers(worker)
     task = asyncio.ensure_future(runner.run())
     try:
-        await worker.queue_frame(LLMRunFrame())
+        if run_first:
+            await worker.queue_frame(LLMRunFrame())
         yield Agent(runtime, session, llm, context, gate, worker, sor, clock)
         await worker.queue_frame(EndFrame())
         await guarded(asyncio.shield(task), what="the pipeline to end")

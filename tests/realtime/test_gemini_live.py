@@ -375,3 +375,35 @@ async def test_the_models_cancel_answers_what_the_ledger_says_never_pipecats_can
     assert '"cancelled": "' not in sent
     assert "cancel_book_or_cancel" in _declared(fake)
     assert agent.side_effects() == 0
+
+
+async def test_an_owed_outcome_goes_once_into_the_session_that_lives_not_the_start_up_one(
+    tmp_path: Path,
+) -> None:
+    # The service connects at start-up and again when the first context brings the tools
+    # (Pipecat closes the start-up session then): the owed outcome is told once, into the
+    # session the conversation goes on in.
+    async with restaurant(tmp_path) as place:
+        async with FakeGeminiServer() as fake, running_pipeline(place, gemini(fake)) as agent:
+            await fake.wait_for_connections(2, HANG_GUARD_SECS)
+            await fake.call("book_table", booking())
+            await agent.at_the_provider()
+        agent.commit()
+        await agent.settled("book_table", S.COMMITTED)
+        # The bot waits for its client before the first response: the telling comes first.
+        async with (
+            FakeGeminiServer() as fake,
+            running_pipeline(place, gemini(fake), run_first=False) as second,
+        ):
+            await fake.wait_for_connections(2, HANG_GUARD_SECS)
+            await fake.wait_for(_text_saying("committed", "book_table"), HANG_GUARD_SECS)
+            await second.delivered("book_table")
+            saying = _text_saying("committed", "book_table")
+            told_on = [
+                number
+                for message, number in zip(fake.received, fake.received_on, strict=True)
+                if saying(message)
+            ]
+            last = fake.connections
+
+    assert told_on == [last]

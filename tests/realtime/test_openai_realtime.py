@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pipecat.frames.frames import BotStartedSpeakingFrame
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
@@ -452,3 +453,79 @@ async def test_the_models_cancel_tells_the_provider_cancel_requested_then_the_re
         for tool in event.get("session", {}).get("tools", [])
     }
     assert "cancel_book_or_cancel" in advertised
+
+
+def _telling(server: FakeRealtimeServer, word: str, *, since: int = 0) -> list[Event]:
+    """The items created (from ``received[since]`` on) whose text holds ``word``."""
+    return [
+        event["item"]
+        for event in server.received[since:]
+        if event.get("type") == "conversation.item.create" and word in json.dumps(event["item"])
+    ]
+
+
+async def _answered_after(server: FakeRealtimeServer, word: str, since: int) -> None:
+    """Wait until the first item saying ``word`` (from ``since``) has a response after it."""
+
+    def saying(event: Event) -> bool:
+        item = event.get("item", {})
+        return event.get("type") == "conversation.item.create" and word in json.dumps(item)
+
+    told = await server.wait_for(saying, since=since)
+    await server.wait_for(_type("response.create"), since=server.received.index(told))
+
+
+@pytest.mark.parametrize("tool", ["book_in_background", "book_table"])
+async def test_an_outcome_that_commits_while_the_websocket_is_down_is_told_once_after_the_reconnect(
+    tmp_path: Path, tool: str
+) -> None:
+    # The result waits for the session; the reconnect sets the provider's conversation up
+    # from the local context. The outcome reaches the new session once: not both as an item
+    # and again inside the conversation the setup replays.
+    async with openai_agent(tmp_path) as (agent, server):
+        await server.call(tool, booking())
+        await agent.at_the_provider()
+        await server.drop()
+        agent.commit()
+        await agent.settled(tool, S.COMMITTED)
+        reconnected_at = len(server.received)
+        llm: Any = agent.llm
+        await llm.reset_conversation()
+        await until(lambda: server.connections == 2, what="the second connection")
+        await agent.delivered(tool)
+        await _answered_after(server, "committed", reconnected_at)
+        told = _telling(server, "committed", since=reconnected_at)
+
+    assert len(told) == 1, told
+    assert told[0].get("role") != "user"
+    assert agent.side_effects() == 1
+
+
+@pytest.mark.parametrize("first_run", ["at_once", "not_yet"])
+async def test_an_outcome_owed_to_the_next_pipeline_is_told_once_and_not_as_the_user(
+    tmp_path: Path, first_run: str
+) -> None:
+    async with restaurant(tmp_path) as place:
+        async with FakeRealtimeServer() as server:
+            llm = OpenAIRealtimeLLMService(api_key="x", base_url=server.url)
+            async with running_pipeline(place, llm) as agent:
+                await server.wait_for(_type("response.create"))
+                await server.call("book_in_background", booking())
+                await agent.at_the_provider()
+                await server.drop()
+                agent.commit()
+                op = await agent.settled("book_in_background", S.COMMITTED)
+                await guarded(place.runtime.wait(op.operation_id), what="the outcome")
+
+        async with FakeRealtimeServer() as again:
+            llm = OpenAIRealtimeLLMService(api_key="x", base_url=again.url)
+            async with running_pipeline(place, llm, run_first=first_run == "at_once") as second:
+                # not_yet: the bot waits for its client before the first response (the
+                # telling itself asks for one).
+                await second.delivered("book_in_background")
+                await _answered_after(again, "committed", 0)
+                told = _telling(again, "committed")
+
+    assert len(told) == 1, told
+    (item,) = told
+    assert item.get("type") == "function_call_output" or item.get("role") in ("system",), item

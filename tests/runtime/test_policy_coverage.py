@@ -27,7 +27,7 @@ from pipecat_actions.flows import flow_functions
 from pipecat_actions.operator import OperatorApp, reconcile
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.session import SessionState
-from pipecat_actions.testing import ScriptedLLM
+from pipecat_actions.testing import ScriptedLLM, capture_logs
 
 POLICY = load_policy_text(
     """
@@ -167,3 +167,39 @@ async def test_an_operator_app_declares_the_tools_its_bot_routes(tmp_path: Path)
             )
     finally:
         await ledger.close()
+
+
+async def test_a_transition_only_flow_function_with_a_policy_entry_starts_with_one_warning(
+    tmp_path: Path,
+) -> None:
+    # README users wrote an entry for every flow function; a transition_only one runs no code,
+    # and its entry is ignored (said once, on one line), not a reason to refuse start-up.
+    config = FlowConfig.model_validate(
+        {
+            "initial_node": "greet",
+            "nodes": {
+                "greet": {
+                    "task_messages": [{"role": "system", "content": "Greet."}],
+                    "functions": [
+                        {"name": "book_table"},
+                        {"name": "lookup_order", "description": "Ask.", "transition_only": True,
+                         "transition_to": "greet"},
+                    ],
+                }
+            },
+        }
+    )  # fmt: skip
+    with capture_logs("WARNING") as warned:
+        runtime = await ActionRuntime.create(
+            POLICY, authorizer=AllowAll(), ledger_url=_url(tmp_path), routed=flow_functions(config)
+        )
+    await runtime.close()
+
+    (line,) = [text for text in warned if "lookup_order" in text]
+    assert "transition_only" in line and "ignored" in line and "\n" not in line.strip()
+    # An entry no function of the flow stands behind is still refused.
+    others = load_policy_text(
+        "version: 1\ntools:\n  book_table:\n    kind: mutation\n  pay:\n    kind: mutation\n"
+    )
+    refused = await _refused(tmp_path, others, routed=flow_functions(config))
+    assert "pay" in refused and "no action" in refused
