@@ -53,6 +53,7 @@ from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.filler import Filler
 from pipecat_actions.policy import ConfirmationMode, ExecutionMode, FillerPolicy, OnDuplicate
 from pipecat_actions.policy.fields import CANCEL_TOOL_PREFIX, cancel_tool_name
+from pipecat_actions.results import ToolResult
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES, ActionStatus
 
@@ -290,7 +291,8 @@ def _handler(runtime: ActionRuntime, name: str, session: SessionState) -> Callab
             )
         finally:
             await lines.stop()  # before the result: a filler line never follows the outcome
-        if lines.announcement and result.get("status") == "awaiting_approval":
+        waits = ToolResult.of(result).status is ActionStatus.AWAITING_APPROVAL
+        if lines.announcement and waits:
             # It waits for a person: the user hears the line too, and waits without asking
             # again (it claims no outcome; the approval's outcome is told later).
             await lines.say(lines.announcement)
@@ -575,7 +577,7 @@ async def _answer(
     calls.close(params.tool_call_id, call, result)
     committed_here = (
         call.ran
-        and result.get("status") == "committed"
+        and ToolResult.of(result).status is ActionStatus.COMMITTED
         and result.get("operation_id") == runtime.operation_for_call(params.tool_call_id)
     )
     if committed_here and call.properties is not None:

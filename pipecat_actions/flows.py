@@ -92,9 +92,9 @@ from pipecat_actions.actions import (
 )
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.outcomes import EffectNotSent
-from pipecat_actions.results import reconcilable, render_operation
+from pipecat_actions.results import ToolResult, reconcilable, render_operation
 from pipecat_actions.runtime._coverage import RoutedNames
-from pipecat_actions.status import TERMINAL_STATUSES
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
 if TYPE_CHECKING:
     from pipecat.flows import FlowManager
@@ -120,9 +120,6 @@ writes were lost with its answer."""
 
 _Run = Callable[[dict[str, Any]], Awaitable[Any]]
 """One node's handler, called with a call's arguments (the effect runs it)."""
-
-_FINAL = frozenset(status.value.lower() for status in TERMINAL_STATUSES) | {"refused"}
-"""Answers after which nothing more comes for a call."""
 
 
 @dataclass
@@ -547,7 +544,8 @@ class FlowActions:
         call.result = result
         call.operation_id = result.get("operation_id")
         self._remember(call, result)
-        if result.get("status") in _FINAL:
+        told = ToolResult.of(result)
+        if told.final or told.refused:
             self._settled(call)
         return result
 
@@ -623,7 +621,7 @@ class FlowActions:
 
     def _destination(self, call: _FlowCall, result: Mapping[str, Any]) -> NodeConfig | None:
         """The node ``result`` leads to from ``call``'s function, or None (the node stays)."""
-        committed = result.get("status") == "committed"
+        committed = ToolResult.of(result).status is ActionStatus.COMMITTED
         if call.ref is None:  # a flow built in Python: the handler's next node, once it ran
             if not committed:
                 return None
@@ -638,7 +636,8 @@ class FlowActions:
         if target.field not in view:
             return None  # branches on a field of the handler's own result: it did not commit
         value = case_key(view[target.field])
-        runtimes = result.get("status") == "rejected" and target.field in ("status", STATUS_FIELD)
+        rejected = ToolResult.of(result).status is ActionStatus.REJECTED
+        runtimes = rejected and target.field in ("status", STATUS_FIELD)
         if runtimes and value == "rejected" and value not in target.cases:
             # A person's rejection is a refusal that came late: a ``refused:`` case catches it
             # unless the flow has a ``rejected:`` case of its own.
@@ -715,7 +714,8 @@ class FlowActions:
 
 def _kept_to_itself(call: _FlowCall, result: Mapping[str, Any]) -> bool:
     """Whether the handler, run in this call and committed, asked for no bot turn."""
-    return result.get("status") == "committed" and call.ran and call.next_node is NO_RESPONSE
+    committed = ToolResult.of(result).status is ActionStatus.COMMITTED
+    return committed and call.ran and call.next_node is NO_RESPONSE
 
 
 @functools.cache
@@ -731,7 +731,7 @@ def _view(result: Mapping[str, Any]) -> dict[str, Any]:
     """
     view = dict(result)
     own = result.get("result")
-    if result.get("status") == "committed" and isinstance(own, Mapping):
+    if ToolResult.of(result).status is ActionStatus.COMMITTED and isinstance(own, Mapping):
         view.update({str(key): value for key, value in own.items()})
     view.setdefault(STATUS_FIELD, result.get("status"))
     return view
