@@ -79,6 +79,7 @@ bot: $(STAMP)
 # CPU instructions under valgrind), stats at BENCH_ROWS operations (default 100,000;
 # BENCH_ROWS=1000000 for issue 34's figure), then the latency ratios of bench/postgres.py and
 # bench/ledger.py. BENCH_ARGS passes more options to bench/work.py (--help lists them).
+# Then the query plan of each query that reads a kept index of pa_operations (bench/index_plans.py).
 # agent-ledger (the `bench` extra) is installed for the comparison; without it that row says so.
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): pyproject.toml | $(STAMP)
@@ -87,6 +88,7 @@ $(BENCH_STAMP): pyproject.toml | $(STAMP)
 
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python bench/work.py $(if $(BENCH_ROWS),--rows $(BENCH_ROWS)) $(BENCH_ARGS)
+	$(BIN)/python bench/index_plans.py
 
 clean:
 	rm -rf $(VENV) .pipecat_actions .mypy_cache .ruff_cache .pytest_cache

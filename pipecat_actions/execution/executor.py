@@ -251,11 +251,7 @@ class Executor:
         tracked.effect_task = task
         tracked.effect_ended_at = None
         task.add_done_callback(lambda _: _ended(tracked, self.clock.now()))
-        takeover = asyncio.get_running_loop().create_task(tracked.takeover.wait())
-        try:
-            await asyncio.wait({task, takeover}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            takeover.cancel()
+        await asyncio.wait({task, tracked.takeover.future()}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
             # The watchdog or a confirmed cancel took the operation over; a late answer of the
             # effect is still recorded.

@@ -7,7 +7,7 @@ task, its ``done`` future).
 
 from __future__ import annotations
 
-__all__ = ["Tracked"]
+__all__ = ["Takeover", "Tracked"]
 
 import asyncio
 from collections.abc import Callable
@@ -19,6 +19,43 @@ from pipecat_actions.ledger.records import Operation
 from pipecat_actions.status import ActionStatus
 
 
+class Takeover:
+    """Set once the watchdog, a confirmed cancel or a person took the operation over.
+
+    An `asyncio.Event` that is also a future to wait on beside the effect's task (`future`):
+    waiting for it takes no task of its own (issue 34 counted one per operation).
+    """
+
+    __slots__ = ("_future", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._future: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        """Say the operation was taken over (once and for all)."""
+        self._set = True
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+
+    def is_set(self) -> bool:
+        """Whether the operation was taken over."""
+        return self._set
+
+    def future(self) -> asyncio.Future[None]:
+        """A future done once `set`; shared, never to be cancelled (`asyncio.wait` it)."""
+        if self._future is None:
+            self._future = asyncio.get_running_loop().create_future()
+            if self._set:
+                self._future.set_result(None)
+        return self._future
+
+    async def wait(self) -> None:
+        """Wait until `set`."""
+        if not self._set:
+            await asyncio.shield(self.future())
+
+
 @dataclass(eq=False)
 class Tracked:
     """What the runtime keeps in memory about an operation it owns."""
@@ -28,7 +65,7 @@ class Tracked:
     fence: int
     done: asyncio.Future[Operation]
     """The first truthful outcome its waiters hear (UNKNOWN ends a wait: see `settled`)."""
-    takeover: asyncio.Event = field(default_factory=asyncio.Event)
+    takeover: Takeover = field(default_factory=Takeover)
     effect_task: asyncio.Task[Any] | None = None
     effect_ended_at: float | None = None
     """When the effect's task ended (clock time): until then it may still send its request."""

@@ -223,6 +223,7 @@ class EncodedOperation:
         )
 
 
+_NO_LIMIT = 1 << 62
 _LIMITS: dict[str, int] = {
     c.name: c.type.length for c in operations.c if isinstance(c.type, String) and c.type.length
 }
@@ -257,7 +258,11 @@ def new_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> d
     """Return the operations row of a new operation as first inserted at ``now``."""
     row = _raw_row(encoded, now, key_slot=key_slot)
     for column, value in row.items():
-        if isinstance(value, str):
+        # ASCII without NUL, within its column's length, is stored as it is (nearly every
+        # value): checked here, without a call of `storable` per column.
+        if isinstance(value, str) and not (
+            value.isascii() and "\x00" not in value and len(value) <= _LIMITS.get(column, _NO_LIMIT)
+        ):
             row[column] = storable(value, column)
     return row
 

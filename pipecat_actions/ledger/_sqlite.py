@@ -66,8 +66,22 @@ def insert(
             return False
     else:
         raw.execute(_INSERT, values)
-    raw.executemany(_EVENT, [[event[name] for name in _EVENT_COLUMNS] for event in events_rows])
+    if events_rows:
+        # One statement for the whole trail (a mutation is created with two events).
+        raw.execute(
+            _events_sql(len(events_rows)),
+            [event[name] for event in events_rows for name in _EVENT_COLUMNS],
+        )
     return True
+
+
+@lru_cache(maxsize=16)
+def _events_sql(count: int) -> str:
+    """An insert of ``count`` events in one statement."""
+    row = f"({', '.join('?' * len(_EVENT_COLUMNS))})"
+    return f"INSERT INTO pa_operation_events ({', '.join(_EVENT_COLUMNS)}) VALUES " + ", ".join(
+        [row] * count
+    )
 
 
 @lru_cache(maxsize=512)

@@ -104,10 +104,7 @@ def read_statistics(conn: Connection, where: list[ColumnElement[bool]]) -> dict[
     return {"operations": sum(t["operations"] for t in totals.values()), "tools": tools}
 
 
-_SEARCHED_BY = (
-    ({"session_id"}, "ix_pa_operations_session"),
-    ({"tenant", "resource_key"}, "ix_pa_operations_resource"),
-)
+_SEARCHED_BY = (({"session_id"}, "ix_pa_operations_session"),)
 """Filters on columns outside the covering index that an index of theirs finds."""
 
 

@@ -25,11 +25,14 @@ __all__ = [
 ]
 
 import asyncio
+import contextlib
+import functools
 import sqlite3
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from loguru import logger
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
@@ -131,15 +134,15 @@ async def run_postgres_write(
 ) -> T:
     """Run ``work`` in a transaction of its own once ``turn`` lets it.
 
-    A cancelled caller interrupts neither the wait for its turn nor the write: it was handed
-    over.
+    The caller runs it in a task of its own (`SqlLedger._handed_over`), so that a cancelled
+    caller interrupts neither the wait for its turn nor the write: it was handed over.
     """
 
     async def run() -> T:
         async with turn, engine.connect() as conn, conn.begin():
             return await conn.run_sync(work)
 
-    return await asyncio.shield(guard_database_errors(run(), url=url))
+    return await guard_database_errors(run(), url=url)
 
 
 class _Job:
@@ -169,6 +172,9 @@ class SqliteWriter:
         self._connection: Connection | None = None
         self._pending: list[_Job] = []
         self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        """Set while no write is queued or being committed (`close` waits for it)."""
+        self._drained.set()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -186,16 +192,35 @@ class SqliteWriter:
                 `LedgerUnavailable` when the commit failed.
         """
         job = _Job(work, asyncio.get_running_loop().create_future())
-        job.future.add_done_callback(_consume_exception)
         self._pending.append(job)
+        self._drained.clear()
         self._wake.set()
         # Shielded: once queued, a write commits (or fails) whether or not its caller waits.
-        result: T = await asyncio.shield(job.future)
+        try:
+            result: T = await asyncio.shield(job.future)
+        except asyncio.CancelledError:
+            job.future.add_done_callback(self._unheard)
+            raise
         return result
 
+    def _unheard(self, future: asyncio.Future[Any]) -> None:
+        """Report the failure of a write whose caller was cancelled while it was queued."""
+        error = None if future.cancelled() else future.exception()
+        if error is not None:
+            logger.warning(
+                "ledger {}: a write whose caller had left failed: {}: {}",
+                self._url,
+                type(error).__name__,
+                error,
+            )
+
     async def close(self) -> None:
-        """Stop after the group being committed; writes still queued fail."""
+        """Commit the writes already queued, then stop (a write that fails is reported)."""
         if self._task is not None:
+            if not self._drained.is_set() and not self._task.done():
+                drained = asyncio.ensure_future(self._drained.wait())
+                await asyncio.wait({drained, self._task}, return_when=asyncio.FIRST_COMPLETED)
+                drained.cancel()
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         for job in self._pending:
@@ -219,18 +244,33 @@ class SqliteWriter:
             while self._pending:
                 group = self._pending[:_MAX_GROUP]
                 del self._pending[:_MAX_GROUP]
-                await asyncio.shield(self._commit(group))
+                # The group runs in the thread; a callback answers its writes. Shielded (no
+                # task: a future), the commit finishes and answers even if this task stops.
+                committed = asyncio.get_running_loop().run_in_executor(
+                    self._thread, self._run_group, group
+                )
+                committed.add_done_callback(functools.partial(self._answer, group))
+                with contextlib.suppress(Exception):  # answered by `_answer`
+                    await asyncio.shield(committed)
+            self._drained.set()
 
-    async def _commit(self, group: list[_Job]) -> None:
-        # Never raises: the writer task must outlive any one failed write.
-        try:
-            outcomes = await self._guard(self._in_thread(lambda: self._run_group(group)))
-        except Exception as exc:
-            for job in group:
-                _settle(job, error=exc)
-            return
-        for job, (value, error) in zip(group, outcomes, strict=True):
-            _settle(job, value=value, error=error)
+    def _answer(self, group: list[_Job], committed: asyncio.Future[list[Any]]) -> None:
+        """Settle each write of ``group`` with its outcome once its commit ended."""
+        if committed.cancelled():
+            error: Exception = LedgerUnavailable("the ledger was closed during this write")
+        else:
+            found = committed.exception()
+            if found is None:
+                for job, (value, failed) in zip(group, committed.result(), strict=True):
+                    _settle(job, value=value, error=failed)
+                return
+            error = (
+                as_ledger_error(found, url=self._url)
+                if isinstance(found, Exception)
+                else LedgerUnavailable(f"ledger database {self._url} failed: {found!r}")
+            )
+        for job in group:
+            _settle(job, error=error)
 
     def _run_group(self, group: list[_Job]) -> list[tuple[Any, BaseException | None]]:
         # Runs in the writer thread. Each write runs inside a savepoint of the group's
@@ -284,9 +324,3 @@ def _settle(job: _Job, *, value: Any = None, error: BaseException | None = None)
         job.future.set_exception(error)
     else:
         job.future.set_result(value)
-
-
-def _consume_exception(future: asyncio.Future[Any]) -> None:
-    # A caller that was cancelled no longer awaits its job; keep asyncio from logging its error.
-    if not future.cancelled():
-        future.exception()

@@ -104,14 +104,15 @@ operations = Table(
     # for a person (the reason `stats` counts a refusal under).
     Column("refusal_reason", Text, nullable=True),
     UniqueConstraint("tenant", "key_slot", name="uq_pa_operations_key_slot"),
-    Index("ix_pa_operations_key", "tenant", "idempotency_key"),
+    # Each index below is a page more to write when a row is inserted (and when a change
+    # moves its entry): only those a query plan reads are kept (migration 0007;
+    # ``bench/index_plans.py`` prints the plans).
     Index("ix_pa_operations_status_lease", "status", "lease_expires_at"),
     # A session's, a tool's or a principal's keyset pages: ranges in (created_at,
     # operation_id) order, never a sort of all its rows (migration 0005).
     Index("ix_pa_operations_session", "session_id", "created_at", "operation_id"),
     Index("ix_pa_operations_tool_created", "tool", "created_at", "operation_id"),
     Index("ix_pa_operations_principal", "principal", "created_at", "operation_id"),
-    Index("ix_pa_operations_resource", "tenant", "resource_key"),
     # Keyset pages of `ledger list` and `undelivered`, in (created_at, operation_id) order
     # (see migration 0003).
     Index("ix_pa_operations_created", "created_at", "operation_id"),
@@ -140,6 +141,9 @@ events = Table(
     Column("to_status", String(32), nullable=False),
     Column("actor", String(256), nullable=False),
     Column("detail_json", Text, nullable=True),
+    # On SQLite the rows live in the primary key's B-tree: an event appended is one page
+    # written, not a page of the table and one of a separate key index (migration 0007).
+    sqlite_with_rowid=False,
 )
 
 owners = Table(

@@ -203,6 +203,8 @@ class SqlLedger(Ledger):
             settings.pool_size if self._sqlite else max(1, settings.pool_size // 2)
         )
         self._closed = False
+        self._in_flight: set[asyncio.Future[Any]] = set()
+        """PostgreSQL writes handed to the database and not yet answered (`_handed_over`)."""
 
     # --- construction ----------------------------------------------------------------------
 
@@ -458,6 +460,9 @@ class SqlLedger(Ledger):
         if self._closed:
             return
         self._closed = True
+        if self._in_flight:
+            # Handed over before the close: each lands (or fails, and is reported) first.
+            await asyncio.wait(set(self._in_flight))
         if self._writer is not None:
             await self._writer.close()
         if self._notices is not None:
@@ -482,7 +487,9 @@ class SqlLedger(Ledger):
         self._refuse_writes()
         if self._writer is not None:
             return await self._writer.run(work)
-        return await run_postgres_write(self._engine, work, url=self.url, turn=self._turns)
+        return await self._handed_over(
+            run_postgres_write(self._engine, work, url=self.url, turn=self._turns)
+        )
 
     async def _fast_write(self, write: Coroutine[Any, Any, T]) -> T:
         """Run a PostgreSQL one-statement write once its turn comes.
@@ -499,7 +506,36 @@ class SqlLedger(Ledger):
             async with self._turns:
                 return await write
 
-        return await asyncio.shield(run())
+        return await self._handed_over(run())
+
+    async def _handed_over(self, write: Coroutine[Any, Any, T]) -> T:
+        """Run ``write`` in a task of its own that a cancelled caller leaves running.
+
+        `close` waits for it; if it fails after its caller left, the failure is logged (never
+        asyncio's "Task exception was never retrieved", never silence).
+        """
+        task = asyncio.get_running_loop().create_task(write)
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._unheard)
+            raise
+
+    def _unheard(self, task: asyncio.Future[Any]) -> None:
+        """Report the failure of a write whose caller was cancelled while it ran."""
+        if task.cancelled():
+            logger.warning("ledger {}: a write whose caller had left was cancelled", self.url)
+            return
+        error = task.exception()
+        if error is not None:
+            logger.warning(
+                "ledger {}: a write whose caller had left failed: {}: {}",
+                self.url,
+                type(error).__name__,
+                error,
+            )
 
     async def _fast_read(self, read: Coroutine[Any, Any, T]) -> T:
         if self._closed:

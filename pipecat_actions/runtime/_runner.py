@@ -11,6 +11,7 @@ __all__ = ["DEFAULT_DEADLINE_SECS", "Runner"]
 
 import asyncio
 import dataclasses
+from typing import Any
 
 from loguru import logger
 
@@ -186,11 +187,10 @@ class Runner:
         self, session: SessionState, generation: int, tracked: Tracked
     ) -> bool:
         outcome = asyncio.ensure_future(session.wait_generation_outcome(generation))
-        takeover = asyncio.ensure_future(tracked.takeover.wait())
+        either: set[asyncio.Future[Any]] = {outcome, tracked.takeover.future()}
         try:
-            await asyncio.wait({outcome, takeover}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            takeover.cancel()
             if not outcome.done():
                 outcome.cancel()
         return outcome.done() and not outcome.cancelled() and outcome.result()

@@ -46,6 +46,21 @@ async def test_counting_proposes_on_sqlite_sees_tasks_statements_and_wal_frames(
     assert len(counted.sent) == WARMUP + PROPOSES
 
 
+async def test_a_propose_on_sqlite_makes_no_task_for_its_writes_or_for_a_takeover(
+    tmp_path: Path,
+) -> None:
+    # Issue 34: 6 tasks per propose, 2 of them the writer's group commits and 1 a wait for
+    # the takeover event. Left: admission, execution, and the effect's own task.
+    counted = await _per_propose.count_proposes(
+        f"sqlite:///{tmp_path / 'ledger.db'}", proposes=PROPOSES, warmup=WARMUP
+    )
+
+    made = {name for name, _, _ in counted.task_sites}
+    assert {"Proposals._admit_and_start", "Runner.execute", "ActionDefinition.run"} <= made
+    assert not {"SqliteWriter._commit", "Event.wait"} & made, counted.task_sites
+    assert counted.statement_kinds["INSERT pa_operation_events"] == 2  # 2 + 1, one statement each
+
+
 async def test_the_sqlite_floor_inserts_and_updates_each_row_in_two_commits(
     tmp_path: Path,
 ) -> None:

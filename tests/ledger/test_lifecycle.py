@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from pipecat_actions.errors import (
     LedgerError,
     LedgerUnavailable,
 )
-from pipecat_actions.ledger import SqlLedger
+from pipecat_actions.ledger import OperationFilter, SqlLedger
+from pipecat_actions.ledger.engine import LedgerSettings
+from pipecat_actions.testing.logs import capture_logs
 
 from ._support import S, assert_trail_is_contiguous, new_op
 
@@ -80,6 +83,62 @@ async def test_closing_with_writes_in_flight_settles_each_write_one_way_or_the_o
         assert {op.operation_id for op in stored} == acknowledged
         for op in stored:
             assert_trail_is_contiguous(op, await reopened.events(op.operation_id))
+
+
+async def test_closing_lands_every_write_whose_caller_left_before_the_close(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    # Issue 34: callers cancelled after handing their writes over (a barge-in, a benchmark's
+    # end), then the ledger closed: the writes still waiting for a turn were refused by the
+    # closed ledger, and nobody heard it ("Task exception was never retrieved").
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    try:
+        opened = await SqlLedger.create(
+            ledger_url, clock=clock, settings=LedgerSettings(pool_size=1)
+        )
+        callers = [asyncio.create_task(opened.admit(new_op(f"k{n}"))) for n in range(30)]
+        await asyncio.sleep(0)  # each caller has handed its write over
+        for caller in callers:
+            caller.cancel()
+        await asyncio.gather(*callers, return_exceptions=True)
+        assert all(caller.cancelled() for caller in callers)
+
+        await asyncio.wait_for(opened.close(), HANG_GUARD_SECS)
+        gc.collect()  # an unretrieved task exception is reported when the task is collected
+    finally:
+        loop.set_exception_handler(previous)
+
+    assert unretrieved == []
+    async with await SqlLedger.create(ledger_url, clock=clock) as reopened:
+        stored = await reopened.list(OperationFilter(limit=100))
+        assert sorted(op.idempotency_key for op in stored) == sorted(f"k{n}" for n in range(30))
+        for op in stored:
+            assert_trail_is_contiguous(op, await reopened.events(op.operation_id))
+
+
+async def test_a_write_that_fails_after_its_caller_left_is_reported(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    opened = await SqlLedger.create(ledger_url, clock=clock)
+    try:
+        op = (await opened.admit(new_op("k"))).operation
+        with capture_logs(level="WARNING") as lines:
+            # A second operation under the first one's id: the database refuses the insert,
+            # and its caller is gone before the answer.
+            caller = asyncio.create_task(opened.admit(new_op("k2", operation_id=op.operation_id)))
+            await asyncio.sleep(0)
+            caller.cancel()
+            await asyncio.gather(caller, return_exceptions=True)
+            await asyncio.wait_for(opened.close(), HANG_GUARD_SECS)
+    finally:
+        await opened.close()
+
+    reported = [line for line in lines if "a write whose caller had left failed" in line]
+    assert len(reported) == 1, lines
+    assert "LedgerIntegrityError" in reported[0]
 
 
 async def test_async_with_closes_the_ledger(ledger_url: str, clock: ManualClock) -> None:
