@@ -15,6 +15,7 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions scenario run FILE... [--verbose]      replay scenarios (exit 1 on a failure)
     pipecat-actions scenario new FILE                    start a scenario file from a template
     pipecat-actions worker --app MODULE:ATTR [--once]     own the work of bots that are gone
+    pipecat-actions worker --dbos --app MODULE:ATTR       run durable operations (DBOS)
 
 Every command that opens a ledger names it with ``--ledger URL`` (default
 ``$PIPECAT_ACTIONS_LEDGER_URL``; a plain path is a SQLite file); the older ``db upgrade URL``,
@@ -290,6 +291,18 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the application's OperatorApp, or a function returning one "
         "(default: $PIPECAT_ACTIONS_APP)",
     )
+    worker.add_argument(
+        "--dbos",
+        action="store_true",
+        help="run as a DBOS application: execute the execution: durable operations handed to "
+        "DBOS by the bots (PostgreSQL; see docs/durable.md)",
+    )
+    worker.add_argument(
+        "--executor-id",
+        default=None,
+        help="with --dbos: its DBOS executor id, stable across restarts (default $DBOS__VMID, "
+        "else host and pid); a worker started again under a dead one's id recovers its work",
+    )
     worker.add_argument("--owner", default=None, help="its name in leases")
     worker.add_argument(
         "--lease-secs", type=float, default=30.0, help="its lease (default 30; claims every third)"
@@ -539,6 +552,19 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
         except (RuntimeError, ValueError):  # not the main thread (embedded): no handler
             pass
     try:
+        if args.dbos:
+            if args.once:
+                raise ConfigurationError("--once is not for --dbos: DBOS hands a worker its work")
+            from pipecat_actions.durable.worker import run_dbos_worker
+
+            return await run_dbos_worker(
+                app,
+                ledger_url=args.ledger,
+                stop=stop,
+                out=out,
+                executor_id=args.executor_id,
+                as_json=args.json,
+            )
         return await run_worker(
             app,
             ledger_url=args.ledger,
