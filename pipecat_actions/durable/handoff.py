@@ -15,7 +15,7 @@ of bots and plain workers leaves it alone, and DBOS recovers its workflow instea
 
 from __future__ import annotations
 
-__all__ = ["DurableLedger", "hands_off", "psycopg_url"]
+__all__ = ["DurableLedger", "hands_off", "psycopg_url", "workflow_state", "workflow_status"]
 
 import asyncio
 import dataclasses
@@ -174,14 +174,25 @@ class DurableLedger(ForwardingLedger):
 
 async def workflow_status(client: DBOSClient, operation_id: str) -> str | None:
     """DBOS's status of the workflow of ``operation_id`` (None: there is none)."""
+    found = await workflow_state(client, operation_id)
+    return None if found is None else found[0]
+
+
+async def workflow_state(client: DBOSClient, operation_id: str) -> tuple[str, Any] | None:
+    """DBOS's status of the workflow of ``operation_id`` and its output (None: no workflow).
+
+    The output of a finished workflow is the operation's final status, as its step read it
+    from the ledger.
+    """
     from dbos._error import DBOSNonExistentWorkflowError
 
-    def read() -> str | None:
+    def read() -> tuple[str, Any] | None:
         try:
             handle: Any = client.retrieve_workflow(workflow_id_for(operation_id))
         except DBOSNonExistentWorkflowError:
             return None
-        return str(handle.get_status().status)
+        status = handle.get_status()
+        return str(status.status), status.output
 
     return await asyncio.to_thread(read)
 

@@ -4,7 +4,9 @@ Its system of record is a table in the test's PostgreSQL database (``provider_ef
 row per effect, never deduplicated: a double effect shows as two rows), named by
 ``PA_TEST_PROVIDER_URL``. ``PA_TEST_ANSWER_DELAY`` is the provider's latency between doing the
 effect and answering (real seconds, in the worker): the window in which a killed worker leaves
-an effect done and not recorded, which only reconciliation may settle.
+an effect done and not recorded, which only reconciliation may settle. The provider applies
+a request in the effect's own statement and never later: its commit horizon is 0, so "no
+trace" of a request whose worker died is proof that it did not happen.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ tools:
     mode: background
     execution: durable
     deadline_secs: 3600
+    reconciliation: {commit_horizon_secs: 0}
   settle_invoice:
     kind: mutation
     mode: background
     execution: durable
     durable: {global_concurrency: 2, rate_per_minute: 6000}
     deadline_secs: 3600
+    reconciliation: {commit_horizon_secs: 0}
 """
 POLICY = load_policy_text(POLICY_TEXT)
 
