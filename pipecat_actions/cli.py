@@ -16,6 +16,7 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions scenario new FILE                    start a scenario file from a template
     pipecat-actions worker --app MODULE:ATTR [--once]     own the work of bots that are gone
     pipecat-actions worker --dbos --app MODULE:ATTR       run durable operations (DBOS)
+    pipecat-actions durable check [OP...]                 settle what an ended workflow left
 
 Every command that opens a ledger names it with ``--ledger URL`` (default
 ``$PIPECAT_ACTIONS_LEDGER_URL``; a plain path is a SQLite file); the older ``db upgrade URL``,
@@ -171,6 +172,13 @@ def _build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="accept a PostgreSQL server running with synchronous_commit=off or fsync=off",
         )
+        if name == "upgrade":
+            sub.add_argument(
+                "--dbos",
+                action="store_true",
+                help="also create or upgrade DBOS's tables in the same PostgreSQL database, for "
+                "execution: durable (bots may start before the first worker --dbos)",
+            )
         db_parsers.append(sub)
     approvals = commands.add_parser("approvals", help="operations waiting for a person")
     approval_commands = approvals.add_subparsers(dest="approvals_command", required=True)
@@ -314,10 +322,20 @@ def _build_parser() -> argparse.ArgumentParser:
         "exit status 0 when all it claimed is finished or waits for a person, 3 when it left "
         "some that need someone, 1 when it cannot run",
     )
+    durable = commands.add_parser(
+        "durable", help="durable operations (execution: durable) and their DBOS workflows"
+    )
+    durable_commands = durable.add_subparsers(dest="durable_command", required=True)
+    durable_check = durable_commands.add_parser(
+        "check",
+        help="read each unsettled durable operation's DBOS workflow; settle the ones whose "
+        "workflow ended without settling them (FAILED_FINAL if unsent, UNKNOWN if maybe sent)",
+    )
+    durable_check.add_argument("operation_ids", nargs="*", metavar="OP")
     opening = [
         listing, show, *decide, ledger_list, ledger_show, rotate, undelivered, stats, reconcile,
     ]  # fmt: skip
-    for sub in [*db_parsers, *opening, worker]:
+    for sub in [*db_parsers, *opening, worker, durable_check]:
         sub.add_argument("--ledger", default=None, metavar="URL", help=_LEDGER_HELP)
         sub.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
@@ -383,6 +401,8 @@ def _run_command(args: argparse.Namespace) -> int:
             return run_users(args, sys.stdout)
         if args.command == "worker":
             return asyncio.run(_worker(args, sys.stdout))
+        if args.command == "durable":
+            return asyncio.run(_durable_check(args, sys.stdout))
     except PipecatActionsError as exc:
         print(f"pipecat-actions: {printable(str(exc))}", file=sys.stderr)
         return 1
@@ -526,6 +546,40 @@ async def _reconcile(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+async def _durable_check(args: argparse.Namespace, out: TextIO) -> int:
+    import json
+
+    from pipecat_actions.durable.reconcile import check_durable
+    from pipecat_actions.ledger.engine import default_ledger_url
+
+    views = await check_durable(args.ledger or default_ledger_url(), list(args.operation_ids))
+    for view in views:
+        op = view.operation
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "operation_id": op.operation_id,
+                        "status": op.status.value,
+                        "workflow_status": view.workflow_status,
+                        "moved": view.moved,
+                    }
+                ),
+                file=out,
+            )
+            continue
+        workflow = view.workflow_status or "no workflow"
+        moved = f", moved to {op.status.value}" if view.moved else ""
+        print(
+            f"{printable(op.operation_id)} {printable(op.tool)}: ledger {op.status.value}, "
+            f"workflow {workflow}{moved}",
+            file=out,
+        )
+    if not views and not args.json:
+        print("no unsettled durable operation", file=out)
+    return 0
+
+
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
     import asyncio
     import signal
@@ -594,7 +648,9 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
             before, after = await ledger.upgrade_schema()
         finally:
             await ledger.close()
-        data = {"url": ledger.url, "before": before, "after": after, "beside": list(beside)}
+        data: dict[str, object] = {
+            "url": ledger.url, "before": before, "after": after, "beside": list(beside)
+        }  # fmt: skip
         said = (
             f"schema already at revision {after}"
             if before == after
@@ -603,6 +659,13 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
         if beside and before != after:
             # Said, since a mistyped URL puts a ledger into someone else's database.
             said += f" (beside the database's own tables: {', '.join(beside)})"
+        if args.dbos:
+            from pipecat_actions.durable import install_dbos_schema
+            from pipecat_actions.ledger.engine import default_ledger_url
+
+            await install_dbos_schema(args.ledger or default_ledger_url())
+            data["dbos"] = "ready"
+            said += "; DBOS tables ready (schema dbos)"
         _print_read(args, ledger.url, data, lambda: said, out)
         return 0
     ledger = await _open_existing(
