@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "DECISION_TOPIC",
     "DEFAULT_QUEUE",
     "DURABLE_LEASE_SECS",
     "DURABLE_OWNER",
@@ -27,6 +28,9 @@ lease-based recovery of bots and of the plain worker never claims it (DBOS recov
 
 DURABLE_LEASE_SECS = 100 * 365 * 24 * 3600.0
 """The lease of a durable operation: it never runs out (DBOS owns it, not a lease)."""
+
+DECISION_TOPIC = "pipecat_actions.decision"
+"""The DBOS message topic that wakes a workflow waiting for a person's decision."""
 
 _WORKFLOW_PREFIX = "pa-op:"
 

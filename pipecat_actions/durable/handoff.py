@@ -19,12 +19,15 @@ __all__ = ["DurableLedger", "hands_off", "psycopg_url", "workflow_state", "workf
 
 import asyncio
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from loguru import logger
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, make_url
 
 from pipecat_actions.durable._names import (
+    DECISION_TOPIC,
     DURABLE_LEASE_SECS,
     DURABLE_OWNER,
     WORKFLOW_NAME,
@@ -36,15 +39,16 @@ from pipecat_actions.errors import LedgerConfigurationError
 from pipecat_actions.ledger import ForwardingLedger, Ledger, Operation, SqlLedger
 from pipecat_actions.ledger.records import AdmitResult, NewOperation
 from pipecat_actions.policy import PolicySet
-from pipecat_actions.status import ActionStatus
+from pipecat_actions.status import AWAITING_PERSON_STATUSES, ActionStatus
 
 if TYPE_CHECKING:
     from dbos import DBOSClient
 
 S = ActionStatus
 
-_HANDED_STATUSES = frozenset({S.ADMITTED, S.RUNNING})
-"""What admission asks to insert for a call that may start now: a durable one is ADMITTED."""
+_HANDED_STATUSES = frozenset({S.ADMITTED, S.RUNNING, S.AWAITING_APPROVAL})
+"""What admission inserts that a workflow takes over: a call that may start now (a durable one
+is ADMITTED, never RUNNING), or one that waits for an approver (its workflow waits too)."""
 
 
 def psycopg_url(url: str) -> str:
@@ -133,12 +137,17 @@ class DurableLedger(ForwardingLedger):
         queue = queue_for(new.tool, policy)
         handed = dataclasses.replace(
             new,
-            status=S.ADMITTED,
+            status=S.AWAITING_APPROVAL if new.status is S.AWAITING_APPROVAL else S.ADMITTED,
             lease_owner=DURABLE_OWNER,
             lease_secs=DURABLE_LEASE_SECS,
             detail={
                 **(new.detail or {}),
-                "reason": "admission checks passed; handed to its DBOS workflow",
+                "reason": (
+                    (new.detail or {}).get("reason", "waiting for approval")
+                    + "; handed to its DBOS workflow"
+                    if new.status is S.AWAITING_APPROVAL
+                    else "admission checks passed; handed to its DBOS workflow"
+                ),
                 "workflow_id": workflow_id_for(new.operation_id),
                 "queue": queue,
             },
@@ -159,6 +168,50 @@ class DurableLedger(ForwardingLedger):
             )
 
         return await self._sql.admit(handed, within=enqueue)
+
+    async def transition(
+        self,
+        operation_id: str,
+        *,
+        expected: ActionStatus,
+        to: ActionStatus,
+        fence: int,
+        actor: str,
+        detail: Mapping[str, Any] | None = None,
+        changes: Mapping[str, Any] | None = None,
+    ) -> Operation:
+        """See `Ledger.transition`; a person's decision on a durable operation wakes its workflow.
+
+        The decision is recorded first (once: the transition is conditional); the message
+        only saves the waiting workflow the rest of its pause (`APPROVAL_POLL_SECS`), so a
+        message that cannot be sent is logged, never raised.
+        """
+        moved = await super().transition(
+            operation_id,
+            expected=expected,
+            to=to,
+            fence=fence,
+            actor=actor,
+            detail=detail,
+            changes=changes,
+        )
+        if expected in AWAITING_PERSON_STATUSES and moved.lease_owner == DURABLE_OWNER:
+            try:
+                await asyncio.to_thread(
+                    self._client.send,
+                    workflow_id_for(operation_id),
+                    to.value,
+                    DECISION_TOPIC,
+                    f"{operation_id}:{to.value}",
+                )
+            except Exception as exc:
+                logger.warning(
+                    "operation {}: its workflow could not be told of the decision ({}); it "
+                    "reads it from the ledger at its next look",
+                    operation_id,
+                    exc,
+                )
+        return moved
 
     async def workflow_status(self, operation_id: str) -> str | None:
         """DBOS's status of the workflow of ``operation_id`` (None: there is none)."""

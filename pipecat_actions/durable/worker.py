@@ -35,7 +35,7 @@ from pipecat_actions._operator_text import ledger_line
 from pipecat_actions._printable import printable
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.clock import Clock, SystemClock
-from pipecat_actions.durable._names import DEFAULT_QUEUE, WORKFLOW_NAME, queue_for
+from pipecat_actions.durable._names import DECISION_TOPIC, DEFAULT_QUEUE, WORKFLOW_NAME, queue_for
 from pipecat_actions.durable.handoff import psycopg_url
 from pipecat_actions.errors import ConfigurationError, LedgerError
 from pipecat_actions.ledger import Operation, SqlLedger
@@ -43,6 +43,15 @@ from pipecat_actions.ledger.engine import default_ledger_url
 from pipecat_actions.operator import OperatorApp
 from pipecat_actions.policy import PolicySet, load_policy
 from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.status import ActionStatus
+
+APPROVAL_POLL_SECS = 2.0
+"""How long a workflow waiting for a person's decision waits for its message before it reads
+the ledger again (a decision recorded where no DBOS client sends one, e.g. the console)."""
+
+_WAITS = frozenset({ActionStatus.AWAITING_APPROVAL.value, ActionStatus.AWAITING_CONFIRMATION.value})
+_AGAIN = frozenset({ActionStatus.ADMITTED.value, ActionStatus.FAILED_RETRYABLE.value})
+"""Statuses a step can leave when a decision raced its expiry: the step runs again."""
 
 APPLICATION_VERSION = "pipecat_actions.durable/1"
 """The DBOS application version of every worker: a worker of a newer build recovers the
@@ -97,7 +106,14 @@ def _register() -> None:
         )(_settle)
 
         def run_operation(operation_id: str) -> str:
-            return step(operation_id)
+            # Until it is settled: a decision a person has not made yet is waited for with
+            # DBOS's durable recv (woken by the decider's message, else at the next look).
+            while True:
+                status = step(operation_id)
+                if status in _WAITS:
+                    DBOS.recv(DECISION_TOPIC, timeout_seconds=APPROVAL_POLL_SECS)
+                elif status not in _AGAIN:
+                    return status
 
         _workflow = DBOS.workflow(name=WORKFLOW_NAME)(run_operation)
 

@@ -112,13 +112,13 @@ def durable_violations(policy: _Durable) -> list[Violation]:
                 "durable operation is handed to a worker when it is admitted; use immediately",
             )
         )
-    if policy.confirmation.mode is not ConfirmationMode.NONE:
+    if policy.confirmation.mode is ConfirmationMode.VERBAL:
         found.append(
             Violation(
                 ("confirmation", "mode"),
-                f"{policy.confirmation.mode.value} is not supported with execution: durable yet "
-                "(the operation is handed to a worker when it is admitted); use none, or "
-                "execution: in_call",
+                "verbal is not supported with execution: durable yet (the user's yes is heard "
+                "in the call, and the operation is handed to a worker when it is admitted); use "
+                "approval or none, or execution: in_call",
             )
         )
     if policy.on_duplicate in (OnDuplicate.CONFIRM, OnDuplicate.REPLACE, OnDuplicate.ALLOW):

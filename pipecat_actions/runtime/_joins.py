@@ -26,7 +26,7 @@ from pipecat_actions.clock import Clock
 from pipecat_actions.errors import LedgerError
 from pipecat_actions.ledger import Ledger, Operation
 from pipecat_actions.ledger.records import DUPLICATES_JOINED
-from pipecat_actions.status import IN_FLIGHT_STATUSES
+from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES
 
 JOINS_PER_NOTE = 100
 """The most joins one audit note lists (a bound on the size of one event's detail)."""
@@ -151,7 +151,8 @@ class SharedWaits:
         """Return ``op`` once it has an outcome (or its deadline is over); see the class.
 
         With ``until_settled``, the deadline is not waited out here: a durable operation's
-        worker settles it (its deadline too), and its outcome is what is waited for.
+        worker settles it (its deadline too), and its outcome is what is waited for, through
+        a wait for a person's decision too.
         """
         poll = self._polls.get(op.operation_id)
         if poll is None:
@@ -169,7 +170,9 @@ class SharedWaits:
         async with self._ledger.notices(op.operation_id) as changed:
             # Listening from here on: a first re-read at once sees an outcome that came before.
             pause = 0.0 if changed is not None else 0.05
-            while op.status in IN_FLIGHT_STATUSES:
+            while op.status in IN_FLIGHT_STATUSES or (
+                until_settled and op.status in AWAITING_PERSON_STATUSES
+            ):
                 if (
                     not until_settled
                     and op.deadline_at is not None

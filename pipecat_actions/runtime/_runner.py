@@ -71,6 +71,8 @@ class Runner:
         self._executing: dict[str, Tracked] = {}
         self._hands_off = hands_off
         self._observe = observe
+        self._handed_ids: set[str] = set()
+        """The operations handed to DBOS whose outcome this runner waits for."""
 
     def deadline_secs(self, tool: str) -> float:
         """How long an operation of ``tool`` may take, from its policy."""
@@ -123,13 +125,21 @@ class Runner:
         return (
             self._hands_off
             and admission.binding.policy.is_durable
-            and admission.operation.status is S.ADMITTED
+            and admission.operation.status in (S.ADMITTED, S.AWAITING_APPROVAL)
         )
+
+    def is_handed(self, operation_id: str) -> bool:
+        """Whether ``operation_id`` runs on a DBOS worker and this runner waits for it."""
+        return operation_id in self._handed_ids
 
     async def _handed(self, op: Operation, tracked: Tracked) -> None:
         """Wait for the outcome of a handed-off ``op``; finish it here once it has one."""
         assert self._observe is not None
-        final = await self._observe(op)
+        self._handed_ids.add(op.operation_id)
+        try:
+            final = await self._observe(op)
+        finally:
+            self._handed_ids.discard(op.operation_id)
         if final.status in TERMINAL_STATUSES or final.status is S.UNKNOWN:
             self._operations.finish(tracked, final)
 

@@ -39,7 +39,7 @@ from loguru import logger
 from pipecat_actions.actions import ActionContext, Binding, ReconcileState
 from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.clock import Clock
-from pipecat_actions.errors import ConfigurationError, LedgerError
+from pipecat_actions.errors import ConfigurationError, LedgerError, TransitionRefused
 from pipecat_actions.execution.executor import Executor, ReconcileSchedule
 from pipecat_actions.execution.expiry import expiry_rule
 from pipecat_actions.execution.tracked import Tracked
@@ -272,6 +272,9 @@ class Recovery:
         op = await self._ledger.get(operation_id)
         if op.status in TERMINAL_STATUSES:
             return op
+        waits = op.status in AWAITING_PERSON_STATUSES
+        if waits and (op.deadline_at is None or self._clock.now() < op.deadline_at):
+            return op  # a person decides; the workflow waits for the decision
         binding = await self._binding_of(op)
         if binding is None:
             raise ConfigurationError(
@@ -284,8 +287,19 @@ class Recovery:
         self._operations.track(tracked)
         final = op
         try:
-            final = await self._finish_recovered(op, tracked)
-            await self._compensator.settle_original(final)
+            if waits:  # nobody decided in time
+                rule = expiry_rule(op.status)
+                assert rule is not None  # waiting for a person: EXPIRED
+                to, why = rule
+                try:
+                    final = await self._operations.move(
+                        op, tracked, to, why, error=f"deadline: {why}"
+                    )
+                except TransitionRefused:  # decided meanwhile: the step runs again
+                    final = await self._ledger.get(operation_id)
+            else:
+                final = await self._finish_recovered(op, tracked)
+                await self._compensator.settle_original(final)
         finally:
             self._operations.finish(tracked, final)
         return final

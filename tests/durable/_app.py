@@ -38,6 +38,13 @@ tools:
     durable: {global_concurrency: 2, rate_per_minute: 6000}
     deadline_secs: 3600
     reconciliation: {commit_horizon_secs: 0}
+  refund:
+    kind: mutation
+    mode: background
+    execution: durable
+    confirmation: {mode: approval, approvers: [maria], expires_after_secs: 3600}
+    deadline_secs: 3600
+    reconciliation: {commit_horizon_secs: 0}
 """
 POLICY = load_policy_text(POLICY_TEXT)
 
@@ -98,5 +105,14 @@ async def settle_invoice(ctx: ActionContext, invoice: str) -> dict[str, Any]:
     return await _effect(ctx)
 
 
+@action(reconcile=find_by_key)
+async def refund(ctx: ActionContext, order: str, amount_cents: int) -> dict[str, Any]:
+    """Refund an order, once a person approves."""
+    return await _effect(ctx)
+
+
+ACTIONS = [transfer, settle_invoice, refund]
+
+
 def app() -> OperatorApp:
-    return OperatorApp(policy=POLICY, actions=[transfer, settle_invoice], authorizer=AllowAll())
+    return OperatorApp(policy=POLICY, actions=ACTIONS, authorizer=AllowAll())

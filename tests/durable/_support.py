@@ -53,7 +53,7 @@ async def bot(url: str, **create: Any) -> AsyncIterator[ActionRuntime]:
         runtime = await ActionRuntime.create(
             _app.POLICY,
             authorizer=AllowAll(),
-            actions=[_app.transfer, _app.settle_invoice],
+            actions=_app.ACTIONS,
             ledger=ledger,
             **create,
         )
