@@ -45,6 +45,13 @@ tools:
     confirmation: {mode: approval, approvers: [maria], expires_after_secs: 3600}
     deadline_secs: 3600
     reconciliation: {commit_horizon_secs: 0}
+  refund_today:
+    kind: mutation
+    mode: background
+    execution: durable
+    confirmation: {mode: approval, approvers: [maria], expires_after_secs: 1}
+    deadline_secs: 3600
+    reconciliation: {commit_horizon_secs: 0}
 """
 POLICY = load_policy_text(POLICY_TEXT)
 
@@ -111,7 +118,13 @@ async def refund(ctx: ActionContext, order: str, amount_cents: int) -> dict[str,
     return await _effect(ctx)
 
 
-ACTIONS = [transfer, settle_invoice, refund]
+@action(reconcile=find_by_key)
+async def refund_today(ctx: ActionContext, order: str, amount_cents: int) -> dict[str, Any]:
+    """Refund an order, if a person approves within a second (its window)."""
+    return await _effect(ctx)
+
+
+ACTIONS = [transfer, settle_invoice, refund, refund_today]
 
 
 def app() -> OperatorApp:

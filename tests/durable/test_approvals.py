@@ -118,6 +118,29 @@ async def test_a_rejected_request_ends_its_workflow_with_nothing_sent(
     assert workflow["status"] == "SUCCESS"
 
 
+async def test_a_window_that_closes_with_nobody_deciding_expires_on_the_worker(
+    durable_url: str, tmp_path: Path
+) -> None:
+    # The window is DBOS's and the worker's to enforce (real time rules there: a second); the
+    # test waits for its cause, never for a duration.
+    async with bot(durable_url) as call:
+        op_id = (await call.propose("refund_today", REFUND, session(), wait=False))["operation_id"]
+    workers = Workers(durable_url, tmp_path)
+    await workers.start("w1")
+    try:
+        async with await SqlLedger.create(durable_url) as ledger:
+            await eventually(
+                lambda: _workflow_is(ledger, durable_url, op_id, "SUCCESS"),
+                what="the workflow to end",
+            )
+            expired = await ledger.get(op_id)
+    finally:
+        await workers.stop()
+    assert expired.status is S.EXPIRED
+    assert expired.error == "deadline: not confirmed or approved in time"
+    assert await rows(durable_url, "SELECT 1 FROM provider_effects") == []
+
+
 async def _workflow_is(ledger: object, url: str, op_id: str, status: str) -> bool:
     found = await rows(
         url,
