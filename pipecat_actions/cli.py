@@ -311,6 +311,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="with --dbos: its DBOS executor id, stable across restarts (default $DBOS__VMID, "
         "else host and pid); a worker started again under a dead one's id recovers its work",
     )
+    worker.add_argument(
+        "--polling-secs",
+        type=float,
+        default=1.0,
+        help="with --dbos: how often each DBOS queue is polled for work (default 1)",
+    )
     worker.add_argument("--owner", default=None, help="its name in leases")
     worker.add_argument(
         "--lease-secs", type=float, default=30.0, help="its lease (default 30; claims every third)"
@@ -607,6 +613,8 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
             pass
     try:
         if args.dbos:
+            if not (math.isfinite(args.polling_secs) and args.polling_secs > 0):
+                raise ConfigurationError("--polling-secs must be a positive number of seconds")
             if args.once:
                 raise ConfigurationError("--once is not for --dbos: DBOS hands a worker its work")
             from pipecat_actions.durable.worker import run_dbos_worker
@@ -617,6 +625,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
                 stop=stop,
                 out=out,
                 executor_id=args.executor_id,
+                polling_secs=args.polling_secs,
                 as_json=args.json,
             )
         return await run_worker(

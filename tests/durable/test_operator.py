@@ -76,3 +76,13 @@ async def test_the_dbos_worker_on_sqlite_says_it_needs_postgresql_in_one_line(
     assert err.startswith("pipecat-actions: durable execution needs a PostgreSQL ledger")
     assert err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "ledger.db").exists()
+
+
+@pytest.mark.parametrize("secs", ["0", "nan", "-1"])
+async def test_the_dbos_worker_refuses_a_polling_interval_that_is_not_positive(
+    secs: str, durable_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["worker", "--dbos", "--app", "tests.durable._app:app", "--ledger", durable_url]
+    code = await asyncio.to_thread(main, [*argv, "--polling-secs", secs])
+    _, err = capsys.readouterr()
+    assert (code, err) == (1, "pipecat-actions: --polling-secs must be a positive number of seconds\n")
