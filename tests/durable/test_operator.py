@@ -85,4 +85,5 @@ async def test_the_dbos_worker_refuses_a_polling_interval_that_is_not_positive(
     argv = ["worker", "--dbos", "--app", "tests.durable._app:app", "--ledger", durable_url]
     code = await asyncio.to_thread(main, [*argv, "--polling-secs", secs])
     _, err = capsys.readouterr()
-    assert (code, err) == (1, "pipecat-actions: --polling-secs must be a positive number of seconds\n")
+    assert code == 1
+    assert err == "pipecat-actions: --polling-secs must be a positive number of seconds\n"
