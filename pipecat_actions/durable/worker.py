@@ -211,7 +211,7 @@ async def run_dbos_worker(
             clock=clock,
             owner=f"dbos-worker:{executor}",
             recover=False,
-            runs_durable=True,
+            admits_calls=False,
         )
         try:
             loop = asyncio.get_running_loop()

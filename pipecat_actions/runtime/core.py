@@ -115,7 +115,7 @@ class ActionRuntime:
         recover_unsent: RecoverUnsent = "run",
         schedule: ReconcileSchedule | None = None,
         ledger_keys: LedgerKeys | None = None,
-        runs_durable: bool = False,
+        admits_calls: bool = True,
     ) -> ActionRuntime:
         """Load the policy, open the ledger, register ``actions`` and recover leftover work.
 
@@ -143,10 +143,11 @@ class ActionRuntime:
             ledger_keys: The keys that seal the values the policy marks ``sensitive``
                 (default: read from ``PIPECAT_ACTIONS_LEDGER_KEYS`` and
                 ``PIPECAT_ACTIONS_LEDGER_HASH_KEY``; see `pipecat_actions.ledger.keys`).
-            runs_durable: This runtime is a DBOS worker's (`pipecat_actions.durable.worker`):
-                it runs the ``execution: durable`` operations handed to it. Otherwise a
-                policy with durable tools needs a ledger that hands them off
-                (`pipecat_actions.durable.DurableLedger`).
+            admits_calls: This runtime admits calls (a bot's). A policy with
+                ``execution: durable`` tools then needs a ledger that hands them to DBOS
+                (`pipecat_actions.durable.DurableLedger`). False for a process that only
+                recovers, reconciles or runs what others admitted (the workers, the
+                operator's commands).
 
         Raises:
             PolicyError: The policy file is invalid.
@@ -169,7 +170,7 @@ class ActionRuntime:
             {name: policies[name].sensitive for name in policies.names()}, ledger_keys
         )
         durable = [name for name in policies.names() if policies[name].is_durable]
-        if durable and not runs_durable and (ledger is None or not hands_off(ledger)):
+        if durable and admits_calls and (ledger is None or not hands_off(ledger)):
             raise ConfigurationError(
                 f"{', '.join(sorted(durable))}: execution: durable, but this runtime's ledger "
                 "does not hand operations to DBOS: open it with "

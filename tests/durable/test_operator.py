@@ -87,3 +87,27 @@ async def test_the_dbos_worker_refuses_a_polling_interval_that_is_not_positive(
     _, err = capsys.readouterr()
     assert code == 1
     assert err == "pipecat-actions: --polling-secs must be a positive number of seconds\n"
+
+
+async def test_the_lease_worker_and_reconcile_leave_a_durable_operation_to_dbos(
+    durable_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A bot admitted a transfer and died. The plain worker (lease recovery) and the operator's
+    # reconcile run with the same application: they start, and claim nothing of it.
+    async with bot(durable_url) as call:
+        started = await call.propose("transfer", {"account": "a", "amount_cents": 1}, session(),
+                                     wait=False)  # fmt: skip
+    argv = ["worker", "--app", "tests.durable._app:app", "--ledger", durable_url, "--once"]
+    code = await asyncio.to_thread(main, argv)
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert out.splitlines()[-1] == "one pass: nothing was stale"
+    argv = ["reconcile", started["operation_id"], "--app", "tests.durable._app:app",
+            "--ledger", durable_url]  # fmt: skip
+    code = await asyncio.to_thread(main, argv)
+    out, err = capsys.readouterr()
+    assert code == 1  # it ran, and says the operation is not its to settle
+    assert err.endswith("is ADMITTED, not UNKNOWN or FAILED_FINAL: nothing to reconcile\n")
+    async with await SqlLedger.create(durable_url) as ledger:
+        op = await ledger.get(started["operation_id"])
+    assert (op.status, op.lease_owner, op.fence) == (S.ADMITTED, "dbos", 1)
