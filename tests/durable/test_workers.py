@@ -46,7 +46,14 @@ async def test_a_live_call_hears_the_outcome_its_worker_wrote(
                 what="the worker's outcome",
             )
             op = await runtime.ledger.get(result["operation_id"])
-            state = await workflow_state(runtime.ledger.client, op.operation_id)
+            client = runtime.ledger.client
+
+            async def ended() -> bool:  # the step wrote the outcome; the workflow ends after
+                found = await workflow_state(client, op.operation_id)
+                return found is not None and found[0] == "SUCCESS"
+
+            await eventually(ended, what="the workflow to end")
+            state = await workflow_state(client, op.operation_id)
     finally:
         await workers.stop()
     assert result["status"] == "committed"
