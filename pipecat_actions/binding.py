@@ -44,30 +44,25 @@ from pydantic import BaseModel
 from pipecat_actions.actions import (
     ActionContext,
     ActionDefinition,
-    Binding,
     open_arguments,
     running_as,
     signature_arguments,
 )
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.filler import Filler
-from pipecat_actions.policy import ConfirmationMode, ExecutionMode, FillerPolicy, OnDuplicate
-from pipecat_actions.policy.fields import CANCEL_TOOL_PREFIX, cancel_tool_name
-from pipecat_actions.results import ToolResult
+from pipecat_actions.policy import ExecutionMode, FillerPolicy
+from pipecat_actions.policy.fields import cancel_tool_name
+from pipecat_actions.runtime.calls import CONFIRM_TOOL, asks_for_confirmation
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES, ActionStatus
 
 if TYPE_CHECKING:
     from pipecat_actions.runtime import ActionRuntime
 
-CONFIRM_TOOL = "confirm_action"
-
 
 def owns_tool(runtime: ActionRuntime, tool: str) -> bool:
-    """Whether calls of ``tool`` are the runtime's: an action, ``confirm_action``, a cancel."""
-    return (
-        tool in runtime.bindings or tool == CONFIRM_TOOL or cancel_target(runtime, tool) is not None
-    )
+    """Whether calls of ``tool`` are the runtime's (`Calls.owns`)."""
+    return runtime.calls.owns(tool)
 
 
 def tools_schema(runtime: ActionRuntime) -> ToolsSchema:
@@ -78,13 +73,13 @@ def tools_schema(runtime: ActionRuntime) -> ToolsSchema:
             description=binding.action.description,
             **binding.action.json_schema(),
         )
-        for binding in runtime.bindings.values()
+        for binding in runtime.calls.bindings.values()
         if not binding.action.app_handler  # advertised by the application (or Flows)
     ]
     tools.extend(
         _cancel_schema(name)
-        for name in _cancel_tools(runtime)
-        if runtime.bindings[name].policy.cancellable_by_llm
+        for name in runtime.calls.cancel_tools()
+        if runtime.calls.bindings[name].policy.cancellable_by_llm
     )
     if needs_confirm_tool(runtime):
         tools.append(
@@ -140,7 +135,7 @@ def attach(runtime: ActionRuntime, llm: LLMService, session: SessionState) -> No
     request to stop it, answered by `ActionRuntime.cancel_for_model`; advertised by
     `tools_schema` only when the policy sets ``cancellable_by_llm``.
     """
-    for name, binding in runtime.bindings.items():
+    for name, binding in runtime.calls.bindings.items():
         if binding.action.app_handler:
             continue  # Pipecat calls the application's own handler, routed through the runtime
         # cancellable_by_llm is the runtime's (cancel_<name>, below), never Pipecat's own:
@@ -152,7 +147,7 @@ def attach(runtime: ActionRuntime, llm: LLMService, session: SessionState) -> No
             timeout_secs=binding.policy.timeout_secs,
             cancellable_by_llm=False,
         )
-    for name in _cancel_tools(runtime):
+    for name in runtime.calls.cancel_tools():
         # Also for a tool whose policy does not allow it (not advertised then): a model that
         # calls it anyway is refused in words, and the action goes on.
         _register_cancel_tool(runtime, llm, name, session)
@@ -168,7 +163,7 @@ def attach(runtime: ActionRuntime, llm: LLMService, session: SessionState) -> No
                 if line:
                     await params.llm.push_frame(TTSSpeakFrame(line))
 
-            result = await runtime.confirm(
+            result = await runtime.calls.confirm(
                 str(args.get("operation_id", "")),
                 str(args.get("confirmation_token", "")),
                 session,
@@ -206,14 +201,14 @@ def _attached(
 
 def _announcement(runtime: ActionRuntime, tool: str) -> str | None:
     """The ``announce`` line of a background ``tool``, if it has one."""
-    binding = runtime.bindings.get(tool)
+    binding = runtime.calls.bindings.get(tool)
     policy = binding.policy if binding is not None else None
     return policy.announce if policy and policy.mode is ExecutionMode.BACKGROUND else None
 
 
 def _filler_policy(runtime: ActionRuntime, tool: str) -> FillerPolicy | None:
     """The ``delivery.filler`` of a blocking ``tool``, if it has one."""
-    binding = runtime.bindings.get(tool)
+    binding = runtime.calls.bindings.get(tool)
     policy = binding.policy if binding is not None else None
     if policy is None or policy.mode is not ExecutionMode.BLOCKING:
         return None
@@ -263,9 +258,9 @@ class _Lines:
         if self._filler is not None:
             filler = Filler(
                 self._filler,
-                clock=self._runtime.clock,
+                clock=self._runtime.calls.clock,
                 session=self._session,
-                outcome_known=lambda: self._runtime.has_outcome(operation_id),
+                outcome_known=lambda: self._runtime.calls.has_outcome(operation_id),
                 say=self.say,
             )
             self._tasks.append(asyncio.get_running_loop().create_task(filler.run()))
@@ -282,7 +277,7 @@ def _handler(runtime: ActionRuntime, name: str, session: SessionState) -> Callab
     async def handler(params: FunctionCallParams) -> None:
         lines = _Lines(runtime, name, session, params.llm)
         try:
-            result = await runtime.propose(
+            result = await runtime.calls.propose(
                 name,
                 dict(params.arguments),
                 session,
@@ -291,7 +286,7 @@ def _handler(runtime: ActionRuntime, name: str, session: SessionState) -> Callab
             )
         finally:
             await lines.stop()  # before the result: a filler line never follows the outcome
-        waits = ToolResult.of(result).status is ActionStatus.AWAITING_APPROVAL
+        waits = result.status is ActionStatus.AWAITING_APPROVAL
         if lines.announcement and waits:
             # It waits for a person: the user hears the line too, and waits without asking
             # again (it claims no outcome; the approval's outcome is told later).
@@ -306,7 +301,7 @@ def _cancel_handler(runtime: ActionRuntime, tool: str, session: SessionState) ->
     """The handler of ``cancel_<tool>``: the runtime's truthful cancel, never Pipecat's."""
 
     async def handler(params: FunctionCallParams) -> None:
-        result = await runtime.cancel_for_model(
+        result = await runtime.calls.cancel_for_model(
             tool, dict(params.arguments or {}), session, tool_call_id=params.tool_call_id
         )
         await params.result_callback(result)
@@ -317,24 +312,8 @@ def _cancel_handler(runtime: ActionRuntime, tool: str, session: SessionState) ->
 
 
 def cancel_target(runtime: ActionRuntime, tool: str) -> str | None:
-    """The mutation whose calls ``tool`` stops, if ``tool`` is the runtime's ``cancel_<name>``.
-
-    A name that is a tool of its own (registered, or in the policy) is never a cancel tool.
-    """
-    if not tool.startswith(CANCEL_TOOL_PREFIX) or tool in runtime.policy or tool == CONFIRM_TOOL:
-        return None
-    target = tool[len(CANCEL_TOOL_PREFIX) :]
-    binding = runtime.bindings.get(target)
-    if binding is None or not binding.policy.is_mutation or tool in runtime.bindings:
-        return None
-    return target
-
-
-def _cancel_tools(runtime: ActionRuntime) -> list[str]:
-    """The mutations that get a ``cancel_<name>`` tool (see `cancel_target`)."""
-    return [
-        name for name in runtime.bindings if cancel_target(runtime, cancel_tool_name(name)) == name
-    ]
+    """The mutation whose calls ``tool`` stops, if it is the runtime's (`Calls.cancel_target`)."""
+    return runtime.calls.cancel_target(tool)
 
 
 def _register_cancel_tool(
@@ -357,17 +336,8 @@ def _register_cancel_tool(
 
 
 def needs_confirm_tool(runtime: ActionRuntime) -> bool:
-    """Whether ``runtime`` offers ``confirm_action`` (verbal confirmations, confirmed repeats)."""
-    return any(asks_for_confirmation(b) for b in runtime.bindings.values())
-
-
-def asks_for_confirmation(binding: Binding) -> bool:
-    """Whether calls of ``binding``'s tool may need ``confirm_action``."""
-    policy = binding.policy
-    return (
-        policy.confirmation.mode is ConfirmationMode.VERBAL
-        or policy.on_duplicate is OnDuplicate.CONFIRM
-    )
+    """Whether ``runtime`` offers ``confirm_action`` (`Calls.needs_confirm_tool`)."""
+    return runtime.calls.needs_confirm_tool()
 
 
 def instrument(runtime: ActionRuntime, llm: LLMService, session: SessionState) -> None:
@@ -560,7 +530,7 @@ async def _answer(
     # The application's handler says what it says; the runtime adds only the filler.
     lines = _Lines(runtime, name, session, params.llm, announce=False)
     try:
-        result = await runtime.propose(
+        result = await runtime.calls.propose(
             name,
             dict(params.arguments),
             session,
@@ -577,8 +547,8 @@ async def _answer(
     calls.close(params.tool_call_id, call, result)
     committed_here = (
         call.ran
-        and ToolResult.of(result).status is ActionStatus.COMMITTED
-        and result.get("operation_id") == runtime.operation_for_call(params.tool_call_id)
+        and result.status is ActionStatus.COMMITTED
+        and result.operation_id == runtime.calls.operation_for(params.tool_call_id)
     )
     if committed_here and call.properties is not None:
         await params.result_callback(result, properties=call.properties)
@@ -598,7 +568,7 @@ def _register_effect(
     A handler registered again under the same name may take other arguments: the action
     keeps its effect and takes the new handler's argument model.
     """
-    binding = runtime.bindings.get(name)
+    binding = runtime.calls.bindings.get(name)
     if binding is not None:
         if not binding.action.app_handler:
             raise ConfigurationError(
@@ -606,9 +576,9 @@ def _register_effect(
                 "LLM; give the handler another name or drop one of them"
             )
         if binding.action.args_model is not args_model:
-            runtime.register(dataclasses.replace(binding.action, args_model=args_model))
+            runtime.calls.register(dataclasses.replace(binding.action, args_model=args_model))
         return
-    runtime.register(
+    runtime.calls.register(
         ActionDefinition(
             name=name,
             effect=_effect(name, calls),

@@ -92,7 +92,7 @@ from pipecat_actions.actions import (
 )
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.outcomes import EffectNotSent
-from pipecat_actions.results import ToolResult, reconcilable, render_operation
+from pipecat_actions.results import ToolResult
 from pipecat_actions.runtime._coverage import RoutedNames
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
@@ -246,7 +246,7 @@ class FlowActions:
         unmanaged: Iterable[str] = (),
         hooks: Mapping[str, FunctionHooks] | None = None,
     ) -> None:
-        self._runtime = runtime
+        self._port = runtime.calls
         self._session = session
         self._unmanaged = frozenset(unmanaged)
         self._hooks = dict(hooks or {})
@@ -293,10 +293,10 @@ class FlowActions:
                 f"hooks given for names that are no managed function of the flow: "
                 f"{', '.join(strays)}"
             )
-        missing = sorted(name for name in tools if self._runtime.policy.get(name) is None)
+        missing = sorted(name for name in tools if self._port.policy.get(name) is None)
         if missing:
             raise ConfigurationError(
-                f"flow functions without an entry in the policy {self._runtime.policy.source}: "
+                f"flow functions without an entry in the policy {self._port.policy.source}: "
                 f"{', '.join(missing)}; add an entry for each, or name it in "
                 "FlowActions(unmanaged=...)"
             )
@@ -361,10 +361,10 @@ class FlowActions:
         configured = self._configured.get(id(handler))
         if name in self._unmanaged or (configured is not None and configured.ref.transition_only):
             return await original(tool)
-        policy = self._runtime.policy.get(name)
+        policy = self._port.policy.get(name)
         if policy is None:
             raise ConfigurationError(
-                f"flow function {name} has no entry in the policy {self._runtime.policy.source}; "
+                f"flow function {name} has no entry in the policy {self._port.policy.source}; "
                 "add one, or name it in FlowActions(unmanaged=...)"
             )
         if isinstance(tool, FlowsDirectFunctionWrapper):
@@ -409,20 +409,18 @@ class FlowActions:
         key, a missing one, a wrong type) is refused before its handler could fail on it. A
         name reused by another node's handler takes that handler's model.
         """
-        binding = self._runtime.bindings.get(name)
+        binding = self._port.bindings.get(name)
         if binding is not None:
             if name in self._names:
                 if binding.action.args_model is not args_model:
-                    self._runtime.register(
-                        dataclasses.replace(binding.action, args_model=args_model)
-                    )
+                    self._port.register(dataclasses.replace(binding.action, args_model=args_model))
                 return
             raise ConfigurationError(
                 f"flow function {name} has the name of an action the runtime already has; "
                 "rename one of them"
             )
         hooks = self._hooks.get(name, FunctionHooks())
-        self._runtime.register(
+        self._port.register(
             ActionDefinition(
                 name=name,
                 effect=self._effect(name),
@@ -533,7 +531,7 @@ class FlowActions:
         assert call.run is not None
         self._latest[call.name] = call.run
         try:
-            result = await self._runtime.propose(
+            result = await self._port.propose(
                 call.name, call.arguments, self._session, tool_call_id=call.tool_call_id
             )
         except asyncio.CancelledError:
@@ -542,10 +540,9 @@ class FlowActions:
             self._calls.pop(call.tool_call_id, None)
             raise
         call.result = result
-        call.operation_id = result.get("operation_id")
+        call.operation_id = result.operation_id
         self._remember(call, result)
-        told = ToolResult.of(result)
-        if told.final or told.refused:
+        if result.final or result.refused:
             self._settled(call)
         return result
 
@@ -679,7 +676,7 @@ class FlowActions:
         if op.status in TERMINAL_STATUSES:
             call.operation_id = op.operation_id
             self._settled(call)
-        result = render_operation(op, reconcilable=reconcilable(self._runtime.bindings, op.tool))
+        result = self._port.told(op)
         self._remember(call, result)
         if manager._pending_transition is not None:
             # Another call's transition waited for this one (closed by a barge-in, or told

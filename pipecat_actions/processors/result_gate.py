@@ -59,8 +59,9 @@ from pipecat.processors.frame_processor import (
     FrameProcessorSetup,
 )
 
-from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
-from pipecat_actions.processors._closing import closing_frame, stopped_result, truthful_close
+from pipecat_actions.processors._closing import closing_frame
+from pipecat_actions.results import ToolResult
+from pipecat_actions.runtime.calls import CONFIRM_TOOL
 from pipecat_actions.runtime.deliveries import PENDING_STATUSES, SessionDelivery, Speaker, Told
 from pipecat_actions.session import SessionState
 from pipecat_actions.status import TERMINAL_STATUSES
@@ -83,8 +84,6 @@ _WATCHED = (
     EndFrame,
     StopFrame,
 )
-_STILL_OPEN = frozenset(status.value.lower() for status in PENDING_STATUSES)
-"""A result with one of these statuses is not the outcome: the outcome is told later."""
 
 
 class RealtimeSpeaker(Speaker, Protocol):
@@ -125,8 +124,9 @@ class ActionResultGate(FrameProcessor):
     def __init__(self, runtime: ActionRuntime, session: SessionState, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.runtime = runtime
+        self.calls = runtime.calls
         self.session = session
-        self.delivery: SessionDelivery = runtime.deliveries.open(session, self)
+        self.delivery: SessionDelivery = self.calls.open_delivery(session, self)
         self._calls: dict[str, _Call] = {}
         self._closing = 0
         self._ends: list[Frame] = []
@@ -151,7 +151,7 @@ class ActionResultGate(FrameProcessor):
         """Set up; with Pipecat's tracing on, parent the runtime's spans to its turn spans."""
         await super().setup(setup)
         if setup.enable_tracing and setup.tracing_context is not None:
-            self.runtime.telemetry.follow_turns(self.session.session_id, setup.tracing_context)
+            self.calls.follow_turns(self.session.session_id, setup.tracing_context)
 
     # --- the outlet the delivery service speaks through ------------------------------------
 
@@ -238,7 +238,7 @@ class ActionResultGate(FrameProcessor):
                 self._speaker.played(frame)  # the provider's response was heard to its end
 
     def _owns(self, function_name: str) -> bool:
-        return owns_tool(self.runtime, function_name)
+        return self.calls.owns(function_name)
 
     async def _on_cancel(self, frame: FunctionCallCancelFrame) -> None:
         if not self._owns(frame.function_name):
@@ -250,23 +250,23 @@ class ActionResultGate(FrameProcessor):
             call.early_cancel = frame
             return
         call.closed_by_gate = call.finished = True
-        operation_id = self.runtime.operation_for_call(frame.tool_call_id) or call.confirms
-        if operation_id is None and not self.runtime.admitting(frame.tool_call_id):
+        now = self.calls.close_now(frame.function_name, frame.tool_call_id, about=call.confirms)
+        if now is not None:
             # No operation behind it: a read (it runs in the handler's task, stopped with it),
             # or a call stopped before it was admitted. Closed with a result, which keeps its
             # place behind the in-progress frame: a re-pushed cancel, a system frame, would
             # overtake that frame again in the aggregator's queue.
-            await self.push_frame(closing_frame(frame, stopped_result(self.runtime, frame)))
+            await self.push_frame(closing_frame(frame, now))
             return
         self._closing += 1
-        self.create_task(self._close(frame, operation_id, call.group))
+        self.create_task(self._close(frame, call.confirms, call.group))
 
     async def _close(
-        self, cancel: FunctionCallCancelFrame, operation_id: str | None, group: str | None
+        self, cancel: FunctionCallCancelFrame, about: str | None, group: str | None
     ) -> None:
         """Close a cancelled call with its operation's real state; then release held ends."""
         try:
-            await self._close_truthfully(cancel, operation_id, group)
+            await self._close_truthfully(cancel, about, group)
         finally:
             self._closing -= 1
             if not self._closing:
@@ -275,11 +275,16 @@ class ActionResultGate(FrameProcessor):
                     await self.push_frame(end)
 
     async def _close_truthfully(
-        self, cancel: FunctionCallCancelFrame, operation_id: str | None, group: str | None
+        self, cancel: FunctionCallCancelFrame, about: str | None, group: str | None
     ) -> None:
-        result, operation_id, op = await truthful_close(
-            self.runtime, self.delivery, cancel, operation_id
+        closed = await self.calls.close_cancelled(
+            self.delivery,
+            cancel.function_name,
+            cancel.tool_call_id,
+            timed_out=bool(cancel.run_llm),  # Pipecat sets run_llm only after its timeout
+            about=about,
         )
+        result, operation_id, op = closed.result, closed.operation_id, closed.operation
         if operation_id is None:
             await self.push_frame(closing_frame(cancel, result))
             return
@@ -290,13 +295,12 @@ class ActionResultGate(FrameProcessor):
         if op is None:
             await self.push_frame(frame)
             return
-        with self.runtime.telemetry.delivery(op, self.session, late=False):
+        with self.calls.telling(op, self.session):
             await self.push_frame(frame)
             if op.status in TERMINAL_STATUSES:
                 await self.delivery.told_now(op)
 
     async def _on_result(self, frame: FunctionCallResultFrame) -> None:
-        deliveries = self.runtime.deliveries
         if not self._owns(frame.function_name):
             # Not the runtime's call: its results (intermediate ones with their run_llm, a
             # reused tool_call_id) are the application's business, passed on as they are.
@@ -317,7 +321,7 @@ class ActionResultGate(FrameProcessor):
         if not final:
             # Intermediate results go into the context silently unless the policy says else.
             frame.properties = FunctionCallResultProperties(
-                run_llm=deliveries.intermediate_runs_llm(frame.function_name),
+                run_llm=self.calls.intermediate_runs_llm(frame.function_name),
                 is_final=False,
                 on_context_updated=frame.properties.on_context_updated
                 if frame.properties
@@ -326,19 +330,17 @@ class ActionResultGate(FrameProcessor):
         else:
             call.finished = True
         await self.push_frame(frame)
-        result = frame.result if isinstance(frame.result, dict) else {}
-        operation_id = result.get("operation_id")
-        if not isinstance(operation_id, str) or not final:
+        result = ToolResult.of(frame.result)
+        operation_id = result.operation_id
+        if operation_id is None or not final:
             return
-        shown = result.get("status")
-        if shown in _STILL_OPEN:
-            self.delivery.expect(
-                operation_id, shown=shown if isinstance(shown, str) else None, group=call.group
-            )
+        if result.status in PENDING_STATUSES:
+            # Not the outcome: the outcome is told later.
+            self.delivery.expect(operation_id, shown=result.said, group=call.group)
         else:
             # Told in place (e.g. by confirm_action): no late message for it any more. A
             # read's row is written after its answer, in a batch; its refusal at once.
-            record = not deliveries.is_read(frame.function_name) or shown == "refused"
+            record = not self.calls.is_read(frame.function_name) or result.refused
             self.delivery.told_in_place(operation_id, record=record)
 
     # --- handoffs --------------------------------------------------------------------------
@@ -364,12 +366,12 @@ class ActionResultGate(FrameProcessor):
         return logger.bind(
             session_id=self.session.session_id,
             tool_call_id=tool_call_id,
-            operation_id=self.runtime.operation_for_call(tool_call_id),
+            operation_id=self.calls.operation_for(tool_call_id),
         )
 
     async def cleanup(self) -> None:
         """Stop listening to the runtime; stop this pipeline's ledger reads."""
         for reading in self.delivery.close():
             await self.cancel_task(reading)
-        self.runtime.telemetry.forget_session(self.session.session_id)
+        self.calls.forget_session(self.session.session_id)
         await super().cleanup()  # type: ignore[no-untyped-call]

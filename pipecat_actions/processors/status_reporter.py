@@ -71,11 +71,11 @@ from pipecat.processors.frameworks.rtvi.observer import (
 )
 
 from pipecat_actions._recent import remember
-from pipecat_actions.binding import CONFIRM_TOOL, cancel_target, owns_tool
 from pipecat_actions.ledger import Operation
 from pipecat_actions.policy import ToolKind
 from pipecat_actions.policy.fields import cancel_tool_name
-from pipecat_actions.results import reconcilable, render_operation
+from pipecat_actions.results import ToolResult
+from pipecat_actions.runtime.calls import CONFIRM_TOOL
 from pipecat_actions.session import SessionState
 
 if TYPE_CHECKING:
@@ -114,11 +114,12 @@ def rtvi_observer_params(
     """
     made = copy.copy(params) if params is not None else RTVIObserverParams()
     levels = dict(made.function_call_report_level)
-    cancels = [cancel_tool_name(name) for name in runtime.bindings]
-    for name in [*runtime.bindings, *runtime.policy.names(), CONFIRM_TOOL]:
+    calls = runtime.calls
+    cancels = [cancel_tool_name(name) for name in calls.bindings]
+    for name in [*calls.bindings, *calls.policy.names(), CONFIRM_TOOL]:
         levels[name] = RTVIFunctionCallReportLevel.DISABLED
     for name in cancels:
-        if cancel_target(runtime, name) is not None:  # the runtime's cancel_<tool>
+        if calls.cancel_target(name) is not None:  # the runtime's cancel_<tool>
             levels[name] = RTVIFunctionCallReportLevel.DISABLED
     made.function_call_report_level = levels
     return made
@@ -140,6 +141,7 @@ class ActionStatusReporter(FrameProcessor):
     def __init__(self, runtime: ActionRuntime, session: SessionState, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.runtime = runtime
+        self.calls = runtime.calls
         self.session = session
         self._told: OrderedDict[str, tuple[int, str]] = OrderedDict()
         self._call_of: OrderedDict[str, str] = OrderedDict()
@@ -168,14 +170,14 @@ class ActionStatusReporter(FrameProcessor):
         await self.push_frame(frame, direction)
 
     def _owns(self, tool: str) -> bool:
-        return owns_tool(self.runtime, tool)
+        return self.calls.owns(tool)
 
     def _on_call(
         self, frame: FunctionCallInProgressFrame | FunctionCallCancelFrame | FunctionCallResultFrame
     ) -> None:
         call = frame.tool_call_id
         if isinstance(frame, FunctionCallInProgressFrame):
-            if cancel_target(self.runtime, frame.function_name) is not None:
+            if self.calls.cancel_target(frame.function_name) is not None:
                 return  # about an operation that exists already: told when the cancel answers
             if frame.function_name == CONFIRM_TOOL:
                 # About an operation that exists already: told when the confirmation answers.
@@ -198,7 +200,7 @@ class ActionStatusReporter(FrameProcessor):
             # Pipecat asks for inference on a cancel only when the call ran past its timeout.
             event = "wait_timed_out" if frame.run_llm else "wait_interrupted"
             confirmed = self._confirming.get(call)
-            operation_id = self.runtime.operation_for_call(call) or confirmed
+            operation_id = self.calls.operation_for(call) or confirmed
             if operation_id is None:
                 self._send(self._not_admitted(event, frame.function_name, call))
                 return
@@ -210,20 +212,20 @@ class ActionStatusReporter(FrameProcessor):
             return
         if frame.properties is not None and not frame.properties.is_final:
             return
-        result = frame.result if isinstance(frame.result, Mapping) else {}
-        operation_id = result.get("operation_id")
+        result = ToolResult.of(frame.result)
+        operation_id = result.operation_id
         if self._is_about_another_call(frame.function_name):
             self._on_answer_about(frame.function_name, call, result, operation_id)
             return
         # The operation the runtime answered with is what this session's model was told (a
         # duplicate may join another session's); any other is told only if it is this one's.
         ours_only = False
-        if not isinstance(operation_id, str):
-            operation_id = self.runtime.operation_for_call(call)
+        if operation_id is None:
+            operation_id = self.calls.operation_for(call)
             ours_only = True
         if operation_id is not None and not self._is_read(frame.function_name):
             told = self._told.get(operation_id)
-            if told is not None and told[1] == result.get("status"):
+            if told is not None and told[1] == result.said:
                 return  # the client has this status already (the runtime's word came first)
             fallback = (frame.function_name, result)
             self._spawn(
@@ -240,7 +242,7 @@ class ActionStatusReporter(FrameProcessor):
         The model's ``cancel_<tool>`` and ``confirm_action`` name an operation that exists
         already; their answers are theirs, and the operation's statuses stay under its own call.
         """
-        return tool == CONFIRM_TOOL or cancel_target(self.runtime, tool) is not None
+        return self.calls.about_another_call(tool)
 
     def _on_answer_about(
         self, tool: str, call: str, result: Mapping[str, Any], operation_id: Any
@@ -258,8 +260,8 @@ class ActionStatusReporter(FrameProcessor):
             self._spawn(self._read(named, "changed", None, ours_only=True))
 
     def _is_read(self, tool: str) -> bool:
-        binding = self.runtime.bindings.get(tool)
-        return binding is not None and binding.policy.kind is ToolKind.READ
+        policy = self.calls.policy_of(tool)
+        return policy is not None and policy.kind is ToolKind.READ
 
     # --- operations ------------------------------------------------------------------------
 
@@ -289,7 +291,7 @@ class ActionStatusReporter(FrameProcessor):
         own: the message goes under that call, which the operation's later statuses do not.
         """
         try:
-            op = await self.runtime.ledger.get(operation_id)
+            op = await self.calls.read(operation_id)
         except Exception as exc:  # a ledger hiccup must not break the conversation
             logger.warning("{}: could not read {}: {}", self, operation_id, exc)
             if fallback is not None and "status" in fallback[1] and operation_id not in self._told:
@@ -312,8 +314,8 @@ class ActionStatusReporter(FrameProcessor):
         authoritative: bool = False,
     ) -> None:
         """Send ``op``'s status, unless the client was told as much or more already."""
-        told = render_operation(op, reconcilable=reconcilable(self.runtime.bindings, op.tool))
-        status = str(told["status"])
+        told = self.calls.told(op)
+        status = str(told.said)
         if not self._is_news(op, status, event, authoritative=authoritative):
             return
         remember(self._told, op.operation_id, (op.event_seq, status), keep=_REMEMBERED)
@@ -324,7 +326,7 @@ class ActionStatusReporter(FrameProcessor):
             tool=op.tool,
             tool_call_id=self._call_of.get(op.operation_id, op.provider_call_id),
             status=status,
-            message=str(told["message"]),
+            message=told.message,
             operation_id=op.operation_id,
         )
         if op.compensates is not None:
@@ -333,14 +335,14 @@ class ActionStatusReporter(FrameProcessor):
 
     def _tell_about(self, op: Operation, event: str, tool_call_id: str) -> None:
         """Send ``op``'s status under a call about it (its own call's record is left alone)."""
-        told = render_operation(op, reconcilable=reconcilable(self.runtime.bindings, op.tool))
+        told = self.calls.told(op)
         self._send(
             self._message(
                 event,
                 tool=op.tool,
                 tool_call_id=tool_call_id,
-                status=str(told["status"]),
-                message=str(told["message"]),
+                status=str(told.said),
+                message=told.message,
                 operation_id=op.operation_id,
             )
         )
@@ -435,12 +437,12 @@ class ActionStatusReporter(FrameProcessor):
 
     def _listen(self) -> None:
         if not self._listening:
-            self.runtime.listen(self.session.session_id, self._on_outcome)
+            self.calls.listen(self.session.session_id, self._on_outcome)
             self._listening = True
 
     def _stop_listening(self) -> None:
         if self._listening:
-            self.runtime.unlisten(self.session.session_id, self._on_outcome)
+            self.calls.unlisten(self.session.session_id, self._on_outcome)
             self._listening = False
 
     async def cleanup(self) -> None:

@@ -66,14 +66,14 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection
 
-from pipecat_actions.binding import owns_tool
 from pipecat_actions.policy import DeliveryMode, ExecutionMode
 from pipecat_actions.realtime._base import RealtimeAdapter
+from pipecat_actions.results import ToolResult
 from pipecat_actions.runtime.deliveries import PENDING_STATUSES, Told
 from pipecat_actions.status import ActionStatus
 
 _KEPT_OPEN = frozenset(
-    status.value.lower()
+    status
     for status in PENDING_STATUSES
     if status not in (ActionStatus.AWAITING_CONFIRMATION, ActionStatus.REQUESTED)
 )
@@ -81,7 +81,14 @@ _KEPT_OPEN = frozenset(
 user: the call stays open for it. (A confirmation is asked now and answered by
 ``confirm_action``: that answer closes the call.)"""
 _OUTCOMES = frozenset(
-    {"committed", "failed_final", "cancelled", "expired", "compensated", "rejected"}
+    {
+        ActionStatus.COMMITTED,
+        ActionStatus.FAILED_FINAL,
+        ActionStatus.CANCELLED,
+        ActionStatus.EXPIRED,
+        ActionStatus.COMPENSATED,
+        ActionStatus.REJECTED,
+    }
 )
 _SCHEDULING = {
     DeliveryMode.SILENT: "SILENT",
@@ -129,7 +136,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
         """Call id → the group it was proposed with, while its final answer is to come."""
 
         async def function_call_result(frame: FunctionCallResultFrame) -> None:
-            if not owns_tool(self.runtime, frame.function_name):
+            if not self.calls.owns(frame.function_name):
                 await result(frame)
                 return
             await self._result(frame, result)
@@ -191,12 +198,12 @@ class GeminiLiveAdapter(RealtimeAdapter):
         """
         llm: Any = self.llm
         for name, item in llm._functions.items():
-            if name in self.runtime.bindings and not item.cancel_on_interruption:
+            if name in self.calls.bindings and not item.cancel_on_interruption:
                 item.cancel_on_interruption = True
 
     def _note_call(self, frame: FunctionCallInProgressFrame) -> None:
         super()._note_call(frame)
-        if owns_tool(self.runtime, frame.function_name):
+        if self.calls.owns(frame.function_name):
             self._groups[frame.tool_call_id] = frame.group_id
 
     def connected(self) -> bool:
@@ -215,7 +222,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
     # --- declarations ----------------------------------------------------------------------
 
     def _background(self, tool: str) -> bool:
-        binding = self.runtime.bindings.get(tool)
+        binding = self.calls.bindings.get(tool)
         return binding is not None and binding.policy.mode is ExecutionMode.BACKGROUND
 
     def _non_blocking(self, tool: str) -> bool:
@@ -232,7 +239,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
             decls = tool.get("function_declarations") if isinstance(tool, dict) else None
             for decl in decls if isinstance(decls, list) else []:
                 name = decl.get("name") if isinstance(decl, dict) else None
-                if not isinstance(name, str) or name not in self.runtime.bindings:
+                if not isinstance(name, str) or name not in self.calls.bindings:
                     continue
                 if self._background(name) or not llm._supports_blocking_tools:
                     decl["behavior"] = "NON_BLOCKING"
@@ -275,9 +282,9 @@ class GeminiLiveAdapter(RealtimeAdapter):
             # A blocking call: one answer, no scheduling (whatever the handler's own flag).
             await self._respond(call_id, name, frame.result, scheduling=None, will_continue=False)
             return
-        result = frame.result if isinstance(frame.result, dict) else {}
-        operation_id, status = result.get("operation_id"), result.get("status")
-        if final and isinstance(operation_id, str) and status in _KEPT_OPEN:
+        result = ToolResult.of(frame.result)
+        operation_id = result.operation_id
+        if final and operation_id is not None and result.status in _KEPT_OPEN:
             # Not finished (it waits for a person, or it is being checked): the call stays
             # open, and the outcome answers it when the delivery service tells it (_tell). The
             # user hears this answer (a manager must approve) unless calls proposed with it
@@ -325,7 +332,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
         is said as soon as the model is idle (WHEN_IDLE), whatever ``late`` says; a result
         nobody is to answer now is SILENT.
         """
-        binding = self.runtime.bindings.get(frame.function_name)
+        binding = self.calls.bindings.get(frame.function_name)
         if binding is None:
             return "WHEN_IDLE" if spoken else "SILENT"
         delivery = binding.policy.delivery
@@ -333,8 +340,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
             return _SCHEDULING.get(delivery.intermediate, "SILENT")
         if not spoken:
             return "SILENT"
-        result = frame.result if isinstance(frame.result, dict) else {}
-        if result.get("status") not in _OUTCOMES:
+        if ToolResult.of(frame.result).status not in _OUTCOMES:
             return "WHEN_IDLE"  # a refusal, or a question for the user: said, not scheduled
         return _SCHEDULING.get(delivery.late, "WHEN_IDLE")
 
@@ -454,7 +460,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
                 # runtime applies on_interruption and the truth closes the call (as text).
                 await llm._cancel_function_calls_by_tool_call_id(call_id)
                 continue
-            operation_id = self.runtime.operation_for_call(call_id)
+            operation_id = self.calls.operation_for(call_id)
             if operation_id is None:
                 continue
             open_calls = self._open.get(operation_id, [])
@@ -465,6 +471,6 @@ class GeminiLiveAdapter(RealtimeAdapter):
 
     async def _interrupt_operation(self, operation_id: str) -> None:
         try:
-            await self.runtime.interrupted(operation_id)
+            await self.calls.interrupted(operation_id)
         except Exception as exc:  # the operation goes on; its outcome is told when it comes
             logger.warning("{}: on_interruption of {} failed: {}", self, operation_id, exc)

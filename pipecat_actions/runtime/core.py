@@ -46,6 +46,7 @@ from pipecat_actions.policy import OnInterruption, PolicySet, load_policy
 from pipecat_actions.runtime._coverage import RoutedNames, check_coverage, no_policy_entry
 from pipecat_actions.runtime._operations import Listener
 from pipecat_actions.runtime._parts import RuntimeParts, build_parts
+from pipecat_actions.runtime.calls import Calls
 from pipecat_actions.runtime.recovery import RecoverUnsent
 from pipecat_actions.session import SessionState
 
@@ -65,7 +66,8 @@ class ActionRuntime:
         executor: Runs and reconciles operations.
         watchdog: Enforces deadlines.
         admitter: Runs the admission checks.
-        deliveries: What the conversations owe their users (adapters open a session's view).
+        deliveries: What the conversations owe their users.
+        calls: The conversation port the Pipecat adapters talk to (`Calls`).
     """
 
     def __init__(self, parts: RuntimeParts, *, owns_ledger: bool) -> None:
@@ -96,6 +98,21 @@ class ActionRuntime:
         self._model_cancels = parts.model_cancels
         self._owns_ledger = owns_ledger
         self._routed: frozenset[str] = frozenset()
+        self.calls = Calls(
+            policy=parts.policy,
+            bindings=parts.bindings,
+            ledger=parts.ledger,
+            operations=parts.operations,
+            proposals=parts.proposals,
+            decisions=parts.decisions,
+            model_cancels=parts.model_cancels,
+            deliveries=parts.deliveries,
+            progress=parts.progress,
+            telemetry=parts.telemetry,
+            clock=parts.clock,
+            register=lambda definition: self.register(definition),
+        )
+        """The conversation port: what the Pipecat adapters ask about a call (`Calls`)."""
 
     @classmethod
     async def create(
