@@ -267,21 +267,21 @@ class ActionRuntime:
 
     def attach(self, llm: Any, session: SessionState) -> None:
         """Deprecated: use ``pipecat_actions.attach(runtime, llm, session)``."""
-        from pipecat_actions.binding import attach
+        from pipecat_actions.adapters import attach
 
         _moved_to_adapters("runtime.attach(llm, session)", "attach(runtime, llm, session)")
         attach(self, llm, session)
 
     def instrument(self, llm: Any, session: SessionState) -> None:
         """Deprecated: use ``pipecat_actions.instrument(runtime, llm, session)``."""
-        from pipecat_actions.binding import instrument
+        from pipecat_actions.adapters import instrument
 
         _moved_to_adapters("runtime.instrument(llm, session)", "instrument(runtime, llm, session)")
         instrument(self, llm, session)
 
     def tools_schema(self) -> Any:
         """Deprecated: use ``pipecat_actions.tools_schema(runtime)``."""
-        from pipecat_actions.binding import tools_schema
+        from pipecat_actions.adapters import tools_schema
 
         _moved_to_adapters("runtime.tools_schema()", "tools_schema(runtime)")
         return tools_schema(self)

@@ -100,8 +100,8 @@ if TYPE_CHECKING:
     from pipecat.flows import FlowManager
     from pipecat.services.llm_service import FunctionCallParams
 
+    from pipecat_actions.adapters.result_gate import ActionResultGate
     from pipecat_actions.ledger import Operation
-    from pipecat_actions.processors import ActionResultGate
     from pipecat_actions.runtime import ActionRuntime
     from pipecat_actions.session import SessionState
 

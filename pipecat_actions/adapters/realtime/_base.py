@@ -62,14 +62,14 @@ from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import LLMService
 
 from pipecat_actions._recent import remember
+from pipecat_actions.adapters._closing import closing_frame
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.processors._closing import closing_frame
 from pipecat_actions.runtime.calls import CONFIRM_TOOL
 from pipecat_actions.runtime.deliveries import Told
 from pipecat_actions.session import SessionState
 
 if TYPE_CHECKING:
-    from pipecat_actions.processors import ActionResultGate
+    from pipecat_actions.adapters.result_gate import ActionResultGate
     from pipecat_actions.runtime import ActionRuntime
 
 ADAPTER_ATTRIBUTE = "_pipecat_actions_realtime"
@@ -83,7 +83,7 @@ _KEEP_ENDS = 64
 class RealtimeAdapter:
     """Gives a speech-to-speech service the cascade's guarantees; see the module docstring.
 
-    Built by `pipecat_actions.realtime.adapt_realtime`, which picks the subclass for the
+    Built by `pipecat_actions.adapters.realtime.adapt_realtime`, which picks the subclass for the
     service. It replaces methods on the one service instance it adapts (Pipecat offers no
     public seam at the service boundary), calling the originals for everything it leaves be.
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from pipecat.services.openai.realtime import events
 
-from pipecat_actions.realtime._base import RealtimeAdapter
+from pipecat_actions.adapters.realtime._base import RealtimeAdapter
 
 
 class OpenAIRealtimeAdapter(RealtimeAdapter):

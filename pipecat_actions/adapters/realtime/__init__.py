@@ -1,12 +1,12 @@
 """Speech-to-speech services (OpenAI Realtime, Gemini Live) with the cascade's guarantees.
 
-The layout, which `pipecat_actions.pipeline.build_pipeline` builds for such a service::
+The layout, which `pipecat_actions.adapters.pipeline.build_pipeline` builds for such a service::
 
     transport.input() → user_agg → ActionTurnTracker → realtime service
         → ActionStatusReporter → transport.output() → ActionResultGate → assistant_agg
 
 and the adapter on the service, which `build_pipeline` installs (by hand: ``attach``,
-then ``adapt_realtime(runtime, llm, session, gate)``). See `pipecat_actions.realtime._base`
+then ``adapt_realtime(runtime, llm, session, gate)``). See `pipecat_actions.adapters.realtime._base`
 for what it guarantees, and the per-service modules for what each service needs.
 """
 
@@ -16,13 +16,13 @@ __all__ = ["RealtimeAdapter", "adapt_realtime", "adapter_of", "is_realtime_servi
 
 from typing import TYPE_CHECKING, Any
 
+from pipecat_actions.adapters.realtime._base import ADAPTER_ATTRIBUTE, RealtimeAdapter
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.realtime._base import ADAPTER_ATTRIBUTE, RealtimeAdapter
 
 if TYPE_CHECKING:
     from pipecat.services.llm_service import LLMService
 
-    from pipecat_actions.processors import ActionResultGate
+    from pipecat_actions.adapters.result_gate import ActionResultGate
     from pipecat_actions.runtime import ActionRuntime
     from pipecat_actions.session import SessionState
 
@@ -63,11 +63,11 @@ def adapt_realtime(
 def _adapter_class(llm: Any) -> type[RealtimeAdapter]:
     names = {cls.__name__ for cls in type(llm).__mro__}
     if "OpenAIRealtimeLLMService" in names:
-        from pipecat_actions.realtime.openai import OpenAIRealtimeAdapter
+        from pipecat_actions.adapters.realtime.openai import OpenAIRealtimeAdapter
 
         return OpenAIRealtimeAdapter
     if "GeminiLiveLLMService" in names:
-        from pipecat_actions.realtime.gemini import GeminiLiveAdapter
+        from pipecat_actions.adapters.realtime.gemini import GeminiLiveAdapter
 
         return GeminiLiveAdapter
     kind = type(llm).__name__

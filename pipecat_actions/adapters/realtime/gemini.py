@@ -66,8 +66,8 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection
 
+from pipecat_actions.adapters.realtime._base import RealtimeAdapter
 from pipecat_actions.policy import DeliveryMode, ExecutionMode
-from pipecat_actions.realtime._base import RealtimeAdapter
 from pipecat_actions.results import ToolResult
 from pipecat_actions.runtime.deliveries import PENDING_STATUSES, Told
 from pipecat_actions.status import ActionStatus

@@ -59,7 +59,7 @@ from pipecat.processors.frame_processor import (
     FrameProcessorSetup,
 )
 
-from pipecat_actions.processors._closing import closing_frame
+from pipecat_actions.adapters._closing import closing_frame
 from pipecat_actions.results import ToolResult
 from pipecat_actions.runtime.calls import CONFIRM_TOOL
 from pipecat_actions.runtime.deliveries import PENDING_STATUSES, SessionDelivery, Speaker, Told
@@ -137,7 +137,7 @@ class ActionResultGate(FrameProcessor):
 
         A speech-to-speech service keeps its own conversation at the provider, so what is
         owed must reach the provider through the service; the realtime adapters
-        (`pipecat_actions.realtime`) call this. The service then also counts the
+        (`pipecat_actions.adapters.realtime`) call this. The service then also counts the
         generations (its response start and end), so the gate stops counting them.
         """
         self._speaker = speaker

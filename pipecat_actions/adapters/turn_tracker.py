@@ -14,8 +14,8 @@ session to tie each proposal to its generation and to refuse stale proposals.
 With a speech-to-speech service (its ``LLMServiceMetadataFrame`` says ``is_realtime_service``)
 the provider drives the turns: the user aggregator sends no context frame per turn, and a
 generation is a response of the provider's, counted by the realtime adapter at the service
-(`pipecat_actions.realtime`). The tracker then counts no generations itself; it still records
-the user's turns and the interruptions the user aggregator broadcasts.
+(`pipecat_actions.adapters.realtime`). The tracker then counts no generations itself; it still
+records the user's turns and the interruptions the user aggregator broadcasts.
 """
 
 from __future__ import annotations

@@ -104,8 +104,8 @@ def rtvi_observer_params(
 
     Pipecat's function-call reports are turned off (``DISABLED``) for every tool registered on
     ``runtime``, every tool its policy names (registered later by ``instrument`` or
-    `pipecat_actions.flows.FlowActions`, node by node) and ``confirm_action``; every other tool
-    keeps the level ``params`` gives it. Pass the result to
+    `pipecat_actions.adapters.flows.FlowActions`, node by node) and ``confirm_action``; every
+    other tool keeps the level ``params`` gives it. Pass the result to
     ``PipelineWorker(..., rtvi_observer_params=...)``.
 
     Args:

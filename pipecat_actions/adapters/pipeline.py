@@ -30,8 +30,8 @@ service itself sends results to the provider::
         → transport.output() → ActionResultGate → assistant_agg
 
 The tracker and the gate keep their places; the realtime adapter on the service
-(`pipecat_actions.realtime`) tells the provider each call's truth and the late outcomes, and
-counts the provider's responses as generations. Without it the provider would be told
+(`pipecat_actions.adapters.realtime`) tells the provider each call's truth and the late
+outcomes, and counts the provider's responses as generations. Without it the provider would be told
 ``CANCELLED`` for an action that goes on, and hear no late outcome at all.
 
 `check_placement` reports a misplacement it can detect before the pipeline starts, and what is
@@ -60,15 +60,17 @@ from pipecat.processors.aggregators.llm_response_universal import (
 from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.services.llm_service import LLMService
 
-from pipecat_actions.binding import (
+from pipecat_actions.adapters.handlers import (
     CONFIRM_TOOL,
     asks_for_confirmation,
     attach,
     attached_to,
 )
+from pipecat_actions.adapters.realtime import adapt_realtime, adapter_of, is_realtime_service
+from pipecat_actions.adapters.result_gate import ActionResultGate
+from pipecat_actions.adapters.status_reporter import ActionStatusReporter
+from pipecat_actions.adapters.turn_tracker import ActionTurnTracker
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
-from pipecat_actions.realtime import adapt_realtime, adapter_of, is_realtime_service
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
 
@@ -260,7 +262,7 @@ def _check_realtime(llm: Any, gate: Any) -> None:
                 f"{kind} is a speech-to-speech service with no realtime adapter: it would tell "
                 "the provider CANCELLED for an action that goes on, and the provider would hear "
                 "no late outcome; build the pipeline with build_pipeline, or call "
-                "pipecat_actions.realtime.adapt_realtime(runtime, llm, session, gate)"
+                "pipecat_actions.adapters.realtime.adapt_realtime(runtime, llm, session, gate)"
             )
         return
     if adapter.gate is not gate or gate.speaker is not adapter:
