@@ -1,0 +1,8 @@
+"""Forwards to `pipecat_actions.adapters.result_gate` with a DeprecationWarning, until 0.3.0."""
+
+from pipecat_actions._moved import moved
+
+moved(__name__, "pipecat_actions.adapters.result_gate")
+
+from pipecat_actions.adapters.result_gate import *  # noqa: E402, F403
+from pipecat_actions.adapters.result_gate import __all__  # noqa: E402, F401
