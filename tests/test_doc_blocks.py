@@ -425,3 +425,28 @@ def test_toml_blocks_are_pytest_settings_the_scenario_plugin_reads() -> None:
         assert set(settings) <= {"scenario_files"}, block
         assert all(isinstance(glob, str) for glob in settings["scenario_files"])
     assert "scenario_files" in pytest_plugin.pytest_addoption.__doc__
+
+
+# --- the landing page ----------------------------------------------------------------------
+
+
+def test_the_readme_starts_with_the_two_commands_of_a_fresh_machine() -> None:
+    first = BLOCKS[0]
+    assert first.path == README and first.language == "shell"
+    commands = [line.split("#")[0].strip() for line in first.text.splitlines()]
+    assert commands == ["make demo", "make test"]
+    assert README.read_text().startswith("# pipecat_actions\n\n```shell\nmake demo")
+
+
+def test_the_readme_links_to_files_that_exist() -> None:
+    # mkdocs checks the links of docs/ (--strict); README.md is outside the site.
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
+    local = [link for link in links if not link.startswith("http")]
+    assert "docs/your-own-agent.md" in local
+    assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+def test_every_page_of_docs_is_in_the_site_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = [p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")]
+    assert [page for page in pages if f" {page}" not in nav] == []
