@@ -724,7 +724,7 @@ def create_app(settings: ConsoleSettings, ledger: Ledger, *, ledger_name: str) -
     return app
 
 
-_FRAGMENTS = ("approvals", "undelivered", "unknown", "recent")
+_FRAGMENTS = ("approvals", "conflicts", "undelivered", "unknown", "recent")
 
 
 def _one_header(request: Request, name: str | None) -> str:

@@ -39,6 +39,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import visitors
 
+from pipecat_actions.ledger._filters import OWED_UNTOLD
 from pipecat_actions.ledger._trail import Mark
 from pipecat_actions.ledger.schema import STATS_COLUMNS, operations
 from pipecat_actions.status import ActionStatus
@@ -90,6 +91,7 @@ def read_statistics(conn: Connection, where: list[ColumnElement[bool]]) -> dict[
             "ever_unknown": counts.counts["ever_unknown"],
             "reconciled": counts.counts["reconciled"],
             "reconciliation_errors": counts.counts["reconciliation_errors"],
+            "conflicts": counts.counts["conflicts"],
             "escalated": t["escalated"],
             "late_results": counts.counts["late_results"],
             "cancellations_requested": counts.counts["cancellations_requested"],
@@ -101,7 +103,11 @@ def read_statistics(conn: Connection, where: list[ColumnElement[bool]]) -> dict[
             "refused_by_reason": dict(sorted(counts.refusals.items())),
             "committed_undelivered": t["committed_undelivered"],
         }
-    return {"operations": sum(t["operations"] for t in totals.values()), "tools": tools}
+    return {
+        "operations": sum(t["operations"] for t in totals.values()),
+        "conflicts": sum(t["conflicts"] for t in tools.values()),
+        "tools": tools,
+    }
 
 
 _SEARCHED_BY = (({"session_id"}, "ix_pa_operations_session"),)
@@ -193,6 +199,7 @@ _EVENT_MARKS = {
     "late_results": Mark.TOLD_LATE,
     "handoffs_with_pending": Mark.HANDED_OFF_PENDING,
     "reconciled": Mark.RECONCILED,
+    "conflicts": Mark.CONFLICT,
 }
 """The figures that count the operations whose trail has a mark."""
 
@@ -216,7 +223,7 @@ def _operation_totals(
             ),
             func.count(c.escalated_at).label("escalated"),
             func.count(c.compensates).label("compensations"),
-            func.count(c.delivered_at).label("delivered"),
+            _count_if(OWED_UNTOLD).label("owed_untold"),
             func.coalesce(func.sum(c.joined_calls), 0).label("joined_calls"),
             func.coalesce(func.sum(c.reconcile_errors), 0).label("reconcile_errors"),
             *(func.count(value).label(f"{name}_count") for name, value in _SPREADS.items()),
@@ -236,7 +243,7 @@ def _operation_totals(
         for name in fields:
             entry[name] += int(getattr(row, name))
         if row.status == S.COMMITTED.value:
-            entry["committed_undelivered"] += size - int(row.delivered)
+            entry["committed_undelivered"] += int(row.owed_untold)
         by_status = entry["by_status"]
         by_status[row.status] = by_status.get(row.status, 0) + size
         for name in _SPREADS:
