@@ -8,6 +8,7 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions db status                 show the schema revision of a ledger database
     pipecat-actions approvals list|show|approve|reject   operations waiting for a person
     pipecat-actions ledger list [filters] | ledger show OP  operations and their audit timeline
+    pipecat-actions ledger list --conflicts   what the system of record contradicted
     pipecat-actions ledger new-keys | ledger rotate-keys    keys of sealed (sensitive) values
     pipecat-actions undelivered               committed operations nobody was told about
     pipecat-actions stats [--since SECS] [--tool T]       per-tool metrics, every row
@@ -206,6 +207,13 @@ def _build_parser() -> argparse.ArgumentParser:
     ledger_list.add_argument("--principal", default=None)
     ledger_list.add_argument(
         "--since", type=_secs, default=None, metavar="SECS", help="only the last SECS seconds"
+    )
+    ledger_list.add_argument(
+        "--conflicts",
+        action="store_true",
+        help="only conflicts: operations the ledger held as failed that the system of record "
+        "reports committed (recorded as COMMITTED, escalated; whoever was told it failed was "
+        "told wrong)",
     )
     ledger_show = ledger_commands.add_parser("show", help="an operation and its audit timeline")
     ledger_show.add_argument("operation_id")
@@ -710,6 +718,7 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
                     tool=args.tool,
                     principal=args.principal,
                     created_from=since,
+                    conflicted=True if args.conflicts else None,
                 )
             # One row past the page says whether another page follows.
             ops = await ledger.list(replace(wanted, after=args.after, limit=args.limit + 1))
