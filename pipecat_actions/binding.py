@@ -54,7 +54,7 @@ from pipecat_actions.filler import Filler
 from pipecat_actions.policy import ConfirmationMode, ExecutionMode, FillerPolicy, OnDuplicate
 from pipecat_actions.policy.fields import CANCEL_TOOL_PREFIX, cancel_tool_name
 from pipecat_actions.results import ToolResult
-from pipecat_actions.session import SessionState
+from pipecat_actions.session import SessionState, warn_if_untracked
 from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES, ActionStatus
 
 if TYPE_CHECKING:
@@ -280,6 +280,7 @@ class _Lines:
 
 def _handler(runtime: ActionRuntime, name: str, session: SessionState) -> Callable[..., Any]:
     async def handler(params: FunctionCallParams) -> None:
+        warn_if_untracked(session, f"a call of {name} arrived")
         lines = _Lines(runtime, name, session, params.llm)
         try:
             result = await runtime.propose(
@@ -556,6 +557,7 @@ async def _answer(
     session: SessionState,
     calls: _Calls,
 ) -> None:
+    warn_if_untracked(session, f"a call of {name} arrived")
     call = calls.open(name, invoke, params)
     # The application's handler says what it says; the runtime adds only the filler.
     lines = _Lines(runtime, name, session, params.llm, announce=False)
