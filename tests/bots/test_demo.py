@@ -41,7 +41,10 @@ def _run_demo(tmp_path: Path, policy: str | None = None) -> tuple[dict[str, Any]
     collected its output and printed it at the end would show that line only after the
     refund. Order and cause, not time.
     """
-    env = {k: v for k, v in os.environ.items() if k != "PIPECAT_ACTIONS_LEDGER_URL"}
+    # Without PYTHONUNBUFFERED, as a user's shell piping `make demo` into tee or a CI log:
+    # the demo must flush each line itself.
+    unset = ("PIPECAT_ACTIONS_LEDGER_URL", "PYTHONUNBUFFERED")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     if policy:
         env["POLICY"] = str(ROOT / policy)
     env["PYTHONPATH"] = str(ROOT)
