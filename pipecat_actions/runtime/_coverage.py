@@ -65,6 +65,8 @@ def check_coverage(
     An entry for a ``transition_only`` name (a Flows function that runs no code) is ignored,
     with a one-line warning.
 
+    A version 1 policy (0.1.0's format) with such an entry starts, with a one-line warning.
+
     Raises:
         ConfigurationError: Such an entry (each is named, with the registered actions), or a
             routed name the policy has no entry for, or one that is also an action.
@@ -105,6 +107,18 @@ def check_coverage(
     for name in missing:
         close = difflib.get_close_matches(name, list(bindings), n=1)
         named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    if policy.version == 1:
+        # 0.1.0 accepted such entries: a version 1 file starts, warned, for one more release.
+        logger.warning(
+            "policy {}: entries for tools with no action are deprecated (version 1; version 2 "
+            "refuses them): {} never offered to the LLM (registered actions: {}); remove them "
+            "or, {}",
+            policy.source,
+            ", ".join(named),
+            registered,
+            ROUTED_HINT,
+        )
+        return
     raise ConfigurationError(
         f"the policy {policy.source} has entries for tools with no action: {', '.join(named)}; "
         f"the LLM would never be offered them (registered actions: {registered}). Give an "
