@@ -316,7 +316,7 @@ async def converse(
 ) -> dict[str, Any]:
     from pipecat.processors.aggregators.llm_context import LLMContext
 
-    from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+    from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
     from pipecat_actions.testing import (
         BargeIn,
         FakeTransport,

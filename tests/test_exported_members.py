@@ -140,14 +140,10 @@ def test_an_unknown_name_is_a_plain_attribute_error() -> None:
 
 
 def test_check_placement_is_found_where_the_processors_are() -> None:
-    # A newcomer who imports the processors from their sub-package guesses it there too.
-    import pipecat_actions.pipeline
-    import pipecat_actions.processors
+    # A newcomer who imports the processors from their package guesses it there too.
+    import pipecat_actions.adapters
 
-    check = pipecat_actions.pipeline.check_placement
-    assert pipecat_actions.processors.check_placement is check
+    check = pipecat_actions.adapters.check_placement
     assert pipecat_actions.check_placement is check
-    assert {"ActionTurnTracker", "check_placement"} <= set(pipecat_actions.processors.__all__)
-    assert {"ActionTurnTracker", "check_placement"} <= set(pipecat_actions.__all__)
-    with pytest.raises(AttributeError, match="no attribute 'check_placment'"):
-        pipecat_actions.processors.check_placment  # noqa: B018
+    for module in (pipecat_actions, pipecat_actions.adapters):
+        assert {"ActionTurnTracker", "check_placement"} <= set(module.__all__)

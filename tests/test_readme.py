@@ -221,7 +221,7 @@ async def test_the_late_outcome_shown_is_what_the_gate_tells(tmp_path: Path) -> 
 
 
 def test_the_rtvi_message_shown_is_what_a_client_is_sent() -> None:
-    from pipecat_actions.processors.status_reporter import ActionStatusReporter
+    from pipecat_actions.adapters.status_reporter import ActionStatusReporter
 
     (block,) = [b for b in _of("json") if '"action-status"' in b.text]
     value = json.loads(block.text)

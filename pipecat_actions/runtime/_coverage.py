@@ -36,7 +36,7 @@ ROUTED_HINT = (
 class RoutedNames(list[str]):
     """Names for ``ActionRuntime.create(routed=...)``, and the functions that run no code.
 
-    `pipecat_actions.flows.flow_functions` returns one: the list is the routed names, and
+    `pipecat_actions.adapters.flows.flow_functions` returns one: the list is the routed names, and
     ``transition_only`` the flow's functions that only move the conversation, whose policy
     entries (if any) are ignored with a warning instead of refused.
     """

@@ -51,6 +51,7 @@ from pipecat_actions.runtime._coverage import (
 )
 from pipecat_actions.runtime._operations import Listener
 from pipecat_actions.runtime._parts import RuntimeParts, build_parts
+from pipecat_actions.runtime.calls import Calls
 from pipecat_actions.runtime.recovery import RecoverUnsent
 from pipecat_actions.session import SessionState
 
@@ -70,7 +71,8 @@ class ActionRuntime:
         executor: Runs and reconciles operations.
         watchdog: Enforces deadlines.
         admitter: Runs the admission checks.
-        deliveries: What the conversations owe their users (adapters open a session's view).
+        deliveries: What the conversations owe their users.
+        calls: The conversation port the Pipecat adapters talk to (`Calls`).
     """
 
     def __init__(self, parts: RuntimeParts, *, owns_ledger: bool) -> None:
@@ -101,6 +103,21 @@ class ActionRuntime:
         self._model_cancels = parts.model_cancels
         self._owns_ledger = owns_ledger
         self._routed: frozenset[str] = frozenset()
+        self.calls = Calls(
+            policy=parts.policy,
+            bindings=parts.bindings,
+            ledger=parts.ledger,
+            operations=parts.operations,
+            proposals=parts.proposals,
+            decisions=parts.decisions,
+            model_cancels=parts.model_cancels,
+            deliveries=parts.deliveries,
+            progress=parts.progress,
+            telemetry=parts.telemetry,
+            clock=parts.clock,
+            register=lambda definition: self.register(definition),
+        )
+        """The conversation port: what the Pipecat adapters ask about a call (`Calls`)."""
 
     @classmethod
     async def create(
@@ -257,21 +274,21 @@ class ActionRuntime:
 
     def attach(self, llm: Any, session: SessionState) -> None:
         """Deprecated: use ``pipecat_actions.attach(runtime, llm, session)``."""
-        from pipecat_actions.binding import attach
+        from pipecat_actions.adapters import attach
 
         _moved_to_adapters("runtime.attach(llm, session)", "attach(runtime, llm, session)")
         attach(self, llm, session)
 
     def instrument(self, llm: Any, session: SessionState) -> None:
         """Deprecated: use ``pipecat_actions.instrument(runtime, llm, session)``."""
-        from pipecat_actions.binding import instrument
+        from pipecat_actions.adapters import instrument
 
         _moved_to_adapters("runtime.instrument(llm, session)", "instrument(runtime, llm, session)")
         instrument(self, llm, session)
 
     def tools_schema(self) -> Any:
         """Deprecated: use ``pipecat_actions.tools_schema(runtime)``."""
-        from pipecat_actions.binding import tools_schema
+        from pipecat_actions.adapters import tools_schema
 
         _moved_to_adapters("runtime.tools_schema()", "tools_schema(runtime)")
         return tools_schema(self)

@@ -25,14 +25,15 @@ from typing import Any
 from pipecat.processors.aggregators.llm_context import LLMContext
 
 from pipecat_actions.actions import ActionDefinition
+from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
+from pipecat_actions.adapters.handlers import attach
+from pipecat_actions.adapters.tools import tools_schema
 from pipecat_actions.admission.authorization import AllowAll, Authorizer
 from pipecat_actions.approvals import Approver
-from pipecat_actions.binding import attach, tools_schema
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.errors import OperationNotFound, PolicyProblem
 from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
 from pipecat_actions.ledger.keys import LedgerKeys
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.scenarios.faults import FaultLayer
 from pipecat_actions.scenarios.loader import LoadedScenario, ScenarioError

@@ -152,7 +152,7 @@ async def test_a_manager_approves_in_the_browser_and_the_caller_hears_the_outcom
 ) -> None:
     from pipecat.processors.aggregators.llm_context import LLMContext
 
-    from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+    from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
     from pipecat_actions.testing import (
         Call,
         FakeTTS,

@@ -23,7 +23,7 @@ from pipecat_actions import (
     action,
     instrument,
 )
-from pipecat_actions.flows import flow_functions
+from pipecat_actions.adapters.flows import flow_functions
 from pipecat_actions.operator import OperatorApp, reconcile
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.session import SessionState
