@@ -94,6 +94,7 @@ from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.outcomes import EffectNotSent
 from pipecat_actions.results import ToolResult
 from pipecat_actions.runtime._coverage import RoutedNames
+from pipecat_actions.session import warn_if_untracked
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
 if TYPE_CHECKING:
@@ -530,6 +531,7 @@ class FlowActions:
     async def _propose(self, call: _FlowCall) -> dict[str, Any]:
         assert call.run is not None
         self._latest[call.name] = call.run
+        warn_if_untracked(self._session, f"a call of {call.name} arrived")
         try:
             result = await self._port.propose(
                 call.name, call.arguments, self._session, tool_call_id=call.tool_call_id

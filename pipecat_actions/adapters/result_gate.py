@@ -63,7 +63,7 @@ from pipecat_actions.adapters._closing import closing_frame
 from pipecat_actions.results import ToolResult
 from pipecat_actions.runtime.calls import CONFIRM_TOOL
 from pipecat_actions.runtime.deliveries import PENDING_STATUSES, SessionDelivery, Speaker, Told
-from pipecat_actions.session import SessionState
+from pipecat_actions.session import SessionState, warn_if_untracked
 from pipecat_actions.status import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -187,6 +187,8 @@ class ActionResultGate(FrameProcessor):
         await super().process_frame(frame, direction)
         if isinstance(frame, StartFrame):
             self.delivery.start()
+            # The tracker upstream has seen this StartFrame already, if there is one.
+            warn_if_untracked(self.session, "the ActionResultGate started")
         else:
             self.delivery.listen()  # a pipeline test may start without a StartFrame
         if direction is FrameDirection.UPSTREAM:

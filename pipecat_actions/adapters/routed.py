@@ -31,7 +31,7 @@ from pipecat_actions.actions import (
 )
 from pipecat_actions.adapters.handlers import _Lines, _register_cancel_tool
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.session import SessionState
+from pipecat_actions.session import SessionState, warn_if_untracked
 from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES, ActionStatus
 
 if TYPE_CHECKING:
@@ -224,6 +224,7 @@ async def _answer(
     session: SessionState,
     calls: _Calls,
 ) -> None:
+    warn_if_untracked(session, f"a call of {name} arrived")
     call = calls.open(name, invoke, params)
     # The application's handler says what it says; the runtime adds only the filler.
     lines = _Lines(runtime, name, session, params.llm, announce=False)
