@@ -37,6 +37,7 @@ from pipecat_actions._recent import remember
 from pipecat_actions.actions import Binding
 from pipecat_actions.clock import Clock
 from pipecat_actions.ledger import Ledger, Operation, OperationFilter
+from pipecat_actions.ledger.records import First, may_be_owed
 from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import DeliveryMode, ToolKind
 from pipecat_actions.results import reconcilable
@@ -126,7 +127,7 @@ class Deliveries:
             if op.created_at <= before  # at the same instant: a manual clock, or a tie
             and not self.operations.noted_after(op.operation_id, mark)
             and op.compensates is None
-            and op.kind != ToolKind.READ
+            and may_be_owed(op)
             and _is_owed(op, compensation_heard=op.operation_id in heard_compensations)
         ]
 
@@ -153,14 +154,21 @@ class Deliveries:
         remember(self._recorded, op.operation_id, op.status, keep=RECENT_TOLD)
 
     async def mark_acknowledged(self, operation_ids: list[str], *, session: SessionState) -> None:
-        """Record that what was told about ``operation_ids`` was heard to the end."""
+        """Record that what was told about ``operation_ids`` was heard to the end.
+
+        The first hearing of the status told is the one that counts (``acknowledged_at``,
+        from which `stats` measures commit to acknowledgement): a later one (a call that
+        joined the operation and was told it again) is an audit event of its own and leaves
+        the time as it was. Telling a new status makes its hearing owed again
+        (`mark_delivered`).
+        """
         for operation_id in operation_ids:
             try:
                 await self.ledger.annotate(
                     operation_id,
                     actor=actor_of(session),
                     detail={"acknowledged": True},
-                    changes={"acknowledged_at": self.clock.now()},
+                    changes={"acknowledged_at": First(self.clock.now())},
                 )
             except Exception as exc:  # a record of hearing must never break the conversation
                 logger.bind(session_id=session.session_id, operation_id=operation_id).warning(

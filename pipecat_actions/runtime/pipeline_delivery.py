@@ -161,8 +161,9 @@ class Outlet(Speaker, Protocol):
 NextStep = Callable[[Operation], Callable[[], Awaitable[None]] | None]
 """Given an outcome about to be told, what the conversation moves on to after it, if anything.
 
-A Flows adapter answers with a node transition (`pipecat_actions.flows`): the telling then goes
-into the context silently and the step, run after it, makes the bot speak (in the new node).
+A Flows adapter answers with a node transition (`pipecat_actions.adapters.flows`): the telling
+then goes into the context silently and the step, run after it, makes the bot speak (in the
+new node).
 """
 
 

@@ -43,9 +43,9 @@ from pipecat_actions import (
     attach,
     tools_schema,
 )
-from pipecat_actions.binding import CONFIRM_TOOL
+from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
 from pipecat_actions.policy import load_policy_text
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+from pipecat_actions.runtime.calls import CONFIRM_TOOL
 from pipecat_actions.runtime.deliveries import SessionDelivery
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import FakeSystemOfRecord, Say, ScriptedLLM, ToolCalls, capture_logs
