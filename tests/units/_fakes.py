@@ -35,6 +35,7 @@ from pipecat_actions.ledger._rows import (
     new_row,
     operation_from_row,
 )
+from pipecat_actions.ledger.records import First
 from pipecat_actions.status import (
     REPEATABLE_STATUSES,
     TERMINAL_STATUSES,
@@ -66,6 +67,16 @@ class MemoryLedger(Ledger):
     fail_next: list[Exception] = field(default_factory=list)
     """Raised, one each, by the next writes (before they change anything)."""
     _slots: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    @staticmethod
+    def _change(row: dict[str, Any], changes: Mapping[str, Any] | None) -> None:
+        """Set ``changes`` on ``row``; a `First` only where the column holds nothing yet."""
+        for column, value in column_changes(changes).items():
+            if isinstance(value, First):
+                if row[column] is None:
+                    row[column] = value.value
+            else:
+                row[column] = value
 
     def _failing(self) -> None:
         if self.fail_next:
@@ -155,7 +166,8 @@ class MemoryLedger(Ledger):
         self._failing()
         row = self._matching(operation_id, expected, fence)
         now = self.clock.now()
-        row.update(column_changes(changes), status=to.value, updated_at=now)
+        self._change(row, changes)
+        row.update(status=to.value, updated_at=now)
         row["event_seq"] += 1
         if to is S.RUNNING:
             row["attempt"] += 1
@@ -180,7 +192,8 @@ class MemoryLedger(Ledger):
     ) -> Operation:
         self._failing()
         row = self._matching(operation_id, expected, fence)
-        row.update(column_changes(changes), updated_at=self.clock.now())
+        self._change(row, changes)
+        row["updated_at"] = self.clock.now()
         row["event_seq"] += 1
         self.writes.append(Write("annotate", operation_id, None, detail, changes))
         return self._op(operation_id)
