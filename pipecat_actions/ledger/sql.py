@@ -20,10 +20,11 @@ __all__ = ["CHANGEABLE_FIELDS", "SqlLedger"]
 
 import asyncio
 import contextlib
+import importlib
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from loguru import logger
 from sqlalchemy import (
@@ -188,17 +189,7 @@ class SqlLedger(Ledger):
             LedgerUnavailable: The database cannot be reached.
         """
         parsed = normalize_url(url or default_ledger_url())
-        dialect: type[SqlLedger]
-        # Each dialect's module is imported for its own ledgers only (the PostgreSQL one brings
-        # every PostgreSQL driver's module: a SQLite ledger's command starts without them).
-        if parsed.get_backend_name() == "sqlite":
-            from pipecat_actions.ledger.sqlite import SqliteLedger
-
-            dialect = SqliteLedger
-        else:
-            from pipecat_actions.ledger.postgresql import PostgresLedger
-
-            dialect = PostgresLedger
+        dialect = _dialect(parsed.get_backend_name())
         must_exist = must_exist or read_only
         return await dialect._open_at(
             parsed,
@@ -968,3 +959,22 @@ def _folded(said: TrailMarks) -> dict[str, Any]:
         "joined_calls": c.joined_calls + said.joined_calls,
         "reconcile_errors": c.reconcile_errors + said.reconcile_errors,
     }
+
+
+_DIALECTS: Final = {
+    "sqlite": ("pipecat_actions.ledger.sqlite", "SqliteLedger"),
+    "postgresql": ("pipecat_actions.ledger.postgresql", "PostgresLedger"),
+}
+"""Each dialect's ledger class by backend name, as SQLAlchemy's own dialect registry names its
+dialects: the base imports none of the classes that subclass it (no import circle), and a
+dialect's module is loaded for its own ledgers only (the PostgreSQL one brings every
+PostgreSQL driver's module: a SQLite ledger's command starts without them)."""
+
+
+def _dialect(backend: str) -> type[SqlLedger]:
+    """The ledger class of ``backend`` (`normalize_url` let through only those known here)."""
+    module, name = _DIALECTS["sqlite" if backend == "sqlite" else "postgresql"]
+    found = getattr(importlib.import_module(module), name)
+    if not (isinstance(found, type) and issubclass(found, SqlLedger)):
+        raise TypeError(f"{module}.{name} is not a SqlLedger")  # a registry mistake, never input
+    return found
