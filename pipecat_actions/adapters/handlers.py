@@ -35,7 +35,7 @@ from pipecat_actions.filler import Filler
 from pipecat_actions.policy import ExecutionMode, FillerPolicy
 from pipecat_actions.policy.fields import cancel_tool_name
 from pipecat_actions.runtime.calls import CONFIRM_TOOL, asks_for_confirmation
-from pipecat_actions.session import SessionState
+from pipecat_actions.session import SessionState, warn_if_untracked
 from pipecat_actions.status import ActionStatus
 
 if TYPE_CHECKING:
@@ -194,6 +194,7 @@ class _Lines:
 
 def _handler(runtime: ActionRuntime, name: str, session: SessionState) -> Callable[..., Any]:
     async def handler(params: FunctionCallParams) -> None:
+        warn_if_untracked(session, f"a call of {name} arrived")
         lines = _Lines(runtime, name, session, params.llm)
         try:
             result = await runtime.calls.propose(

@@ -68,7 +68,7 @@ from pipecat_actions.runtime.calls import (
     Speaker,
     Told,
 )
-from pipecat_actions.session import SessionState
+from pipecat_actions.session import SessionState, warn_if_untracked
 from pipecat_actions.status import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -192,6 +192,8 @@ class ActionResultGate(FrameProcessor):
         await super().process_frame(frame, direction)
         if isinstance(frame, StartFrame):
             self.delivery.start()
+            # The tracker upstream has seen this StartFrame already, if there is one.
+            warn_if_untracked(self.session, "the ActionResultGate started")
         else:
             self.delivery.listen()  # a pipeline test may start without a StartFrame
         if direction is FrameDirection.UPSTREAM:

@@ -52,7 +52,7 @@ from pipecat_actions.adapters.handlers import _Lines, _register_cancel_tool
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.results import ToolResult
 from pipecat_actions.runtime.calls import PENDING_STATUSES
-from pipecat_actions.session import SessionState
+from pipecat_actions.session import SessionState, warn_if_untracked
 from pipecat_actions.status import ActionStatus
 
 if TYPE_CHECKING:
@@ -200,8 +200,9 @@ async def propose(
 
     A call whose waiting is cancelled stays in ``book`` (its operation may still start
     later, and its effect then runs the handler it came through); one whose proposal failed
-    is dropped from it.
+    is dropped from it. A call in a session whose turns no tracker follows is warned about.
     """
+    warn_if_untracked(session, f"a call of {name} arrived")
     try:
         return await calls.propose(
             name, dict(arguments), session, tool_call_id=tool_call_id, on_started=on_started

@@ -29,6 +29,7 @@ from pipecat.frames.frames import (
     InterruptionFrame,
     LLMContextFrame,
     LLMServiceMetadataFrame,
+    StartFrame,
     UserStartedSpeakingFrame,
     UserStoppedSpeakingFrame,
 )
@@ -61,7 +62,10 @@ class ActionTurnTracker(FrameProcessor):
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         """Record what ``frame`` says about the conversation, then push it on unchanged."""
         await super().process_frame(frame, direction)
-        if isinstance(frame, LLMServiceMetadataFrame):
+        if isinstance(frame, StartFrame):
+            # Before the frame goes on: the gate downstream looks for it when it starts.
+            self.session.turns_tracked = True
+        elif isinstance(frame, LLMServiceMetadataFrame):
             # Broadcast by the service when it starts: its upstream copy comes this way.
             self.realtime = frame.is_realtime_service
         elif isinstance(frame, _WATCHED) and direction is FrameDirection.DOWNSTREAM:

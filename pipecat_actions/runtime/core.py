@@ -43,7 +43,12 @@ from pipecat_actions.ledger.sealed import SealedLedger, sealer_for
 from pipecat_actions.observability.metrics import ActionMetrics
 from pipecat_actions.observability.redaction import install_log_redaction
 from pipecat_actions.policy import OnInterruption, PolicySet, load_policy
-from pipecat_actions.runtime._coverage import RoutedNames, check_coverage, no_policy_entry
+from pipecat_actions.runtime._coverage import (
+    RoutedNames,
+    check_coverage,
+    check_declared_arguments,
+    no_policy_entry,
+)
 from pipecat_actions.runtime._operations import Listener
 from pipecat_actions.runtime._parts import RuntimeParts, build_parts
 from pipecat_actions.runtime.calls import Calls
@@ -219,7 +224,8 @@ class ActionRuntime:
         Raises:
             ConfigurationError: No policy for the action; the policy asks for a hook
                 (``request_cancel`` needs ``cancel``, ``compensation.automatic`` needs
-                ``compensate``) that the action lacks; or an ``@action`` of a name declared
+                ``compensate``) that the action lacks; an ``arguments:`` list that is not the
+                action's parameters; or an ``@action`` of a name declared
                 ``routed`` (its handler is the application's or Flows').
         """
         for definition in definitions:
@@ -242,6 +248,7 @@ class ActionRuntime:
                     "hook to ask the provider with; add cancel=... to its @action, or set "
                     "cancel_to_settle: false"
                 )
+            check_declared_arguments(definition, policy, self.policy.source)
             automatic = policy.compensation is not None and policy.compensation.automatic
             if automatic and definition.compensate is None:
                 raise ConfigurationError(
