@@ -57,7 +57,6 @@ from __future__ import annotations
 
 __all__ = ["STATE_KEY", "STATUS_FIELD", "FlowActions", "FunctionHooks", "flow_functions"]
 
-import asyncio
 import dataclasses
 import functools
 import inspect
@@ -68,6 +67,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
+from pipecat.adapters.llm.schemas.direct_function import tool_options
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.flows import (
     NO_RESPONSE,
@@ -82,19 +82,24 @@ from pipecat.flows.types import FlowsDirectFunctionWrapper
 from pipecat.frames.frames import FunctionCallResultProperties
 from pydantic import BaseModel
 
+from pipecat_actions._recent import remember
 from pipecat_actions.actions import (
     ActionContext,
-    ActionDefinition,
-    Hook,
-    open_arguments,
     running_as,
     signature_arguments,
+)
+from pipecat_actions.adapters._pipecat_private import flow_manager as _private
+from pipecat_actions.adapters.routed import (
+    CallBook,
+    FunctionHooks,
+    open_model,
+    propose,
+    register_effect,
 )
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.outcomes import EffectNotSent
 from pipecat_actions.results import ToolResult
-from pipecat_actions.runtime._coverage import RoutedNames
-from pipecat_actions.session import warn_if_untracked
+from pipecat_actions.runtime.calls import RoutedNames
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
 if TYPE_CHECKING:
@@ -185,24 +190,6 @@ class _Namespace(Mapping[str, Any]):
         return len(self._inner) if isinstance(self._inner, Mapping) else 0
 
 
-@dataclass(frozen=True)
-class FunctionHooks:
-    """The hooks of one flow function's action, as `pipecat_actions.action` takes them.
-
-    A flow function's handler is its effect; these say what became of an operation whose
-    answer was lost (``reconcile``), how to reverse it (``compensate``), its before-state
-    (``snapshot``), how to ask the provider to stop (``cancel``, needed by ``on_interruption:
-    request_cancel``) and domain checks (``preconditions``, raising `Refused`). Without
-    ``reconcile``, an outcome that is unknown stays unknown and is escalated to a person.
-    """
-
-    reconcile: Hook | None = None
-    compensate: Hook | None = None
-    snapshot: Hook | None = None
-    cancel: Hook | None = None
-    preconditions: Hook | None = None
-
-
 _CURRENT: ContextVar[_FlowCall | None] = ContextVar("pipecat_actions_flow_call", default=None)
 
 
@@ -236,7 +223,7 @@ class FlowActions:
         hooks: The hooks of managed functions, by function name.
     """
 
-    LIMIT = 1024
+    LIMIT = CallBook.LIMIT
     """Calls kept for their outcome at most (the oldest go first)."""
 
     def __init__(
@@ -260,7 +247,7 @@ class FlowActions:
         self._flow: Flow | None = None
         self._configured: dict[int, _Configured] = {}
         self._admitted: dict[tuple[str, int], Callable[..., Any]] = {}
-        self._calls: OrderedDict[str, _FlowCall] = OrderedDict()
+        self._calls: CallBook[_FlowCall] = CallBook()
         self._latest: dict[str, _Run] = {}
         self._ran: OrderedDict[str, Any] = OrderedDict()
         """The next node each operation's handler returned, by operation id."""
@@ -339,14 +326,14 @@ class FlowActions:
             raise ConfigurationError("this FlowManager is already attached to a FlowActions")
         flow_manager._pipecat_actions = self  # type: ignore[attr-defined]
         self._manager = flow_manager
-        original = flow_manager._create_function_schema
+        original = _private(flow_manager)._create_function_schema
 
         async def create_function_schema(
             tool: FlowsFunctionSchema | FlowsDirectFunctionWrapper,
         ) -> FunctionSchema:
             return await self._function_schema(original, tool)
 
-        flow_manager._create_function_schema = create_function_schema  # type: ignore[method-assign]
+        _private(flow_manager)._create_function_schema = create_function_schema
         gate.delivery.then(self._after)
 
     # --- each node's functions -------------------------------------------------------------
@@ -373,7 +360,7 @@ class FlowActions:
         elif configured is not None and name in self._models:
             model = self._models[name]
         else:
-            model = _open_model(name)  # a handler(args, flow_manager) reads its own arguments
+            model = open_model(name)  # a handler(args, flow_manager) reads its own arguments
         self._register(name, tool.to_function_schema().description, model)
         if configured is None:
             tool = self._admitted_tool(tool)  # a flow built in Python: its handler is the effect
@@ -391,9 +378,14 @@ class FlowActions:
             finally:
                 _CURRENT.reset(token)
 
-        # The policy's call options, not Flows' (whose default never cancels on a barge-in).
-        routed._pipecat_cancel_on_interruption = policy.cancel_on_interruption  # type: ignore[attr-defined]
-        routed._pipecat_timeout_secs = policy.timeout_secs  # type: ignore[attr-defined]
+        # The policy's call options, not Flows' (whose default never cancels on a barge-in);
+        # a cancel by the model is the runtime's cancel_<tool>, never Pipecat's own.
+        tool_options(
+            routed,
+            cancel_on_interruption=policy.cancel_on_interruption,
+            timeout_secs=policy.timeout_secs,
+            cancellable_by_llm=False,
+        )
         routed._pipecat_actions_wrapped = True  # type: ignore[attr-defined]
         return FunctionSchema(
             name=schema.name,
@@ -410,32 +402,19 @@ class FlowActions:
         key, a missing one, a wrong type) is refused before its handler could fail on it. A
         name reused by another node's handler takes that handler's model.
         """
-        binding = self._port.bindings.get(name)
-        if binding is not None:
-            if name in self._names:
-                if binding.action.args_model is not args_model:
-                    self._port.register(dataclasses.replace(binding.action, args_model=args_model))
-                return
-            raise ConfigurationError(
-                f"flow function {name} has the name of an action the runtime already has; "
-                "rename one of them"
-            )
-        hooks = self._hooks.get(name, FunctionHooks())
-        self._port.register(
-            ActionDefinition(
-                name=name,
-                effect=self._effect(name),
-                args_model=args_model,
-                description=description or name,
-                reconcile=hooks.reconcile,
-                compensate=hooks.compensate,
-                snapshot=hooks.snapshot,
-                cancel=hooks.cancel,
-                preconditions=hooks.preconditions,
-                app_handler=True,
-            )
+        registered = register_effect(
+            self._port,
+            name,
+            effect=lambda: self._effect(name),
+            args_model=args_model,
+            description=description,
+            ours=lambda _: name in self._names,
+            clash=f"flow function {name} has the name of an action the runtime already has; "
+            "rename one of them",
+            hooks=self._hooks.get(name),
         )
-        self._names.add(name)
+        if registered:
+            self._names.add(name)
 
     def _admitted_tool(
         self, tool: FlowsFunctionSchema | FlowsDirectFunctionWrapper
@@ -514,10 +493,7 @@ class FlowActions:
             node=manager.current_node if manager is not None else None,
             ref=ref,
         )
-        self._calls[params.tool_call_id] = call
-        while len(self._calls) > self.LIMIT:
-            self._calls.popitem(last=False)
-        return call
+        return self._calls.open(params.tool_call_id, call)
 
     def _current(self, name: str) -> _FlowCall:
         call = _CURRENT.get()
@@ -531,16 +507,15 @@ class FlowActions:
     async def _propose(self, call: _FlowCall) -> dict[str, Any]:
         assert call.run is not None
         self._latest[call.name] = call.run
-        warn_if_untracked(self._session, f"a call of {call.name} arrived")
-        try:
-            result = await self._port.propose(
-                call.name, call.arguments, self._session, tool_call_id=call.tool_call_id
-            )
-        except asyncio.CancelledError:
-            raise  # the call is closed by the gate; its outcome may still decide (`_after`)
-        except BaseException:
-            self._calls.pop(call.tool_call_id, None)
-            raise
+        # Cancelled, the call is closed by the gate; its outcome may still decide (`_after`).
+        result = await propose(
+            self._port,
+            self._calls,
+            call.name,
+            call.arguments,
+            self._session,
+            tool_call_id=call.tool_call_id,
+        )
         call.result = result
         call.operation_id = result.operation_id
         self._remember(call, result)
@@ -550,10 +525,10 @@ class FlowActions:
 
     def _settled(self, call: _FlowCall) -> None:
         """Nothing more comes for ``call``, nor for the other calls of its operation."""
-        self._calls.pop(call.tool_call_id, None)
+        self._calls.pop(call.tool_call_id)
         if call.operation_id is not None:
-            for other in [c for c in self._calls.values() if c.operation_id == call.operation_id]:
-                self._calls.pop(other.tool_call_id, None)
+            for other in [c for c in self._calls.calls() if c.operation_id == call.operation_id]:
+                self._calls.pop(other.tool_call_id)
 
     def _answering(
         self, call: _FlowCall, callback: Callable[..., Awaitable[None]]
@@ -570,11 +545,12 @@ class FlowActions:
                     properties,
                     on_context_updated=self._following(call, properties.on_context_updated),
                 )
-            elif manager is not None and manager._pending_transition is not None:
+            elif manager is not None and _private(manager)._pending_transition is not None:
                 # Another call's transition waits for this call to finish: it goes now (its
                 # node speaks), or it would wait for ever.
                 properties = FunctionCallResultProperties(
-                    run_llm=False, on_context_updated=manager._check_and_execute_transition
+                    run_llm=False,
+                    on_context_updated=_private(manager)._check_and_execute_transition,
                 )
             elif call.speak:
                 properties = FunctionCallResultProperties(run_llm=True)
@@ -596,7 +572,7 @@ class FlowActions:
         """The effect of a flow function: the handler of the node its call was made in."""
 
         async def effect(ctx: ActionContext, **arguments: Any) -> Any:
-            call = self._calls.get(ctx.tool_call_id or "")
+            call = self._calls.get(ctx.tool_call_id)
             run = call.run if call is not None and call.run is not None else self._latest.get(name)
             if run is None:
                 raise EffectNotSent(f"{name} has no Flows handler in this process")
@@ -609,9 +585,7 @@ class FlowActions:
                 call.ran, call.next_node = True, next_node
                 call.operation_id = ctx.operation_id
             # A repeated call that joins this operation goes where its handler said.
-            self._ran[ctx.operation_id] = next_node
-            while len(self._ran) > self.LIMIT:
-                self._ran.popitem(last=False)
+            remember(self._ran, ctx.operation_id, next_node, keep=self.LIMIT)
             return result
 
         return effect
@@ -662,7 +636,7 @@ class FlowActions:
         status = str(result.get("status"))
         if manager is None or manager.current_node != call.node or call.decided == status:
             return None
-        if manager._pending_transition is not None:
+        if _private(manager)._pending_transition is not None:
             return None
         destination = self._destination(call, result)
         if destination is not None:
@@ -671,7 +645,7 @@ class FlowActions:
 
     def _after(self, op: Operation) -> Callable[[], Awaitable[None]] | None:
         """What follows telling ``op`` (a `NextStep` of the gate's delivery)."""
-        call = self._calls.get(op.provider_call_id or "")
+        call = self._calls.get(op.provider_call_id)
         manager = self._manager
         if call is None or manager is None:
             return None
@@ -680,10 +654,13 @@ class FlowActions:
             self._settled(call)
         result = self._port.told(op)
         self._remember(call, result)
-        if manager._pending_transition is not None:
+        if _private(manager)._pending_transition is not None:
             # Another call's transition waited for this one (closed by a barge-in, or told
             # late): it goes now, or it would wait for ever.
-            return manager._check_and_execute_transition
+            transition: Callable[[], Awaitable[None]] = _private(
+                manager
+            )._check_and_execute_transition
+            return transition
         destination = self._leads_on(call, result)
         if destination is None:
             return None  # told in the node the conversation is in, which stays
@@ -692,17 +669,17 @@ class FlowActions:
         async def step() -> None:
             # Decided when the telling began; the telling took a while (a ledger write): only
             # if the conversation is still where it was, and nothing else asked to move on.
-            if manager.current_node != node or manager._pending_transition is not None:
+            if manager.current_node != node or _private(manager)._pending_transition is not None:
                 logger.debug("{}: {} no longer leads on from {}", call.name, status, node)
                 return
             # Flows' own way: the transition waits for calls still in progress.
-            manager._pending_transition = {
+            _private(manager)._pending_transition = {
                 "next_node": destination,
                 "function_name": call.name,
                 "arguments": call.arguments,
                 "result": result,
             }
-            await manager._check_and_execute_transition()
+            await _private(manager)._check_and_execute_transition()
             call.node = manager.current_node
 
         logger.bind(session_id=self._session.session_id, operation_id=op.operation_id).debug(
@@ -715,11 +692,6 @@ def _kept_to_itself(call: _FlowCall, result: Mapping[str, Any]) -> bool:
     """Whether the handler, run in this call and committed, asked for no bot turn."""
     committed = ToolResult.of(result).status is ActionStatus.COMMITTED
     return committed and call.ran and call.next_node is NO_RESPONSE
-
-
-@functools.cache
-def _open_model(name: str) -> type[BaseModel]:
-    return open_arguments(name)
 
 
 def _view(result: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from pipecat.frames.frames import TTSSpeakFrame
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 
+from pipecat_actions.adapters._pipecat_private import llm_service
 from pipecat_actions.filler import Filler
 from pipecat_actions.policy import ExecutionMode, FillerPolicy
 from pipecat_actions.policy.fields import cancel_tool_name
@@ -99,7 +100,7 @@ def attached_to(llm: LLMService, tool: str) -> tuple[ActionRuntime, SessionState
     application's own, or none at all: Pipecat then answers the model that the function "is
     not currently available").
     """
-    item = llm._functions.get(tool)
+    item = llm_service(llm)._functions.get(tool)
     owner = getattr(item.handler, _ATTACHED, None) if item is not None else None
     return owner if isinstance(owner, tuple) else None
 
@@ -242,14 +243,15 @@ def _register_cancel_tool(
     name = cancel_tool_name(tool)
     if cancel_target(runtime, name) != tool:
         return
-    builtin: Any = getattr(llm, "_cancel_tool_names", set())
+    private = llm_service(llm)
+    builtin: set[str] = private._cancel_tool_names
     if name in builtin:
         # Pipecat made its own (the application registered the tool with
         # cancellable_by_llm=True before it was routed here): it would answer
         # {"cancelled": ...} whatever became of the action.
         builtin.discard(name)
-        llm._adapter.builtin_tools.pop(name, None)
-        llm._functions.pop(name, None)
+        private._adapter.builtin_tools.pop(name, None)
+        private._functions.pop(name, None)
     # A barge-in on the cancel call itself stops only the waiting: the request runs on.
     llm.register_function(name, _cancel_handler(runtime, tool, session))
 

@@ -230,7 +230,7 @@ def _check_attached(llm: Any, gate: ActionResultGate) -> None:
     to register, and Flows registers its own when a node is set: they are not asked for.
     """
     runtime, session = gate.runtime, gate.session
-    own = [b for b in runtime.bindings.values() if not b.action.app_handler]
+    own = [b for b in runtime.calls.bindings.values() if not b.action.app_handler]
     wanted = [b.action.name for b in own]
     if any(asks_for_confirmation(b) for b in own):
         wanted.append(CONFIRM_TOOL)

@@ -61,8 +61,13 @@ from pipecat.processors.frame_processor import (
 
 from pipecat_actions.adapters._closing import closing_frame
 from pipecat_actions.results import ToolResult
-from pipecat_actions.runtime.calls import CONFIRM_TOOL
-from pipecat_actions.runtime.deliveries import PENDING_STATUSES, SessionDelivery, Speaker, Told
+from pipecat_actions.runtime.calls import (
+    CONFIRM_TOOL,
+    PENDING_STATUSES,
+    SessionDelivery,
+    Speaker,
+    Told,
+)
 from pipecat_actions.session import SessionState, warn_if_untracked
 from pipecat_actions.status import TERMINAL_STATUSES
 

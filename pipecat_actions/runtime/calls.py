@@ -13,11 +13,24 @@ port, and every answer about a call is a typed `ToolResult`:
   owed), `is_read`, `intermediate_runs_llm`, `told` (an operation as the model reads it).
 
 A new kind of pipeline is one adapter that turns its frames (or events) into these calls.
+The vocabulary an adapter needs with them (`Told`, `SessionDelivery`, `Speaker`,
+`PENDING_STATUSES`, `RoutedNames`) is re-exported here, so adapters import the runtime's
+port and nothing else of it.
 """
 
 from __future__ import annotations
 
-__all__ = ["CONFIRM_TOOL", "Calls", "Closed", "asks_for_confirmation"]
+__all__ = [
+    "CONFIRM_TOOL",
+    "PENDING_STATUSES",
+    "Calls",
+    "Closed",
+    "RoutedNames",
+    "SessionDelivery",
+    "Speaker",
+    "Told",
+    "asks_for_confirmation",
+]
 
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -31,9 +44,17 @@ from pipecat_actions.observability.telemetry import Telemetry
 from pipecat_actions.policy import ConfirmationMode, OnDuplicate, PolicySet, ToolPolicy
 from pipecat_actions.policy.fields import CANCEL_TOOL_PREFIX, cancel_tool_name
 from pipecat_actions.results import ToolResult, reconcilable, render, render_operation
+from pipecat_actions.runtime._coverage import RoutedNames
 from pipecat_actions.runtime._operations import Listener, Operations
 from pipecat_actions.runtime.decisions import Decisions
-from pipecat_actions.runtime.deliveries import Deliveries, Outlet, SessionDelivery
+from pipecat_actions.runtime.deliveries import (
+    PENDING_STATUSES,
+    Deliveries,
+    Outlet,
+    SessionDelivery,
+    Speaker,
+    Told,
+)
 from pipecat_actions.runtime.model_cancels import ModelCancels
 from pipecat_actions.runtime.progress import Progress
 from pipecat_actions.runtime.proposals import Proposals

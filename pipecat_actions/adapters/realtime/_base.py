@@ -64,8 +64,7 @@ from pipecat.services.llm_service import LLMService
 from pipecat_actions._recent import remember
 from pipecat_actions.adapters._closing import closing_frame
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.runtime.calls import CONFIRM_TOOL
-from pipecat_actions.runtime.deliveries import Told
+from pipecat_actions.runtime.calls import CONFIRM_TOOL, Told
 from pipecat_actions.session import SessionState
 
 if TYPE_CHECKING:

@@ -66,10 +66,11 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection
 
+from pipecat_actions.adapters._pipecat_private import gemini_live
 from pipecat_actions.adapters.realtime._base import RealtimeAdapter
 from pipecat_actions.policy import DeliveryMode, ExecutionMode
 from pipecat_actions.results import ToolResult
-from pipecat_actions.runtime.deliveries import PENDING_STATUSES, Told
+from pipecat_actions.runtime.calls import PENDING_STATUSES, Told
 from pipecat_actions.status import ActionStatus
 
 _KEPT_OPEN = frozenset(
@@ -115,7 +116,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
 
     def install(self) -> None:
         """Also take over results, declarations, server messages and the session's life."""
-        llm: Any = self.llm
+        llm: Any = gemini_live(self.llm)
         self._open: dict[str, list[tuple[str, str]]] = {}
         """Operation → the provider's calls of it still open (answered with its outcome)."""
         self._cancelled_by_server: set[str] = set()
@@ -196,7 +197,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
         outcome follows as text), and Pipecat writes no async-tool messages the model cannot
         take (it reports an error for them).
         """
-        llm: Any = self.llm
+        llm: Any = gemini_live(self.llm)
         for name, item in llm._functions.items():
             if name in self.calls.bindings and not item.cancel_on_interruption:
                 item.cancel_on_interruption = True
@@ -208,7 +209,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
 
     def connected(self) -> bool:
         """Whether the service has a live session with the provider."""
-        llm: Any = self.llm
+        llm: Any = gemini_live(self.llm)
         return bool(llm._session is not None and not llm._disconnecting)
 
     def _set_up(self) -> bool:
@@ -227,14 +228,14 @@ class GeminiLiveAdapter(RealtimeAdapter):
 
     def _non_blocking(self, tool: str) -> bool:
         """Whether ``tool``'s calls are NON_BLOCKING at the provider (model and policy)."""
-        llm: Any = self.llm
+        llm: Any = gemini_live(self.llm)
         if not llm._supports_non_blocking_tools:
             return False
         return self._background(tool) or not llm._supports_blocking_tools
 
     def _declare(self, tools: list[Any]) -> None:
         """Set ``behavior`` on the runtime's declarations from each action's ``mode``."""
-        llm: Any = self.llm
+        llm: Any = gemini_live(self.llm)
         for tool in tools:
             decls = tool.get("function_declarations") if isinstance(tool, dict) else None
             for decl in decls if isinstance(decls, list) else []:
@@ -261,7 +262,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
 
     async def _result(self, frame: FunctionCallResultFrame, send: Any) -> None:
         """Send a result of the runtime's call to the provider, as its policy says."""
-        llm: Any = self.llm
+        llm: Any = gemini_live(self.llm)
         call_id = frame.tool_call_id
         final = frame.properties.is_final if frame.properties else True
         if final:
@@ -352,7 +353,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
         ``scheduling`` None: a blocking call's answer, with neither scheduling nor
         ``will_continue`` (which only a NON_BLOCKING call takes).
         """
-        llm: Any = self.llm
+        llm: Any = gemini_live(self.llm)
         payload = GeminiLiveLLMAdapter.to_function_response_dict(
             json.dumps(result, ensure_ascii=False) if result else "COMPLETED"
         )
@@ -378,7 +379,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
         await self._send_text(text, answer=answer)
 
     async def _send_text(self, text: str, *, answer: bool) -> None:
-        llm: Any = self.llm
+        llm: Any = gemini_live(self.llm)
         try:
             await llm._session.send_client_content(
                 turns=[{"role": "user", "parts": [{"text": text}]}], turn_complete=False
@@ -392,7 +393,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
     # --- late outcomes ---------------------------------------------------------------------
 
     async def _tell(self, told: Told) -> None:
-        llm: Any = self.llm
+        llm: Any = gemini_live(self.llm)
         if told.progress:
             # Not the outcome: the provider's open call stays open for it; told as text.
             await super()._tell(told)
@@ -451,7 +452,7 @@ class GeminiLiveAdapter(RealtimeAdapter):
 
     async def _cancelled(self, call_ids: list[str]) -> None:
         """The provider cancelled these calls (the user spoke over them): a barge-in on each."""
-        llm: Any = self.llm
+        llm: Any = gemini_live(self.llm)
         running = {item.tool_call_id for item in llm._function_call_tasks.values()}
         for call_id in call_ids:
             self._cancelled_by_server.add(call_id)

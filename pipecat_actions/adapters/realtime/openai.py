@@ -35,6 +35,7 @@ from typing import Any
 
 from pipecat.services.openai.realtime import events
 
+from pipecat_actions.adapters._pipecat_private import openai_realtime
 from pipecat_actions.adapters.realtime._base import RealtimeAdapter
 
 
@@ -45,7 +46,7 @@ class OpenAIRealtimeAdapter(RealtimeAdapter):
 
     def install(self) -> None:
         """Also read the service's response and session events; see the module docstring."""
-        llm: Any = self.llm
+        llm: Any = openai_realtime(self.llm)
         created, done = llm._handle_evt_response_created, llm._handle_evt_response_done
         updated, disconnect = llm._handle_evt_session_updated, llm._disconnect
         receive = llm._receive_task_handler
@@ -113,12 +114,12 @@ class OpenAIRealtimeAdapter(RealtimeAdapter):
 
     def connected(self) -> bool:
         """Whether the websocket is open and the provider's session is configured."""
-        llm: Any = self.llm
+        llm: Any = openai_realtime(self.llm)
         return bool(llm._websocket and llm._api_session_ready and not llm._disconnecting)
 
     def _set_up(self) -> bool:
         """Whether the service has set the provider's conversation up from the local context."""
-        llm: Any = self.llm
+        llm: Any = openai_realtime(self.llm)
         return not llm._llm_needs_conversation_setup
 
     async def _set_up_conversation(self, *, start: bool) -> None:
@@ -128,7 +129,7 @@ class OpenAIRealtimeAdapter(RealtimeAdapter):
         asks for an answer asks for that context; anything else waits for it. Returns once the
         response the set-up asked for is over.
         """
-        llm: Any = self.llm
+        llm: Any = openai_realtime(self.llm)
         if llm._context is None:
             if not start:
                 return  # it waits for the pipeline's first context
@@ -147,7 +148,7 @@ class OpenAIRealtimeAdapter(RealtimeAdapter):
 
     async def interrupt(self) -> None:
         """Cancel the provider's response, then cut the local audio off."""
-        llm: Any = self.llm
+        llm: Any = openai_realtime(self.llm)
         if llm._response_active:
             await llm.send_client_event(events.ResponseCancelEvent())
         await llm._truncate_current_audio_response()
