@@ -30,11 +30,16 @@ kept, by median latency for one caller and by throughput for C callers):
    ``/proc/<pid>/stat``): on a machine of few cores shared with the server, throughput with
    many callers is bounded by the two together, and they hold when the machine is busy.
 
-Why earlier versions disagreed with an outside run (0.89-1.00x against 1.10-1.17x): both
-contenders ran in one process and one database, agent-ledger after the ledger's own
-measurements had filled ``pa_operations`` with dead rows (vacuum and checkpoint work of the
-floor's and ledger's runs landed on ``propose``'s window), with no warm-up but the sequential
-run. See docs/performance.md for the figures and the experiments.
+What bounds the 50-caller figure (docs/benchmarks.md has the runs): on a machine of few cores
+shared with the server, throughput follows client + server CPU per call; and the ledger's
+settling write (COMMITTED) calls ``pg_notify``, and PostgreSQL (15 here) commits notifying
+transactions one at a time under a cluster-wide lock held through the commit's WAL flush, so
+they get no group commit (with ``pg_notify`` patched out, 50 callers ran 1.6-2.4x faster in
+the same conditions). agent-ledger sends no notice. The earlier version of this script ran
+both contenders in one process and one database, agent-ledger last, after the floor's and the
+ledger's runs, with no warm-up but the sequential run; this one isolates each contender. On a
+busy machine the throughput ratio still spreads widely between runs: the ratio of CPU per call
+(client + server) is the steadier figure, and is printed beside it.
 
 Prints median and p99 latency, client and server CPU per call and throughput, then the ratios
 the targets are stated in: admit <= 1.3x the floor; propose p50 <= 0.8x agent-ledger's; C
