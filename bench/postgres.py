@@ -30,7 +30,7 @@ kept, by median latency for one caller and by throughput for C callers):
    ``/proc/<pid>/stat``): on a machine of few cores shared with the server, throughput with
    many callers is bounded by the two together, and they hold when the machine is busy.
 
-What bounds the 50-caller figure (docs/benchmarks.md has the runs): on a machine of few cores
+What bounds the 50-caller figure (docs/performance.md has the runs): on a machine of few cores
 shared with the server, throughput follows client + server CPU per call; and the ledger's
 settling write (COMMITTED) calls ``pg_notify``, and PostgreSQL (15 here) commits notifying
 transactions one at a time under a cluster-wide lock held through the commit's WAL flush, so
