@@ -282,17 +282,23 @@ class Workers:
             await proc.wait()
 
 
-async def _lock_waits(admin: asyncpg.Connection, database: str, stop: asyncio.Event) -> int:
-    """The most backends of ``database`` seen waiting on a lock at once."""
-    most = 0
+async def _lock_waits(admin: asyncpg.Connection, database: str, stop: asyncio.Event) -> str:
+    """The most backends of ``database`` seen waiting on a lock at once, and on what.
+
+    PostgreSQL names the lock: ``object`` is the one a transaction that sends a notice takes
+    at its commit (one at a time across the server), ``transactionid``/``tuple`` a row lock.
+    """
+    most: dict[str, int] = {}
     while not stop.is_set():
-        waiting = await admin.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'",
+        waiting = await admin.fetch(
+            "SELECT wait_event, count(*) FROM pg_stat_activity"
+            " WHERE datname = $1 AND wait_event_type = 'Lock' GROUP BY wait_event",
             database,
         )
-        most = max(most, waiting)
+        for event, count in waiting:
+            most[event] = max(most.get(event, 0), count)
         await asyncio.sleep(0.05)
-    return int(most)
+    return " ".join(f"{count} {event}" for event, count in sorted(most.items())) or "0"
 
 
 def _p(values: list[float], q: float) -> float:
@@ -365,14 +371,14 @@ def report(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> None
     )
     print(
         f"{'procs':<6}{'pipelines':<10}{'calls/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}"
-        f"{'conns/proc':>11}{'CPU us':>8}{'lock waits':>11}"
+        f"{'conns/proc':>11}{'CPU us':>8}  lock waits (most at once)"
     )
     for count, found in results.items():
         for mode, s in found["chosen"].items():
             print(
                 f"{count:<6}{mode:<10}{s['per_sec']:>9.0f}{s['p50']:>9.1f}{s['p99']:>9.1f}"
                 f"{found['errors'][mode]:>8}{s['connections']:>11}{s['cpu_us']:>8.0f}"
-                f"{s['lock_waits']:>11}"
+                f"  {s['lock_waits']}"
             )
     print()
     for count, found in results.items():

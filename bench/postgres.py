@@ -380,6 +380,9 @@ def report(results: dict[str, list[Sample]], args: argparse.Namespace) -> None:
         f"{concurrent.per_sec / rival_x.per_sec:4.2f}x its throughput ({rival_x.per_sec:.0f} "
         f"calls/s, p99 {rival_x.p99_ms:.0f} ms; target >= 1.5x)"
     )
+    paired = zip(results[f"propose x{args.callers}"], results[f"agent-ledger x{args.callers}"])
+    each = " ".join(f"{a.per_sec / b.per_sec:.2f}" for a, b in paired)
+    print(f"  {args.callers} callers, throughput / agent-ledger's, round by round: {each}")
     ours_cpu = concurrent.cpu_us + concurrent.server_cpu_us
     rival_cpu = rival_x.cpu_us + rival_x.server_cpu_us
     if concurrent.server_cpu and rival_x.server_cpu:
