@@ -380,7 +380,9 @@ def report(results: dict[str, list[Sample]], args: argparse.Namespace) -> None:
         f"{concurrent.per_sec / rival_x.per_sec:4.2f}x its throughput ({rival_x.per_sec:.0f} "
         f"calls/s, p99 {rival_x.p99_ms:.0f} ms; target >= 1.5x)"
     )
-    paired = zip(results[f"propose x{args.callers}"], results[f"agent-ledger x{args.callers}"])
+    paired = zip(
+        results[f"propose x{args.callers}"], results[f"agent-ledger x{args.callers}"], strict=True
+    )
     each = " ".join(f"{a.per_sec / b.per_sec:.2f}" for a, b in paired)
     print(f"  {args.callers} callers, throughput / agent-ledger's, round by round: {each}")
     ours_cpu = concurrent.cpu_us + concurrent.server_cpu_us
