@@ -1,7 +1,7 @@
 """PostgreSQL ledger writes against their floor, and ``propose`` against agent-ledger's ``run()``.
 
     .venv/bin/python bench/postgres.py [--ops N] [--rounds R] [--callers C] [--warmup W]
-                                       [--rival-pool P]
+                                       [--rival-pool P] [--without-notices]
 
 Two parts, each in interleaved rounds (the machine is shared and noisy; the median round is
 kept, by median latency for one caller and by throughput for C callers):
@@ -34,8 +34,10 @@ What bounds the 50-caller figure (docs/performance.md has the runs): on a machin
 shared with the server, throughput follows client + server CPU per call; and the ledger's
 settling write (COMMITTED) calls ``pg_notify``, and PostgreSQL (15 here) commits notifying
 transactions one at a time under a cluster-wide lock held through the commit's WAL flush, so
-they get no group commit (with ``pg_notify`` patched out, 50 callers ran 1.6-2.4x faster in
-the same conditions). agent-ledger sends no notice. The earlier version of this script ran
+they get no group commit. With ``--without-notices`` (an experiment) 50 callers ran 1.6-2.4x
+faster when the server was busy (load average near 5, other suites' ledgers notifying on the
+same server), and about as fast (0.98-1.03x) at a load near 3: the cost grows with the
+server's commit traffic. agent-ledger sends no notice. The earlier version of this script ran
 both contenders in one process and one database, agent-ledger last, after the floor's and the
 ledger's runs, with no warm-up but the sequential run; this one isolates each contender. On a
 busy machine the throughput ratio still spreads widely between runs: the ratio of CPU per call
@@ -276,12 +278,24 @@ async def _contender(args: argparse.Namespace) -> dict[str, Sample]:
     return {args.child: one, f"{args.child} x{args.callers}": many}
 
 
+def _without_notices() -> None:
+    """``--without-notices``: build the ledger's update statements with no ``pg_notify``."""
+    from pipecat_actions.ledger import _postgres
+
+    built = _postgres.update_sql
+
+    def update_sql(columns: tuple[str, ...], **options: Any) -> str:
+        return built(columns, **{**options, "notify": False})
+
+    _postgres.update_sql = update_sql  # type: ignore[assignment]
+
+
 def _run_child(contender: str, args: argparse.Namespace) -> dict[str, Sample]:
     command = [
         sys.executable, __file__, "--child", contender, "--ops", str(args.ops),
         "--callers", str(args.callers), "--warmup", str(args.warmup),
         "--rival-pool", str(args.rival_pool),
-    ]  # fmt: skip
+    ] + (["--without-notices"] if getattr(args, "without_notices", False) else [])  # fmt: skip
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return {name: Sample(**fields) for name, fields in json.loads(out).items()}
 
@@ -406,9 +420,16 @@ def main() -> None:
         "--rival-pool", type=int, default=LedgerSettings().pool_size,
         help="agent-ledger's pool size (default: as many as the ledger's pool)",
     )  # fmt: skip
+    parser.add_argument(
+        "--without-notices", action="store_true",
+        help="an experiment, never a setting: the ledger's settling write sends no pg_notify "
+        "(waiters in other processes then hear of it only on their re-read pause)",
+    )  # fmt: skip
     parser.add_argument("--child", choices=("propose", "agent-ledger"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     logger.remove()
+    if args.without_notices:
+        _without_notices()
     if args.child:
         samples = asyncio.run(_contender(args))
         print(json.dumps({name: dataclasses.asdict(s) for name, s in samples.items()}))
