@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import asyncpg
 import pytest
@@ -20,18 +21,19 @@ import postgres  # noqa: E402
 from _measure import PG_ADMIN_URL  # noqa: E402
 
 pytestmark = pytest.mark.postgres
+PORT = urlparse(PG_ADMIN_URL).port or 5432
 
 
 async def test_connections_counted_are_this_process_s_own_to_the_server(
     pg_fresh_url: str,
 ) -> None:
-    before = many_processes._pg_connections(5432)
+    before = many_processes._pg_connections(PORT)
     conn = await asyncpg.connect(pg_fresh_url)
     try:
-        assert many_processes._pg_connections(5432) == before + 1
+        assert many_processes._pg_connections(PORT) == before + 1
     finally:
         await conn.close()
-    assert many_processes._pg_connections(5432) == before
+    assert many_processes._pg_connections(PORT) == before
 
 
 async def test_server_cpu_is_read_for_the_backends_of_the_database_only(
