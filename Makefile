@@ -86,6 +86,8 @@ bot: $(STAMP)
 # BENCH_ROWS=1000000 for issue 34's figure), then the latency ratios of bench/postgres.py and
 # bench/ledger.py. BENCH_ARGS passes more options to bench/work.py (--help lists them).
 # Then the query plan of each query that reads a kept index of pa_operations (bench/index_plans.py).
+# BENCH_MANY=1 adds bench/many_processes.py (sessions over 4 and 8 processes on one PostgreSQL
+# ledger, a few minutes; BENCH_MANY_ARGS="--sessions 1000" for issue 34's figure).
 # agent-ledger (the `bench` extra) is installed for the comparison; without it that row says so.
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): pyproject.toml | $(STAMP)
@@ -95,6 +97,7 @@ $(BENCH_STAMP): pyproject.toml | $(STAMP)
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python bench/work.py $(if $(BENCH_ROWS),--rows $(BENCH_ROWS)) $(BENCH_ARGS)
 	$(BIN)/python bench/index_plans.py
+	$(if $(BENCH_MANY),$(BIN)/python bench/many_processes.py $(BENCH_MANY_ARGS))
 
 clean:
 	rm -rf $(VENV) .pipecat_actions .mypy_cache .ruff_cache .pytest_cache site
