@@ -17,6 +17,8 @@ line on stderr and a non-zero exit status, never a traceback::
     pipecat-actions scenario run FILE... [--verbose]      replay scenarios (exit 1 on a failure)
     pipecat-actions scenario new FILE                    start a scenario file from a template
     pipecat-actions worker --app MODULE:ATTR [--once]     own the work of bots that are gone
+    pipecat-actions worker --dbos --app MODULE:ATTR       run durable operations (DBOS)
+    pipecat-actions durable check [OP...]                 settle what an ended workflow left
 
 Every command that opens a ledger names it with ``--ledger URL`` (default
 ``$PIPECAT_ACTIONS_LEDGER_URL``; a plain path is a SQLite file); the older ``db upgrade URL``,
@@ -181,6 +183,13 @@ def _build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="accept a PostgreSQL server running with synchronous_commit=off or fsync=off",
         )
+        if name == "upgrade":
+            sub.add_argument(
+                "--dbos",
+                action="store_true",
+                help="also create or upgrade DBOS's tables in the same PostgreSQL database, for "
+                "execution: durable (bots may start before the first worker --dbos)",
+            )
         db_parsers.append(sub)
     approvals = commands.add_parser("approvals", help="operations waiting for a person")
     approval_commands = approvals.add_subparsers(dest="approvals_command", required=True)
@@ -308,6 +317,24 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the application's OperatorApp, or a function returning one "
         "(default: $PIPECAT_ACTIONS_APP)",
     )
+    worker.add_argument(
+        "--dbos",
+        action="store_true",
+        help="run as a DBOS application: execute the execution: durable operations handed to "
+        "DBOS by the bots (PostgreSQL; see docs/durable.md)",
+    )
+    worker.add_argument(
+        "--executor-id",
+        default=None,
+        help="with --dbos: its DBOS executor id, stable across restarts (default $DBOS__VMID, "
+        "else host and pid); a worker started again under a dead one's id recovers its work",
+    )
+    worker.add_argument(
+        "--polling-secs",
+        type=float,
+        default=1.0,
+        help="with --dbos: how often each DBOS queue is polled for work (default 1)",
+    )
     worker.add_argument("--owner", default=None, help="its name in leases")
     worker.add_argument(
         "--lease-secs", type=float, default=30.0, help="its lease (default 30; claims every third)"
@@ -319,10 +346,20 @@ def _build_parser() -> argparse.ArgumentParser:
         "exit status 0 when all it claimed is finished or waits for a person, 3 when it left "
         "some that need someone, 1 when it cannot run",
     )
+    durable = commands.add_parser(
+        "durable", help="durable operations (execution: durable) and their DBOS workflows"
+    )
+    durable_commands = durable.add_subparsers(dest="durable_command", required=True)
+    durable_check = durable_commands.add_parser(
+        "check",
+        help="read each unsettled durable operation's DBOS workflow; settle the ones whose "
+        "workflow ended without settling them (FAILED_FINAL if unsent, UNKNOWN if maybe sent)",
+    )
+    durable_check.add_argument("operation_ids", nargs="*", metavar="OP")
     opening = [
         listing, show, *decide, ledger_list, ledger_show, rotate, undelivered, stats, reconcile,
     ]  # fmt: skip
-    for sub in [*db_parsers, *opening, worker]:
+    for sub in [*db_parsers, *opening, worker, durable_check]:
         sub.add_argument("--ledger", default=None, metavar="URL", help=_LEDGER_HELP)
         sub.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
@@ -390,6 +427,8 @@ def _run_command(args: argparse.Namespace) -> int:
             return run_users(args, sys.stdout)
         if args.command == "worker":
             return asyncio.run(_worker(args, sys.stdout))
+        if args.command == "durable":
+            return asyncio.run(_durable_check(args, sys.stdout))
     except PipecatActionsError as exc:
         print(f"pipecat-actions: {printable(str(exc))}", file=sys.stderr)
         return 1
@@ -559,6 +598,40 @@ async def _reconcile(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+async def _durable_check(args: argparse.Namespace, out: TextIO) -> int:
+    import json
+
+    from pipecat_actions.durable.reconcile import check_durable
+    from pipecat_actions.ledger.engine import default_ledger_url
+
+    views = await check_durable(args.ledger or default_ledger_url(), list(args.operation_ids))
+    for view in views:
+        op = view.operation
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "operation_id": op.operation_id,
+                        "status": op.status.value,
+                        "workflow_status": view.workflow_status,
+                        "moved": view.moved,
+                    }
+                ),
+                file=out,
+            )
+            continue
+        workflow = view.workflow_status or "no workflow"
+        moved = f", moved to {op.status.value}" if view.moved else ""
+        print(
+            f"{printable(op.operation_id)} {printable(op.tool)}: ledger {op.status.value}, "
+            f"workflow {workflow}{moved}",
+            file=out,
+        )
+    if not views and not args.json:
+        print("no unsettled durable operation", file=out)
+    return 0
+
+
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
     import asyncio
     import signal
@@ -585,6 +658,22 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
         except (RuntimeError, ValueError):  # not the main thread (embedded): no handler
             pass
     try:
+        if args.dbos:
+            if not (math.isfinite(args.polling_secs) and args.polling_secs > 0):
+                raise ConfigurationError("--polling-secs must be a positive number of seconds")
+            if args.once:
+                raise ConfigurationError("--once is not for --dbos: DBOS hands a worker its work")
+            from pipecat_actions.durable.worker import run_dbos_worker
+
+            return await run_dbos_worker(
+                app,
+                ledger_url=args.ledger,
+                stop=stop,
+                out=out,
+                executor_id=args.executor_id,
+                polling_secs=args.polling_secs,
+                as_json=args.json,
+            )
         return await run_worker(
             app,
             ledger_url=args.ledger,
@@ -614,7 +703,9 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
             before, after = await ledger.upgrade_schema()
         finally:
             await ledger.close()
-        data = {"url": ledger.url, "before": before, "after": after, "beside": list(beside)}
+        data: dict[str, object] = {
+            "url": ledger.url, "before": before, "after": after, "beside": list(beside)
+        }  # fmt: skip
         said = (
             f"schema already at revision {after}"
             if before == after
@@ -623,6 +714,13 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
         if beside and before != after:
             # Said, since a mistyped URL puts a ledger into someone else's database.
             said += f" (beside the database's own tables: {', '.join(beside)})"
+        if args.dbos:
+            from pipecat_actions.durable import install_dbos_schema
+            from pipecat_actions.ledger.engine import default_ledger_url
+
+            await install_dbos_schema(args.ledger or default_ledger_url())
+            data["dbos"] = "ready"
+            said += "; DBOS tables ready (schema dbos)"
         _print_read(args, ledger.url, data, lambda: said, out)
         return 0
     ledger = await _open_existing(

@@ -320,6 +320,7 @@ async def reconcile(
         ledger=ledger,
         owner=actor,
         recover=False,
+        admits_calls=False,
     )
     rows: list[dict[str, Any]] = []
     try:

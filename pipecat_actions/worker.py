@@ -313,6 +313,8 @@ async def run_worker(
             lease_secs=lease_secs,
             recover=True,  # claims once now, then at every heartbeat
             recover_unsent="run" if app.authorizer is not None else "fail",
+            # It finishes what bots left; a durable operation is DBOS's (its lease never ends).
+            admits_calls=False,
         )
         try:
             if as_json:

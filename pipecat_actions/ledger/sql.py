@@ -293,7 +293,12 @@ class SqlLedger(Ledger):
 
     # --- admit -----------------------------------------------------------------------------
 
-    async def admit(self, new: NewOperation) -> AdmitResult:  # noqa: D102 - see Ledger
+    async def admit(  # noqa: D102 - see Ledger
+        self, new: NewOperation, *, within: Callable[[Connection, Operation], None] | None = None
+    ) -> AdmitResult:
+        # within: run in the insert's own transaction once the operation is created (not for a
+        # key already bound), so that what it writes commits with the row or not at all: the
+        # hand-off of a durable operation to its workflow (`pipecat_actions.durable`).
         if new.status not in ADMIT_STATUSES:
             raise ValueError(
                 f"admit inserts operations as {', '.join(sorted(ADMIT_STATUSES))}, "
@@ -301,16 +306,22 @@ class SqlLedger(Ledger):
             )
         encoded = EncodedOperation.of(new)
         args_hash = encoded.args_hash
-        at_once = await self._admit_at_once(encoded, new)
-        if at_once is not None:
-            return at_once
+        if within is None:
+            # One statement when the key is free (nearly always), where the dialect has one; a
+            # hand-off (within) needs the transaction below.
+            at_once = await self._admit_at_once(encoded, new)
+            if at_once is not None:
+                return at_once
 
         def work(conn: Connection) -> AdmitResult:
             now = self._clock.now()
             row = new_row(encoded, now, key_slot=new.idempotency_key)
             for _ in range(_ADMIT_RETRIES):
                 if self._insert_new(conn, row, creation_events(encoded, now)):
-                    return AdmitResult(operation_from_row(row), created=True)
+                    created = operation_from_row(row)
+                    if within is not None:
+                        within(conn, created)
+                    return AdmitResult(created, created=True)
                 slot = {"tenant": new.tenant, "key_slot": new.idempotency_key}
                 existing = (conn.execute(self._select_slot, slot)).first()
                 if existing is None:

@@ -24,6 +24,8 @@ __all__ = [
     "ConfirmationPolicy",
     "DeliveryMode",
     "DeliveryPolicy",
+    "DurablePolicy",
+    "Execution",
     "ExecutionMode",
     "FillerPolicy",
     "IdempotencyPolicy",
@@ -50,6 +52,7 @@ __all__ = [
 
 from pipecat_actions.errors import PolicyError, PolicyProblem
 from pipecat_actions.policy.document import PolicyFile, PolicySet
+from pipecat_actions.policy.durable import DurablePolicy, Execution
 from pipecat_actions.policy.enums import (
     AdmitWhen,
     ConfirmationMode,

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 from pipecat_actions.policy._rules import tool_policy_violations
 from pipecat_actions.policy._violations import raise_violations
+from pipecat_actions.policy.durable import DurablePolicy, Execution, durable_violations
 from pipecat_actions.policy.enums import (
     AdmitWhen,
     ExecutionMode,
@@ -115,6 +116,22 @@ class ToolPolicy(BaseModel):
             "blocking: the bot waits for the result, and a barge-in stops the waiting. "
             "background: the conversation goes on and the result is delivered when it arrives. "
             "This is about the conversation only; on_interruption decides the action's fate."
+        ),
+    )
+    execution: Annotated[Execution, _LAX] = Field(
+        default=Execution.IN_CALL,
+        description=(
+            "in_call: the effect runs in the process of the call that admitted it. durable: "
+            "admission hands it to a DBOS workflow in the same transaction as its ledger row, "
+            "and a `pipecat-actions worker --dbos` process runs it, whether or not the call is "
+            "still there (PostgreSQL only; see docs/durable.md)."
+        ),
+    )
+    durable: DurablePolicy | None = Field(
+        default=None,
+        description=(
+            "The DBOS queue of a durable tool: concurrency and rate limits shared by every "
+            "worker. execution: durable only."
         ),
     )
     admit_when: Annotated[AdmitWhen, _LAX] = Field(
@@ -258,8 +275,13 @@ class ToolPolicy(BaseModel):
 
     @model_validator(mode="after")
     def _check_rules(self) -> Self:
-        raise_violations(tool_policy_violations(self))
+        raise_violations(tool_policy_violations(self) + durable_violations(self))
         return self
+
+    @property
+    def is_durable(self) -> bool:
+        """True when a DBOS worker runs the tool's effect (``execution: durable``)."""
+        return self.execution is Execution.DURABLE
 
     @property
     def is_mutation(self) -> bool:

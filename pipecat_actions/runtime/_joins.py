@@ -26,7 +26,7 @@ from pipecat_actions.clock import Clock
 from pipecat_actions.errors import LedgerError
 from pipecat_actions.ledger import Ledger, Operation
 from pipecat_actions.ledger.records import DUPLICATES_JOINED
-from pipecat_actions.status import IN_FLIGHT_STATUSES
+from pipecat_actions.status import AWAITING_PERSON_STATUSES, IN_FLIGHT_STATUSES
 
 JOINS_PER_NOTE = 100
 """The most joins one audit note lists (a bound on the size of one event's detail)."""
@@ -147,11 +147,16 @@ class SharedWaits:
         """How many callers are waiting now, over every poller."""
         return self._waiting
 
-    async def wait(self, op: Operation) -> Operation:
-        """Return ``op`` once it has an outcome (or its deadline is over); see the class."""
+    async def wait(self, op: Operation, *, until_settled: bool = False) -> Operation:
+        """Return ``op`` once it has an outcome (or its deadline is over); see the class.
+
+        With ``until_settled``, the deadline is not waited out here: a durable operation's
+        worker settles it (its deadline too), and its outcome is what is waited for, through
+        a wait for a person's decision too.
+        """
         poll = self._polls.get(op.operation_id)
         if poll is None:
-            poll = self._spawn(self._poll(op))
+            poll = self._spawn(self._poll(op, until_settled=until_settled))
             self._polls[op.operation_id] = poll
             poll.add_done_callback(lambda _: self._polls.pop(op.operation_id, None))
         self._waiting += 1
@@ -160,13 +165,19 @@ class SharedWaits:
         finally:
             self._waiting -= 1
 
-    async def _poll(self, op: Operation) -> Operation:
+    async def _poll(self, op: Operation, *, until_settled: bool = False) -> Operation:
         failures = 0
         async with self._ledger.notices(op.operation_id) as changed:
             # Listening from here on: a first re-read at once sees an outcome that came before.
             pause = 0.0 if changed is not None else 0.05
-            while op.status in IN_FLIGHT_STATUSES:
-                if op.deadline_at is not None and self._clock.now() > op.deadline_at + 1.0:
+            while op.status in IN_FLIGHT_STATUSES or (
+                until_settled and op.status in AWAITING_PERSON_STATUSES
+            ):
+                if (
+                    not until_settled
+                    and op.deadline_at is not None
+                    and self._clock.now() > op.deadline_at + 1.0
+                ):
                     break
                 await nap(self._clock, pause, changed)
                 pause = NOTICED_PAUSE_SECS if changed is not None else min(pause * 2, 1.0)

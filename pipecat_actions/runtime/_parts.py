@@ -16,6 +16,7 @@ from pipecat_actions.admission.admitter import Admitter
 from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.admission.limits import Limiter
 from pipecat_actions.clock import Clock
+from pipecat_actions.durable.handoff import hands_off
 from pipecat_actions.execution.executor import Executor, ReconcileSchedule
 from pipecat_actions.execution.expiry import Expiry
 from pipecat_actions.execution.tracked import Tracked
@@ -137,6 +138,8 @@ def build_parts(
         stop_read=reads.stop,
         reconcile=executor.reconcile,
     )
+    # Built before the runner: a durable operation's outcome is awaited there (its worker's).
+    elsewhere = SharedWaits(observed, clock, spawn=operations.spawn)
     runner = Runner(
         ledger=observed,
         policy=policy,
@@ -144,6 +147,8 @@ def build_parts(
         executor=executor,
         limiter=limiter,
         watchdog=watchdog,
+        hands_off=hands_off(ledger),
+        observe=lambda op: elsewhere.wait(op, until_settled=True),
     )
     decisions = Decisions(
         ledger=observed,
@@ -190,7 +195,6 @@ def build_parts(
         recover_unsent=recover_unsent,
     )
     join_notes = JoinNotes(observed, actor=actor, spawn=lambda c: operations.spawn(c, audit=True))
-    elsewhere = SharedWaits(observed, clock, spawn=operations.spawn)
     supersession = Supersession(observed, bindings)
     # compensation.automatic: every outcome of this process is watched for a superseding commit.
     automatic = AutomaticCompensation(

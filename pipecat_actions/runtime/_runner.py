@@ -11,6 +11,7 @@ __all__ = ["DEFAULT_DEADLINE_SECS", "Runner"]
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loguru import logger
@@ -44,6 +45,9 @@ class Runner:
         executor: Runs each operation.
         limiter: Slots for operations released after admission.
         watchdog: Armed with each started operation's deadline.
+        hands_off: The ledger hands durable operations to DBOS (`pipecat_actions.durable`):
+            such an operation is not run here; its outcome, its worker's, is waited for.
+        observe: Waits for the outcome of an operation another process settles.
     """
 
     def __init__(
@@ -55,6 +59,8 @@ class Runner:
         executor: Executor,
         limiter: Limiter,
         watchdog: Watchdog,
+        hands_off: bool = False,
+        observe: Callable[[Operation], Awaitable[Operation]] | None = None,
     ) -> None:
         self._ledger = ledger
         self._policy = policy
@@ -63,6 +69,10 @@ class Runner:
         self._limiter = limiter
         self._watchdog = watchdog
         self._executing: dict[str, Tracked] = {}
+        self._hands_off = hands_off
+        self._observe = observe
+        self._handed_ids: set[str] = set()
+        """The operations handed to DBOS whose outcome this runner waits for."""
 
     def deadline_secs(self, tool: str) -> float:
         """How long an operation of ``tool`` may take, from its policy."""
@@ -83,6 +93,11 @@ class Runner:
             done=asyncio.get_running_loop().create_future(),
         )
         self._operations.track(tracked, admission.slot)
+        if self.handed_off(admission):
+            # Its workflow runs it on a DBOS worker (and keeps its deadline): its outcome is
+            # read from the ledger when the worker writes it, and told like one of ours.
+            self._operations.spawn(self._handed(op, tracked))
+            return tracked
         if op.deadline_at is not None:
             self._watchdog.arm(op.operation_id, op.deadline_at)
         if op.status in (S.RUNNING, S.ADMITTED):
@@ -104,6 +119,29 @@ class Runner:
                     )
                 )
         return tracked
+
+    def handed_off(self, admission: Admission) -> bool:
+        """Whether ``admission``'s operation was handed to a DBOS workflow, not run here."""
+        return (
+            self._hands_off
+            and admission.binding.policy.is_durable
+            and admission.operation.status in (S.ADMITTED, S.AWAITING_APPROVAL)
+        )
+
+    def is_handed(self, operation_id: str) -> bool:
+        """Whether ``operation_id`` runs on a DBOS worker and this runner waits for it."""
+        return operation_id in self._handed_ids
+
+    async def _handed(self, op: Operation, tracked: Tracked) -> None:
+        """Wait for the outcome of a handed-off ``op``; finish it here once it has one."""
+        assert self._observe is not None
+        self._handed_ids.add(op.operation_id)
+        try:
+            final = await self._observe(op)
+        finally:
+            self._handed_ids.discard(op.operation_id)
+        if final.status in TERMINAL_STATUSES or final.status is S.UNKNOWN:
+            self._operations.finish(tracked, final)
 
     async def execute(
         self,

@@ -35,6 +35,7 @@ from pipecat_actions.actions import ActionDefinition, Binding
 from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import Clock, SystemClock
+from pipecat_actions.durable.handoff import hands_off
 from pipecat_actions.errors import ConfigurationError
 from pipecat_actions.execution.executor import ReconcileSchedule
 from pipecat_actions.ledger import Ledger, Operation, SqlLedger
@@ -136,6 +137,7 @@ class ActionRuntime:
         recover_unsent: RecoverUnsent = "run",
         schedule: ReconcileSchedule | None = None,
         ledger_keys: LedgerKeys | None = None,
+        admits_calls: bool = True,
     ) -> ActionRuntime:
         """Load the policy, open the ledger, register ``actions`` and recover leftover work.
 
@@ -163,6 +165,11 @@ class ActionRuntime:
             ledger_keys: The keys that seal the values the policy marks ``sensitive``
                 (default: read from ``PIPECAT_ACTIONS_LEDGER_KEYS`` and
                 ``PIPECAT_ACTIONS_LEDGER_HASH_KEY``; see `pipecat_actions.ledger.keys`).
+            admits_calls: This runtime admits calls (a bot's). A policy with
+                ``execution: durable`` tools then needs a ledger that hands them to DBOS
+                (`pipecat_actions.durable.DurableLedger`). False for a process that only
+                recovers, reconciles or runs what others admitted (the workers, the
+                operator's commands).
 
         Raises:
             PolicyError: The policy file is invalid.
@@ -184,6 +191,14 @@ class ActionRuntime:
         sealer = sealer_for(
             {name: policies[name].sensitive for name in policies.names()}, ledger_keys
         )
+        durable = [name for name in policies.names() if policies[name].is_durable]
+        if durable and admits_calls and (ledger is None or not hands_off(ledger)):
+            raise ConfigurationError(
+                f"{', '.join(sorted(durable))}: execution: durable, but this runtime's ledger "
+                "does not hand operations to DBOS: open it with "
+                "pipecat_actions.durable.DurableLedger.open(url, policy) on PostgreSQL and pass "
+                "it as ledger= (see docs/durable.md), or set execution: in_call"
+            )
         clock = clock or SystemClock()
         opened = ledger or await SqlLedger.create(ledger_url, clock=clock)
         parts = build_parts(
@@ -506,6 +521,14 @@ class ActionRuntime:
     async def recover(self) -> list[Operation]:
         """Claim operations whose owner's lease expired and finish them; return them."""
         return await self._recovery.recover()
+
+    async def run_handed(self, operation_id: str) -> Operation:
+        """Drive a durable operation handed to this runtime (a DBOS worker's) to its end.
+
+        See `pipecat_actions.durable.worker`: it is what a workflow's step runs, and safe to
+        run again after a worker died mid-step (what may have been sent is reconciled).
+        """
+        return await self._recovery.run_handed(operation_id)
 
     async def reconcile_unknown(
         self, operation_id: str, *, actor: str | None = None, probes: int = 1

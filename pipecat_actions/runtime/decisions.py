@@ -218,7 +218,11 @@ class Decisions:
                 if current.status in TERMINAL_STATUSES:
                     self._operations.finish(tracked, current)
             raise
-        if tracked is not None and approved.deadline_at is not None:
+        if (
+            tracked is not None
+            and approved.deadline_at is not None
+            and not self._runner.is_handed(operation_id)  # its DBOS workflow runs it
+        ):
             self._watchdog.arm(operation_id, approved.deadline_at)
             self._operations.spawn(self._runner.execute(approved, tracked, take_slot=True))
         return approved
@@ -243,7 +247,7 @@ class Decisions:
                 if current.status in TERMINAL_STATUSES:
                     self._operations.finish(tracked, current)
             raise
-        if tracked is not None:
+        if tracked is not None and not self._runner.is_handed(operation_id):
             self._operations.finish(tracked, rejected)
         return rejected
 

@@ -39,7 +39,7 @@ from loguru import logger
 from pipecat_actions.actions import ActionContext, Binding, ReconcileState
 from pipecat_actions.admission.authorization import Authorizer
 from pipecat_actions.clock import Clock
-from pipecat_actions.errors import ConfigurationError, LedgerError
+from pipecat_actions.errors import ConfigurationError, LedgerError, TransitionRefused
 from pipecat_actions.execution.executor import Executor, ReconcileSchedule
 from pipecat_actions.execution.expiry import expiry_rule
 from pipecat_actions.execution.tracked import Tracked
@@ -256,6 +256,53 @@ class Recovery:
                 "could not take over {} from its gone owner: {}", op.operation_id, exc
             )
         return self._operations.get(op.operation_id)
+
+    async def run_handed(self, operation_id: str) -> Operation:
+        """Drive a durable operation handed to this process (a DBOS worker's) to its end.
+
+        Called by its workflow's step, perhaps again after a worker died mid-step: what the
+        ledger says decides, as for an operation recovered from a dead owner. Not sent yet
+        (ADMITTED): it runs. Maybe sent (RUNNING): UNKNOWN, and its ``reconcile`` hook asks the
+        system of record, so a step run again never sends twice. Settled: returned as it is.
+
+        Raises:
+            ConfigurationError: Its tool is not among this process's actions.
+            LedgerError: The ledger failed (the step is tried again).
+        """
+        op = await self._ledger.get(operation_id)
+        if op.status in TERMINAL_STATUSES:
+            return op
+        waits = op.status in AWAITING_PERSON_STATUSES
+        if waits and (op.deadline_at is None or self._clock.now() < op.deadline_at):
+            return op  # a person decides; the workflow waits for the decision
+        binding = await self._binding_of(op)
+        if binding is None:
+            raise ConfigurationError(
+                f"operation {operation_id}: its tool {op.tool} is not among this worker's "
+                "actions (--app)"
+            )
+        tracked = Tracked(
+            op.operation_id, binding, op.fence, asyncio.get_running_loop().create_future()
+        )
+        self._operations.track(tracked)
+        final = op
+        try:
+            if waits:  # nobody decided in time
+                rule = expiry_rule(op.status)
+                assert rule is not None  # waiting for a person: EXPIRED
+                to, why = rule
+                try:
+                    final = await self._operations.move(
+                        op, tracked, to, why, error=f"deadline: {why}"
+                    )
+                except TransitionRefused:  # decided meanwhile: the step runs again
+                    final = await self._ledger.get(operation_id)
+            else:
+                final = await self._finish_recovered(op, tracked)
+                await self._compensator.settle_original(final)
+        finally:
+            self._operations.finish(tracked, final)
+        return final
 
     async def _take_over_if_gone(self, owner: str) -> None:
         if owner in await self._ledger.gone_owners(besides=self._owner, among=[owner]):

@@ -1,0 +1,131 @@
+"""The application of the durable-execution tests: ``worker --dbos --app tests.durable._app:app``.
+
+Its system of record is a table in the test's PostgreSQL database (``provider_effects``, one
+row per effect, never deduplicated: a double effect shows as two rows), named by
+``PA_TEST_PROVIDER_URL``. ``PA_TEST_ANSWER_DELAY`` is the provider's latency between doing the
+effect and answering (real seconds, in the worker): the window in which a killed worker leaves
+an effect done and not recorded, which only reconciliation may settle. The provider applies
+a request in the effect's own statement and never later: its commit horizon is 0, so "no
+trace" of a request whose worker died is proof that it did not happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import asyncpg
+
+from pipecat_actions import ActionContext, Reconciliation, action
+from pipecat_actions.admission.authorization import AllowAll
+from pipecat_actions.operator import OperatorApp
+from pipecat_actions.policy import load_policy_text
+
+POLICY_TEXT = """
+version: 1
+tools:
+  transfer:
+    kind: mutation
+    mode: background
+    execution: durable
+    deadline_secs: 3600
+    reconciliation: {commit_horizon_secs: 0}
+  settle_invoice:
+    kind: mutation
+    mode: background
+    execution: durable
+    durable: {global_concurrency: 2, rate_per_minute: 6000}
+    deadline_secs: 3600
+    reconciliation: {commit_horizon_secs: 0}
+  refund:
+    kind: mutation
+    mode: background
+    execution: durable
+    confirmation: {mode: approval, approvers: [maria], expires_after_secs: 3600}
+    deadline_secs: 3600
+    reconciliation: {commit_horizon_secs: 0}
+  refund_today:
+    kind: mutation
+    mode: background
+    execution: durable
+    confirmation: {mode: approval, approvers: [maria], expires_after_secs: 1}
+    deadline_secs: 3600
+    reconciliation: {commit_horizon_secs: 0}
+"""
+POLICY = load_policy_text(POLICY_TEXT)
+
+PROVIDER_TABLE = """
+CREATE TABLE IF NOT EXISTS provider_effects (
+    seq bigserial PRIMARY KEY,
+    idem_key text NOT NULL,
+    operation_id text NOT NULL,
+    pid integer NOT NULL
+)
+"""
+
+_pool: asyncpg.Pool | None = None
+
+
+async def _provider() -> asyncpg.Pool:
+    global _pool
+    if _pool is None:
+        _pool = await asyncpg.create_pool(
+            os.environ["PA_TEST_PROVIDER_URL"], min_size=1, max_size=4
+        )
+    return _pool
+
+
+async def find_by_key(ctx: ActionContext) -> Reconciliation:
+    pool = await _provider()
+    found = await pool.fetchval(
+        "SELECT count(*) FROM provider_effects WHERE idem_key = $1", ctx.idempotency_key
+    )
+    if found:
+        return Reconciliation.committed({"effects": found})
+    return Reconciliation.not_found()
+
+
+async def _effect(ctx: ActionContext) -> dict[str, Any]:
+    pool = await _provider()
+    await pool.execute(
+        "INSERT INTO provider_effects (idem_key, operation_id, pid) VALUES ($1, $2, $3)",
+        ctx.idempotency_key,
+        ctx.operation_id,
+        os.getpid(),
+    )
+    delay = float(os.environ.get("PA_TEST_ANSWER_DELAY", "0"))
+    if delay:
+        await asyncio.sleep(delay)  # the provider's answer is on its way
+    return {"done": ctx.operation_id}
+
+
+@action(reconcile=find_by_key)
+async def transfer(ctx: ActionContext, account: str, amount_cents: int) -> dict[str, Any]:
+    """Move money between accounts."""
+    return await _effect(ctx)
+
+
+@action(reconcile=find_by_key)
+async def settle_invoice(ctx: ActionContext, invoice: str) -> dict[str, Any]:
+    """Settle an invoice."""
+    return await _effect(ctx)
+
+
+@action(reconcile=find_by_key)
+async def refund(ctx: ActionContext, order: str, amount_cents: int) -> dict[str, Any]:
+    """Refund an order, once a person approves."""
+    return await _effect(ctx)
+
+
+@action(reconcile=find_by_key)
+async def refund_today(ctx: ActionContext, order: str, amount_cents: int) -> dict[str, Any]:
+    """Refund an order, if a person approves within a second (its window)."""
+    return await _effect(ctx)
+
+
+ACTIONS = [transfer, settle_invoice, refund, refund_today]
+
+
+def app() -> OperatorApp:
+    return OperatorApp(policy=POLICY, actions=ACTIONS, authorizer=AllowAll())
