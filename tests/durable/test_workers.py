@@ -46,6 +46,14 @@ async def test_a_live_call_hears_the_outcome_its_worker_wrote(
                 what="the worker's outcome",
             )
             op = await runtime.ledger.get(result["operation_id"])
+
+            # The step writes the outcome to the ledger, then DBOS records the workflow's end:
+            # the ledger can say COMMITTED a moment before DBOS says SUCCESS.
+            async def workflow_ended() -> bool:
+                state = await workflow_state(runtime.ledger.client, op.operation_id)
+                return state[0] not in ("PENDING", "ENQUEUED")
+
+            await eventually(workflow_ended, what="DBOS to record the workflow's end")
             state = await workflow_state(runtime.ledger.client, op.operation_id)
     finally:
         await workers.stop()
