@@ -4,19 +4,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-stress lint imports typecheck pytest bench demo clean
+.PHONY: install test test-stress lint imports typecheck pytest bench demo docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
-SOURCES := $(wildcard pipecat_actions tests bench bots conftest.py)
+SOURCES := $(wildcard pipecat_actions tests bench bots examples conftest.py)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(SOURCES)
@@ -53,7 +53,13 @@ PYTEST_WORKERS ?= 2
 pytest: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
+
+# The documentation site (mkdocs.yml, docs/): MkDocs with Material, the API reference from the
+# docstrings (mkdocstrings). --strict: a warning (a broken link, a missing page or example
+# file, a docstring mkdocstrings cannot read) fails the build. The site is written to site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The suite (or what STRESS_ARGS names) run again and again while CPU burners, started and
 # killed by PID, keep every core busy: how a test proves it is not flaky before it is committed.
@@ -80,6 +86,8 @@ bot: $(STAMP)
 # BENCH_ROWS=1000000 for issue 34's figure), then the latency ratios of bench/postgres.py and
 # bench/ledger.py. BENCH_ARGS passes more options to bench/work.py (--help lists them).
 # Then the query plan of each query that reads a kept index of pa_operations (bench/index_plans.py).
+# BENCH_MANY=1 adds bench/many_processes.py (sessions over 4 and 8 processes on one PostgreSQL
+# ledger, a few minutes; BENCH_MANY_ARGS="--sessions 1000" for issue 34's figure).
 # agent-ledger (the `bench` extra) is installed for the comparison; without it that row says so.
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): pyproject.toml | $(STAMP)
@@ -89,6 +97,7 @@ $(BENCH_STAMP): pyproject.toml | $(STAMP)
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python bench/work.py $(if $(BENCH_ROWS),--rows $(BENCH_ROWS)) $(BENCH_ARGS)
 	$(BIN)/python bench/index_plans.py
+	$(if $(BENCH_MANY),$(BIN)/python bench/many_processes.py $(BENCH_MANY_ARGS))
 
 clean:
-	rm -rf $(VENV) .pipecat_actions .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .pipecat_actions .mypy_cache .ruff_cache .pytest_cache site

@@ -32,6 +32,8 @@ class Sample:
     seconds: float
     cpu: float
     """Process time over the run (every thread: a ledger's writer thread included)."""
+    server_cpu: float = 0.0
+    """CPU seconds of the database server's backends serving the run (0: not measured)."""
 
     @property
     def median_ms(self) -> float:
@@ -45,6 +47,10 @@ class Sample:
     @property
     def cpu_us(self) -> float:
         return self.cpu / len(self.latencies) * 1e6
+
+    @property
+    def server_cpu_us(self) -> float:
+        return self.server_cpu / len(self.latencies) * 1e6
 
     @property
     def per_sec(self) -> float:

@@ -35,6 +35,7 @@ from sqlalchemy import event
 
 from pipecat_actions.ledger import OperationFilter, SqlLedger
 from pipecat_actions.ledger._postgres import _BY_SLOT, _GET
+from pipecat_actions.ledger.sqlite import SqliteLedger
 from pipecat_actions.status import ActionStatus
 
 S = ActionStatus
@@ -84,7 +85,7 @@ def _recorder(ledger: SqlLedger) -> list[tuple[str, Any]]:
             issued.append((statement, parameters))
 
     engines = [ledger._engine.sync_engine]
-    if ledger._sqlite_writer is not None:
+    if isinstance(ledger, SqliteLedger) and ledger._sqlite_writer is not None:
         engines.append(ledger._sqlite_writer)
     for engine in engines:
         event.listen(engine, "before_cursor_execute", record)

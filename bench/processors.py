@@ -30,9 +30,9 @@ from pipecat.workers.runner import WorkerRunner
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
+from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
 from pipecat_actions.ledger import SqlLedger
 from pipecat_actions.policy import load_policy_text
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 
 
 class Bare(FrameProcessor):

@@ -51,10 +51,10 @@ from pipecat_actions import (
     attach,
     tools_schema,
 )
+from pipecat_actions.adapters import ActionResultGate, ActionStatusReporter, ActionTurnTracker
+from pipecat_actions.adapters.pipeline import check_placement
 from pipecat_actions.ledger import ForwardingLedger, SqlLedger
-from pipecat_actions.pipeline import check_placement
 from pipecat_actions.policy import load_policy_text
-from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 from pipecat_actions.testing import Say, ToolCalls
 
 POLICY = """

@@ -13,14 +13,14 @@ http://localhost:7860/daily (or POST ``/start``): the runner creates a Daily roo
 starts `bot` for that session, and sends the browser to the room. The runner needs Pipecat's
 ``runner`` extra (and ``webrtc`` for ``-t webrtc``); the bot names the missing one.
 
-Pipeline (`pipecat_actions.pipeline.build_pipeline`)::
+Pipeline (`pipecat_actions.adapters.pipeline.build_pipeline`)::
 
     transport.input → OpenAI STT → user aggregator (Silero VAD) → ActionTurnTracker
         → OpenAI LLM → ActionStatusReporter → OpenAI TTS → transport.output → ActionResultGate
         → assistant aggregator
 
 With ``REALTIME=openai`` or ``REALTIME=gemini`` a speech-to-speech service replaces STT, LLM
-and TTS, with its realtime adapter (`pipecat_actions.realtime`)::
+and TTS, with its realtime adapter (`pipecat_actions.adapters.realtime`)::
 
     transport.input → user aggregator (Silero VAD) → ActionTurnTracker → OpenAI Realtime or
         Gemini Live → ActionStatusReporter → transport.output → ActionResultGate
@@ -30,13 +30,13 @@ With ``FLOW=1`` the conversation is the Pipecat Flows reservation of
 ``configs/flows/restaurant.yaml`` (greet → collect → book → confirm, with ``checking`` and
 ``try_again``), under ``configs/restaurant_flow_policy.yaml``: a `FlowManager` on the same
 cascade pipeline (`build_pipeline` with the manager's aggregator pair), its functions routed
-through the runtime by `pipecat_actions.flows.FlowActions`, so the flow moves on the runtime's
-truthful status (``bots.restaurant_flow``; the offline version is ``make demo FLOW=1``). The
-flow runs on the cascade only: ``FLOW=1`` with ``REALTIME`` is refused.
+through the runtime by `pipecat_actions.adapters.flows.FlowActions`, so the flow moves on
+the runtime's truthful status (``bots.restaurant_flow``; the offline version is
+``make demo FLOW=1``). The flow runs on the cascade only: ``FLOW=1`` with ``REALTIME`` is refused.
 
 An RTVI client (Pipecat's web client on ``-t webrtc``) gets ``action-status`` server messages
 for the bot's tools, never ``llm-function-call-stopped {cancelled: true}`` for a booking that
-goes on (`pipecat_actions.processors.status_reporter`).
+goes on (`pipecat_actions.adapters.status_reporter`).
 
 Environment (a ``.env`` file in the working directory is read too, as Pipecat's runner does):
 
@@ -129,8 +129,8 @@ if TYPE_CHECKING:
 
     from bots.restaurant_api import RestaurantAPI
     from bots.restaurant_service.process import RestaurantProcess
-    from pipecat_actions.flows import FlowActions
-    from pipecat_actions.processors import ActionResultGate
+    from pipecat_actions.adapters import ActionResultGate
+    from pipecat_actions.adapters.flows import FlowActions
     from pipecat_actions.testing import FakeSystemOfRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -299,8 +299,8 @@ async def build_bot(
 
     from bots.restaurant import RESTAURANT, build_actions
     from bots.restaurant_flow import flow_tools
-    from pipecat_actions.pipeline import build_pipeline
-    from pipecat_actions.processors import rtvi_observer_params
+    from pipecat_actions.adapters import rtvi_observer_params
+    from pipecat_actions.adapters.pipeline import build_pipeline
 
     if flow and realtime is not None:
         raise ValueError("the flow runs on the cascade only: give flow=True or realtime, not both")

@@ -12,7 +12,8 @@ The actions reach it through `bots.restaurant_api`, the adapter a team writes fo
 provider. The story:
 
 1. Alice books a table for nine; the booking is slow. She barges in: "make it half past nine".
-   A second booking while the first runs is refused (one at a time), and she is told so.
+   The half-past-nine booking is queued behind the first (one booking at a time per caller):
+   it waits, and she is told the nine o'clock one is still going through.
 2. The nine o'clock booking commits late. The gate tells the model the truth (booked, not
    cancelled); the model books half past nine and the application cancels the nine o'clock
    one as a compensation: exactly one booking is left.
@@ -23,7 +24,8 @@ provider. The story:
    bot process is killed (SIGKILL) while the restaurant keeps running. A fresh runtime recovers
    the operation, asks the restaurant about its idempotency key, and reports it committed.
 
-It prints a timestamped transcript (user, bot, tool events), the ledger, and metrics, and ends
+It prints a timestamped transcript (user, bot, tool events) as the story happens, line by line,
+then the crash, the ledger, and metrics, and ends
 with the operator's commands that read this demo's ledger, ``.pipecat_actions/demo.db`` (the
 command line's default is ``.pipecat_actions/ledger.db``, which the demo leaves alone).
 """
@@ -172,20 +174,102 @@ def script(refund_mode: ConfirmationMode) -> list[Any]:
     return steps
 
 
+# --- the story, printed as it happens --------------------------------------------------------
+
+
+class Story:
+    """Prints each line of the transcript when it happens, flushed: ``make demo`` is never silent.
+
+    The user's lines come from the pipeline (an observer of the transcriptions the transport
+    sends), the bot's when the user has heard them (the fake transport's record of played
+    audio), the tool events from the ledger's audit trail, the application's from itself.
+    Each is printed once, with the seconds since the call started.
+    """
+
+    def __init__(self, out: Any = sys.stdout) -> None:
+        self.out = out
+        self.started = time.time()
+        self._printed: set[str] = set()
+
+    def begin(self) -> None:
+        self.started = time.time()
+        self._print("TRANSCRIPT (seconds since the call started, printed as it happens)")
+
+    def line(self, text: str, at: float | None = None, *, key: str | None = None) -> None:
+        key = key or text
+        if key in self._printed:
+            return
+        self._printed.add(key)
+        when = (at if at is not None else time.time()) - self.started
+        self._print(f"  {when:6.2f}  {text}")
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def observer(self) -> Any:
+        """A Pipecat observer that tells each user transcription once, when it is pushed."""
+        from pipecat.frames.frames import TranscriptionFrame
+        from pipecat.observers.base_observer import BaseObserver, FramePushed
+
+        story = self
+
+        class _Transcriptions(BaseObserver):
+            async def on_push_frame(self, data: FramePushed) -> None:
+                frame = data.frame
+                if isinstance(frame, TranscriptionFrame):
+                    story.line(f"user   {frame.text}", key=f"user:{frame.id}")
+
+        return _Transcriptions()
+
+    async def follow(self, runtime: ActionRuntime, session: SessionState, transport: Any) -> None:
+        """Print what the user heard and each tool event, until cancelled."""
+        heard = 0
+        while True:
+            await self.catch_up(runtime, session)
+            played = transport.heard
+            # The last utterance may still be playing (or be cut): told once the bot stops.
+            settled = len(played) if not session.bot_speaking else len(played) - 1
+            for index in range(heard, settled):
+                utterance = played[index]
+                cut = " [interrupted]" if utterance.interrupted else ""
+                self.line(f"bot    {utterance.text}{cut}", key=f"bot:{index}")
+            heard = max(heard, settled)
+            await asyncio.sleep(0.1)
+
+    async def catch_up(self, runtime: ActionRuntime, session: SessionState) -> None:
+        """Print the tool events of ``session``'s operations not printed yet."""
+        ops = await runtime.ledger.list(OperationFilter(session_id=session.session_id))
+        for op in sorted(ops, key=lambda o: o.created_at):
+            for event in await runtime.ledger.events(op.operation_id):
+                what = _event_text(event)
+                if what is not None:
+                    text = f"tool   {op.tool:<16} {op.operation_id[-8:]} {what}"
+                    self.line(text, event.at, key=f"{op.operation_id}:{event.at}:{what}")
+
+
+def _event_text(event: Any) -> str | None:
+    if event.kind.value in ("created", "transition"):
+        return f"{event.from_status} -> {event.to_status}"
+    if "delivered" in (event.detail_json or ""):
+        return "delivered to the conversation"
+    return None
+
+
 # --- the application around the conversation ------------------------------------------------
 
 
 class Director:
     """What the application does meanwhile: the move and the manager's approval."""
 
-    def __init__(self, runtime: ActionRuntime, session: SessionState) -> None:
-        self.runtime, self.session = runtime, session
+    def __init__(self, runtime: ActionRuntime, session: SessionState, story: Story) -> None:
+        self.runtime, self.session, self.story = runtime, session, story
         self.events: list[tuple[float, str]] = []
         self.compensation: Operation | None = None
         self.tasks: list[asyncio.Task[Any]] = []
 
     def note(self, text: str) -> None:
         self.events.append((time.time(), text))
+        self.story.line(f"app    {text}")
 
     def on_outcome(self, op: Operation) -> None:
         if op.tool == "book_table" and op.status is S.COMMITTED and op.args["time"] != "21:00":
@@ -228,13 +312,14 @@ class Director:
 
 
 async def converse(
-    ledger_url: str, policy_path: Path, restaurant: RestaurantProcess
+    ledger_url: str, policy_path: Path, restaurant: RestaurantProcess, story: Story
 ) -> dict[str, Any]:
     from pipecat.processors.aggregators.llm_context import LLMContext
 
-    from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+    from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
     from pipecat_actions.testing import (
         BargeIn,
+        FakeTransport,
         FakeTTS,
         ScriptedLLM,
         UserSays,
@@ -254,7 +339,7 @@ async def converse(
         ledger_url=ledger_url,
     )
     session = SessionState(session_id="call-alice", principal="alice", active_agent="host")
-    director = Director(runtime, session)
+    director = Director(runtime, session, story)
     runtime.listen(session.session_id, director.on_outcome)
     llm = ScriptedLLM(script(refund_mode))
     attach(runtime, llm, session)
@@ -277,18 +362,32 @@ async def converse(
         UserSays("Thanks. Is there parking nearby?"),
         WaitUntilIdle(quiet_secs=2.0, timeout_secs=30.0),
     ]
-    started = time.time()
-    result = await run_conversation(
-        steps,
-        llm=llm,
-        tts=FakeTTS(secs_per_char=0.03),
-        context=context,
-        after_user_aggregator=[ActionTurnTracker(session)],
-        before_assistant_aggregator=[ActionResultGate(runtime, session)],
-        timeout_secs=120.0,
-    )
-    await asyncio.gather(*director.tasks, return_exceptions=True)
-    await runtime.flush()
+    transport = FakeTransport()
+    story.begin()
+    started = story.started
+    following = asyncio.ensure_future(story.follow(runtime, session, transport))
+    try:
+        result = await run_conversation(
+            steps,
+            llm=llm,
+            tts=FakeTTS(secs_per_char=0.03),
+            transport=transport,
+            context=context,
+            after_user_aggregator=[ActionTurnTracker(session)],
+            before_assistant_aggregator=[ActionResultGate(runtime, session)],
+            observers=[story.observer()],
+            timeout_secs=120.0,
+        )
+        await asyncio.gather(*director.tasks, return_exceptions=True)
+        await runtime.flush()
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+    # What was printed as it happened is complete: the last events, and all that was heard.
+    await story.catch_up(runtime, session)
+    for index, heard in enumerate(result.heard):
+        cut = " [interrupted]" if heard.interrupted else ""
+        story.line(f"bot    {heard.text}{cut}", started + heard.started_at_secs, key=f"bot:{index}")
     ops = await runtime.ledger.list()
     trails = {op.operation_id: await runtime.ledger.events(op.operation_id) for op in ops}
     await runtime.close()
@@ -408,37 +507,8 @@ def _short(value: Any, width: int) -> str:
 
 
 def report(conversation: dict[str, Any], crash: dict[str, Any], out: Any = sys.stdout) -> None:
-    started = conversation["started"]
+    """What follows the transcript (printed as it happened): the crash, the ledger, metrics."""
     result = conversation["result"]
-    lines: list[tuple[float, str]] = []
-    from pipecat.frames.frames import TranscriptionFrame
-
-    for observed in result.frames:
-        if isinstance(observed.frame, TranscriptionFrame):
-            lines.append((started + observed.at_secs, f"user   {observed.frame.text}"))
-    for heard in result.heard:
-        cut = " [interrupted]" if heard.interrupted else ""
-        lines.append((started + heard.started_at_secs, f"bot    {heard.text}{cut}"))
-    for op_id, trail in conversation["trails"].items():
-        for event in trail:
-            if event.kind.value in ("created", "transition") or "delivered" in (
-                event.detail_json or ""
-            ):
-                op = next(o for o in conversation["ops"] if o.operation_id == op_id)
-                what = (
-                    f"{event.from_status} -> {event.to_status}"
-                    if event.kind.value != "annotation"
-                    else "delivered to the conversation"
-                )
-                lines.append((event.at, f"tool   {op.tool:<16} {op_id[-8:]} {what}"))
-    lines += [(at, f"app    {text}") for at, text in conversation["director"].events]
-    seen: set[tuple[float, str]] = set()
-    print("TRANSCRIPT (seconds since the call started)", file=out)
-    for at, text in sorted(lines, key=lambda line: round(line[0], 2)):
-        if (at, text) in seen:
-            continue
-        seen.add((at, text))
-        print(f"  {at - started:6.2f}  {text}", file=out)
     print("\nCRASH AND RECOVERY", file=out)
     print(
         f"  SIGKILL to the bot process (pid {crash['bot_pid']}); the restaurant service "
@@ -544,7 +614,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
     with RestaurantProcess.start(restaurant_db) as restaurant:
         _progress(f"restaurant service on {restaurant.url}, its database {restaurant_db}")
         _progress("running the conversation (about 20 seconds of real time)")
-        conversation = await converse(ledger_url, policy_path, restaurant)
+        conversation = await converse(ledger_url, policy_path, restaurant, Story())
         _progress("killing the bot process with a booking in flight, then restarting")
         crash = await crash_and_recover(ledger_url, policy_path, restaurant)
     report(conversation, crash)

@@ -5,9 +5,9 @@
 No keys, no network: a real `FlowManager` runs ``configs/flows/restaurant.yaml`` (greet →
 collect → book → confirm, with ``checking`` and ``try_again``) in a real Pipecat pipeline
 (the real aggregators, `ActionTurnTracker` after the user aggregator and `ActionResultGate`
-before the assistant aggregator, as `pipecat_actions.pipeline.build_pipeline` places them), a
-scripted model (`ScriptedLLM`) plays the model's part, a fake voice (`FakeTTS`) is played in
-real time by an offline transport, the flow's functions go through `FlowActions` under
+before the assistant aggregator, as `pipecat_actions.adapters.pipeline.build_pipeline` places
+them), a scripted model (`ScriptedLLM`) plays the model's part, a fake voice (`FakeTTS`) is
+played in real time by an offline transport, the flow's functions go through `FlowActions` under
 ``configs/restaurant_flow_policy.yaml``, the ledger is SQLite under ``.pipecat_actions/``, and
 the restaurant is the fake system of record. The story:
 
@@ -156,8 +156,8 @@ async def converse(ledger_url: str, policy_path: Path = FLOW_POLICY) -> dict[str
     from pipecat.processors.aggregators.llm_context import LLMContext
     from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 
-    from pipecat_actions.pipeline import check_placement
-    from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+    from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
+    from pipecat_actions.adapters.pipeline import check_placement
     from pipecat_actions.testing import (
         Call,
         FakeTransport,

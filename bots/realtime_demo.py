@@ -291,7 +291,7 @@ async def run(kind: str, ledger_url: str) -> int:
     from pipecat.processors.aggregators.llm_context import LLMContext
     from pipecat.workers.runner import WorkerRunner
 
-    from pipecat_actions.pipeline import build_pipeline
+    from pipecat_actions.adapters.pipeline import build_pipeline
     from pipecat_actions.testing.fake_gemini_live import FakeGeminiServer
     from pipecat_actions.testing.fake_openai_realtime import FakeRealtimeServer
 

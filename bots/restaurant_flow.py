@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from pipecat.flows import TRANSITION_IN_YAML, Flow, FlowConfig, FlowManager
 
 from pipecat_actions import ActionContext, EffectFailed, Reconciliation, action_context
-from pipecat_actions.flows import FlowActions, FunctionHooks, flow_functions
+from pipecat_actions.adapters.flows import FlowActions, FunctionHooks, flow_functions
 from pipecat_actions.testing.restaurant import RESTAURANT
 from pipecat_actions.testing.system_of_record import FakeSystemOfRecord, ProviderRejected
 

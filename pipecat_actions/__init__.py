@@ -23,6 +23,16 @@ if _typing.TYPE_CHECKING:
         action,
         action_context,
     )
+    from pipecat_actions.adapters import (
+        ActionResultGate,
+        ActionStatusReporter,
+        ActionTurnTracker,
+        attach,
+        build_pipeline,
+        check_placement,
+        instrument,
+        tools_schema,
+    )
     from pipecat_actions.admission.authorization import (
         AllowAll,
         AuthorizationRequest,
@@ -31,11 +41,6 @@ if _typing.TYPE_CHECKING:
     )
     from pipecat_actions.approvals import (
         Approver,
-    )
-    from pipecat_actions.binding import (
-        attach,
-        instrument,
-        tools_schema,
     )
     from pipecat_actions.clock import (
         ManualClock,
@@ -58,19 +63,10 @@ if _typing.TYPE_CHECKING:
     from pipecat_actions.ledger import (
         Operation,
     )
-    from pipecat_actions.pipeline import (
-        build_pipeline,
-        check_placement,
-    )
     from pipecat_actions.policy import (
         PolicySet,
         load_policy,
         load_policy_text,
-    )
-    from pipecat_actions.processors import (
-        ActionResultGate,
-        ActionStatusReporter,
-        ActionTurnTracker,
     )
     from pipecat_actions.results import (
         ToolResult,
@@ -147,15 +143,15 @@ __all__ = [
 _EXPORTS = {
     "ActionRuntime": "pipecat_actions.runtime",
     "ToolResult": "pipecat_actions.results",
-    "attach": "pipecat_actions.binding",
-    "instrument": "pipecat_actions.binding",
-    "tools_schema": "pipecat_actions.binding",
+    "attach": "pipecat_actions.adapters",
+    "instrument": "pipecat_actions.adapters",
+    "tools_schema": "pipecat_actions.adapters",
     "SessionState": "pipecat_actions.session",
-    "ActionResultGate": "pipecat_actions.processors",
-    "ActionStatusReporter": "pipecat_actions.processors",
-    "ActionTurnTracker": "pipecat_actions.processors",
-    "build_pipeline": "pipecat_actions.pipeline",
-    "check_placement": "pipecat_actions.pipeline",
+    "ActionResultGate": "pipecat_actions.adapters",
+    "ActionStatusReporter": "pipecat_actions.adapters",
+    "ActionTurnTracker": "pipecat_actions.adapters",
+    "build_pipeline": "pipecat_actions.adapters",
+    "check_placement": "pipecat_actions.adapters",
     "ActionContext": "pipecat_actions.actions",
     "CancelOutcome": "pipecat_actions.actions",
     "Reconciliation": "pipecat_actions.actions",
@@ -208,7 +204,7 @@ _DEPRECATED = {
     "ToolPolicy": "pipecat_actions.policy",
     "TransitionRefused": "pipecat_actions.errors",
     "UnexpectedStatus": "pipecat_actions.errors",
-    "rtvi_observer_params": "pipecat_actions.processors",
+    "rtvi_observer_params": "pipecat_actions.adapters",
 }
 
 # Names the package stopped exporting a release ago: asking for one says where it lives.

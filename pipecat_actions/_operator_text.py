@@ -133,6 +133,11 @@ def render_statistics(data: dict[str, Any]) -> str:
     if not data["tools"]:
         return "no operation matches"
     lines: list[str] = []
+    if data.get("conflicts"):
+        lines.append(
+            f"CONFLICTS: {data['conflicts']} operations the ledger held as failed were reported "
+            "committed by the system of record (see: ledger list --conflicts)"
+        )
     for tool, entry in data["tools"].items():
         lines.append(
             f"{printable(tool)}: {entry['operations']} operations, {entry['proposals']} proposals"

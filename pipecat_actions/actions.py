@@ -152,7 +152,7 @@ def action_context() -> ActionContext:
     """The context of the operation whose effect runs now, for a handler the runtime routes.
 
     An `action` effect is given its `ActionContext`; a handler routed through the runtime by
-    ``instrument`` or `pipecat_actions.flows.FlowActions` has the signature Pipecat or
+    ``instrument`` or `pipecat_actions.adapters.flows.FlowActions` has the signature Pipecat or
     Flows gives it, and reads it here: ``action_context().idempotency_key`` is the key to send
     to a provider that deduplicates requests.
 
@@ -233,7 +233,8 @@ class ActionDefinition:
     """An effect with its hooks and its argument model; build it with `action`.
 
     ``app_handler`` is True for an action whose handler Pipecat calls is the application's
-    own, routed through the runtime (`pipecat_actions.instrument`, `pipecat_actions.flows`):
+    own, routed through the runtime (`pipecat_actions.instrument`,
+    `pipecat_actions.adapters.flows`):
     `pipecat_actions.attach` registers no handler for it and `pipecat_actions.tools_schema`
     leaves it out, since the application (or Flows) registers and advertises it.
     ``parameter_descriptions`` are what the tool schema says of each argument whose field

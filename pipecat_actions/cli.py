@@ -4,10 +4,12 @@ Every failure the user can cause (a bad file, a bad URL, an unreachable database
 line on stderr and a non-zero exit status, never a traceback::
 
     pipecat-actions policy check FILE...      validate policy files (exit 1 if any is invalid)
+    pipecat-actions policy migrate FILE       rewrite an older policy file in the current format
     pipecat-actions db upgrade                create or upgrade the ledger schema
     pipecat-actions db status                 show the schema revision of a ledger database
     pipecat-actions approvals list|show|approve|reject   operations waiting for a person
     pipecat-actions ledger list [filters] | ledger show OP  operations and their audit timeline
+    pipecat-actions ledger list --conflicts   what the system of record contradicted
     pipecat-actions ledger new-keys | ledger rotate-keys    keys of sealed (sensitive) values
     pipecat-actions undelivered               committed operations nobody was told about
     pipecat-actions stats [--since SECS] [--tool T]       per-tool metrics, every row
@@ -156,6 +158,15 @@ def _build_parser() -> argparse.ArgumentParser:
     check = policy_commands.add_parser("check", help="validate policy files")
     check.add_argument("files", nargs="+", metavar="FILE", help="YAML policy files")
     check.add_argument("--json", action="store_true", help="machine-readable output")
+    migrate = policy_commands.add_parser(
+        "migrate",
+        help="rewrite an older policy file (version 1, 0.1.0) in the current format, keeping "
+        "its comments",
+    )
+    migrate.add_argument("file", metavar="FILE", help="the YAML policy file, rewritten in place")
+    migrate.add_argument(
+        "--stdout", action="store_true", help="print the migrated file instead of rewriting it"
+    )
 
     db = commands.add_parser("db", help="manage the ledger database")
     db_commands = db.add_subparsers(dest="db_command", required=True)
@@ -215,6 +226,13 @@ def _build_parser() -> argparse.ArgumentParser:
     ledger_list.add_argument("--principal", default=None)
     ledger_list.add_argument(
         "--since", type=_secs, default=None, metavar="SECS", help="only the last SECS seconds"
+    )
+    ledger_list.add_argument(
+        "--conflicts",
+        action="store_true",
+        help="only conflicts: operations the ledger held as failed that the system of record "
+        "reports committed (recorded as COMMITTED, escalated; whoever was told it failed was "
+        "told wrong)",
     )
     ledger_show = ledger_commands.add_parser("show", help="an operation and its audit timeline")
     ledger_show.add_argument("operation_id")
@@ -366,6 +384,8 @@ def _run_command(args: argparse.Namespace) -> int:
     import asyncio
 
     try:
+        if args.command == "policy" and args.policy_command == "migrate":
+            return _policy_migrate(args, sys.stdout)
         if args.command == "policy":
             return _policy_check(args, sys.stdout)
         if args.command == "db":
@@ -514,12 +534,38 @@ def _policy_check(args: argparse.Namespace, out: TextIO) -> int:
     report = []
     for path in args.files:
         try:
-            report.append({"file": path, "ok": True, "tools": list(load_policy(path).names())})
+            policies = load_policy(path)
+            entry = {"file": path, "ok": True, "tools": list(policies.names())}
+            report.append({**entry, "deprecations": list(policies.deprecations)})
         except PolicyError as exc:
             problems = [str(problem) for problem in exc.problems]
             report.append({"file": path, "ok": False, "problems": problems})
     print(json.dumps(report, indent=2), file=out)
     return 0 if all(entry["ok"] for entry in report) else 1
+
+
+def _policy_migrate(args: argparse.Namespace, out: TextIO) -> int:
+    from pipecat_actions.policy import PolicyError
+    from pipecat_actions.policy.migrate import migrate_policy_file
+
+    try:
+        migration = migrate_policy_file(args.file, write=not args.stdout)
+    except PolicyError as exc:
+        for problem in exc.problems:
+            print(printable(str(problem)), file=sys.stderr)
+        print(printable(f"{args.file}: not migrated (the file is unchanged)"), file=sys.stderr)
+        return 1
+    if args.stdout:
+        out.write(migration.text)
+    report = out if not args.stdout else sys.stderr
+    if not migration.changed:
+        print(printable(f"{args.file}: already the current format; nothing to change"), file=report)
+        return 0
+    done = "migrated" if not args.stdout else "would migrate"
+    print(printable(f"{args.file}: {done} from version {migration.from_version}"), file=report)
+    for line in [*migration.changes, *(f"note: {note}" for note in migration.notes)]:
+        print(printable(f"  {line}"), file=report)
+    return 0
 
 
 async def _reconcile(args: argparse.Namespace, out: TextIO) -> int:
@@ -808,6 +854,7 @@ async def _read_ledger(args: argparse.Namespace, out: TextIO) -> int:
                     tool=args.tool,
                     principal=args.principal,
                     created_from=since,
+                    conflicted=True if args.conflicts else None,
                 )
             # One row past the page says whether another page follows.
             ops = await ledger.list(replace(wanted, after=args.after, limit=args.limit + 1))

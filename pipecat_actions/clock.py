@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
-__all__ = ["Clock", "ManualClock", "SystemClock"]
+__all__ = ["Clock", "ManualClock", "SystemClock", "backoff_secs"]
 
 import asyncio
 import heapq
 import itertools
 import time
 from typing import Protocol, runtime_checkable
+
+
+def backoff_secs(initial_secs: float, multiplier: float, max_secs: float, step: int) -> float:
+    """The pause before try ``step + 1`` after ``step`` failures: exponential, capped.
+
+    ``min(initial_secs * multiplier ** (step - 1), max_secs)``, without overflow however large
+    ``step`` grows. The one backoff formula of the package: a tool's retries
+    (`RetryPolicy.delay_for`, which adds jitter), writes that must land (`WriteRetry`), the
+    watchdog's re-armed deadlines and reconciliation probes (`ReconcileSchedule`). Each waits
+    on its own `Clock`, which is why no retry library drives these loops.
+
+    Args:
+        initial_secs: The first pause.
+        multiplier: How much each pause grows (1 keeps it constant).
+        max_secs: The longest pause.
+        step: 1 for the first pause, 2 for the next, and so on.
+
+    Raises:
+        ValueError: ``step`` is below 1.
+    """
+    if step < 1:
+        raise ValueError(f"a backoff counts its steps from 1, got {step}")
+    try:
+        grown = initial_secs * multiplier ** (step - 1)
+    except OverflowError:
+        return max_secs
+    return min(grown, max_secs)
 
 
 @runtime_checkable

@@ -213,9 +213,12 @@ async def statistics(ledger: Ledger, filters: OperationFilter) -> dict[str, Any]
     execution (the committing attempt's send) to commit and commit to acknowledgement
     times; retries, timeouts (deadlines the watchdog enforced, reads past theirs) and their
     rates per executed operation; duplicates joined or rejected per call proposed; UNKNOWN
-    now and ever, reconciliations and their errors, escalations; late results; cancellations
+    now and ever, reconciliations and their errors, conflicts (operations the ledger held
+    as failed that the system of record reports committed; their sum over the tools is
+    ``"conflicts"`` beside ``"operations"``), escalations; late results; cancellations
     requested, confirmed and before sending; compensations; operations pending at a
-    handoff; refusals by reason; operations committed but never delivered. Admission
+    handoff; refusals by reason; committed operations someone is owed and was never told
+    (``committed_undelivered``: reads are never owed, see `OperationFilter.undelivered`). Admission
     latency is not in the ledger: see ``runtime.metrics``.
 
     Exact: every matching operation is counted (``filters.limit`` does not apply), in a few

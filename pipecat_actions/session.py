@@ -15,11 +15,13 @@ Two counters matter:
 
 from __future__ import annotations
 
-__all__ = ["SessionState", "turn_number"]
+__all__ = ["UNTRACKED_WARNING", "SessionState", "turn_number", "warn_if_untracked"]
 
 import asyncio
 from dataclasses import dataclass, field
 from typing import Any
+
+from loguru import logger
 
 _SPEECH = frozenset({"user_speaking", "bot_speaking"})
 
@@ -47,6 +49,8 @@ class SessionState:
         user_speaking: Whether the user is speaking now.
         bot_speaking: Whether the bot is speaking now.
         speech_changes: How many times either of them changed (see `speech_changed`).
+        turns_tracked: Whether an ``ActionTurnTracker`` keeps this session current (it says
+            so when its pipeline starts; see `warn_if_untracked`).
     """
 
     session_id: str
@@ -58,6 +62,8 @@ class SessionState:
     user_speaking: bool = False
     bot_speaking: bool = False
     speech_changes: int = field(default=0, compare=False)
+    turns_tracked: bool = field(default=False, compare=False)
+    _untracked_told: bool = field(default=False, repr=False, compare=False)
     _interrupted: set[int] = field(default_factory=set, repr=False)
     _settled: set[int] = field(default_factory=set, repr=False)
     _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -126,3 +132,35 @@ class SessionState:
 
     def _notify(self) -> None:
         self._changed.set()
+
+
+UNTRACKED_WARNING = (
+    "no ActionTurnTracker keeps session {session_id} current ({where}): a tool call from a "
+    "reply the user interrupted would run, never refused as stale; put "
+    "ActionTurnTracker(session) right after the user aggregator (build_pipeline does; "
+    "check_placement(processors) says what else is missing)"
+)
+"""The one line `warn_if_untracked` logs (a pipeline without the tracker runs, unsafely)."""
+
+
+def warn_if_untracked(session: SessionState, where: str) -> bool:
+    """Log `UNTRACKED_WARNING` once per session if no tracker said it keeps ``session``.
+
+    Called by the gate when its pipeline starts and by each Pipecat-facing entry at a call
+    (``attach``'s handlers, ``instrument``'s, Flows'): without the tracker the session never
+    learns of turns and interruptions, so stale proposals are never refused. A warning for
+    this release; the next one refuses to start (CHANGELOG.md).
+
+    Args:
+        session: The session a pipeline serves.
+        where: What noticed it, for the line (``"the ActionResultGate started"``).
+
+    Returns:
+        True if the session is untracked (whether or not this call logged the line).
+    """
+    if session.turns_tracked:
+        return False
+    if not session._untracked_told:
+        session._untracked_told = True
+        logger.warning(UNTRACKED_WARNING.format(session_id=session.session_id, where=where))
+    return True

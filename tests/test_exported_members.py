@@ -137,3 +137,13 @@ def test_the_package_exports_about_thirty_names() -> None:
 def test_an_unknown_name_is_a_plain_attribute_error() -> None:
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchThing'"):
         pipecat_actions.NoSuchThing  # noqa: B018
+
+
+def test_check_placement_is_found_where_the_processors_are() -> None:
+    # A newcomer who imports the processors from their package guesses it there too.
+    import pipecat_actions.adapters
+
+    check = pipecat_actions.adapters.check_placement
+    assert pipecat_actions.check_placement is check
+    for module in (pipecat_actions, pipecat_actions.adapters):
+        assert {"ActionTurnTracker", "check_placement"} <= set(module.__all__)

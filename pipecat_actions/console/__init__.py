@@ -4,7 +4,9 @@
 what waits for a person (the exact arguments and their hash, the before-state, who asked, the
 tool's risk, who may decide and a live countdown to the request's expiry), lets an operator
 approve or reject it with a reason, and shows every operation with its audit timeline, the
-committed operations nobody was told about, and the UNKNOWN ones (with the reconcile action
+conflicts (an operation the ledger held as failed that the system of record reports
+committed), the committed operations someone is owed and was never told (never a read), and
+the UNKNOWN ones (with the reconcile action
 when ``--app`` names the application's `OperatorApp`). Pages update without a reload when the
 agent adds or settles an operation.
 

@@ -11,7 +11,7 @@ shown they cannot decide on either: every decision is checked again by
 
 from __future__ import annotations
 
-__all__ = ["PAGE", "Rules", "Scope", "all_lists"]
+__all__ = ["LISTS", "PAGE", "Rules", "Scope", "all_lists"]
 
 import asyncio
 import builtins
@@ -32,6 +32,18 @@ PAGE = 100
 _WAITING_READ = 1000
 """The most waiting requests read to find those an operator may decide (expiring first)."""
 _RULES_KEPT = 10_000
+
+
+LISTS = {
+    "conflicts": OperationFilter(conflicted=True, limit=PAGE + 1),
+    "unknown": OperationFilter(status=[S.UNKNOWN], limit=PAGE + 1),
+    "undelivered": OperationFilter(status=[S.COMMITTED], undelivered=True, limit=PAGE + 1),
+    "recent": OperationFilter(limit=30, newest_first=True),
+}
+"""The lists of operations the front page shows besides the approvals, each a page and one
+more row (which says more are not shown). ``conflicts``: what the system of record reported
+committed while the ledger held it as failed (see ``Executor.correct``); ``undelivered``:
+committed, owed to someone and never told (reads are owed to nobody)."""
 
 
 class Rules:
@@ -58,14 +70,11 @@ class Rules:
 
 async def all_lists(ledger: Ledger) -> dict[str, list[Operation]]:
     """Every list the pages show, whoever reads them: what a change to any of them is seen by."""
-    waiting, undelivered, unknown, recent = await asyncio.gather(
+    waiting, *shown = await asyncio.gather(
         ledger.list(OperationFilter(status=[S.AWAITING_APPROVAL], limit=_WAITING_READ)),
-        ledger.list(OperationFilter(status=[S.COMMITTED], undelivered=True, limit=PAGE + 1)),
-        ledger.list(OperationFilter(status=[S.UNKNOWN], limit=PAGE + 1)),
-        ledger.list(OperationFilter(limit=30, newest_first=True)),
+        *(ledger.list(wanted) for wanted in LISTS.values()),
     )
-    return {"approvals": waiting, "undelivered": undelivered, "unknown": unknown,
-            "recent": recent}  # fmt: skip
+    return {"approvals": waiting, **dict(zip(LISTS, shown, strict=True))}
 
 
 class Scope:
@@ -123,22 +132,16 @@ class Scope:
 
     async def sections(self, now: float) -> Mapping[str, Any]:
         """What the front page shows the operator."""
-        decidable, undelivered, unknown, recent = await asyncio.gather(
-            self.decidable(),
-            self.list(OperationFilter(status=[S.COMMITTED], undelivered=True, limit=PAGE + 1)),
-            self.list(OperationFilter(status=[S.UNKNOWN], limit=PAGE + 1)),
-            self.list(OperationFilter(limit=30, newest_first=True)),
+        decidable, *found = await asyncio.gather(
+            self.decidable(), *(self.list(wanted) for wanted in LISTS.values())
         )
-        lists = {"approvals": decidable, "undelivered": undelivered, "unknown": unknown,
-                 "recent": recent}  # fmt: skip
+        lists = {"approvals": decidable, **dict(zip(LISTS, found, strict=True))}
         more = {name: len(ops) > PAGE for name, ops in lists.items()}
         shown = {name: ops[:PAGE] for name, ops in lists.items()}
         views = await asyncio.gather(*(self.view(op) for op in shown["approvals"]))
         return {
+            **shown,
             "approvals": list(views),
-            "undelivered": shown["undelivered"],
-            "unknown": shown["unknown"],
-            "recent": shown["recent"],
             "more": more,
             "page": PAGE,
             "now": now,

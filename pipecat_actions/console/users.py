@@ -2,13 +2,18 @@
 
 One line per operator, ``NAME:ROLES:tenants=TENANTS:HASH``, where ROLES is a comma-separated
 list (possibly empty), TENANTS the comma-separated tenants whose operations they may decide on
-(``*`` for every tenant), and HASH is the password's scrypt key (RFC 7914, Python's
-`hashlib.scrypt`) with its parameters and salt, ``scrypt$N$r$p$SALT$KEY`` (base64). Lines
-starting with ``#`` and blank lines are ignored. A password is never stored, and the file is
-written readable by its owner only::
+(``*`` for every tenant), and HASH is the password's Argon2id hash (RFC 9106) in the PHC
+string format, with its parameters and salt (``$argon2id$v=19$m=19456,t=2,p=1$SALT$KEY``),
+made and checked by argon2-cffi. Lines starting with ``#`` and blank lines are ignored. A
+password is never stored, and the file is written readable by its owner only::
 
     # pipecat-actions users add rosa --role manager --tenant main-st --users ops/users
-    rosa:manager:tenants=main-st:scrypt$16384$8$1$0d3…$Yx…
+    rosa:manager:tenants=main-st:$argon2id$v=19$m=19456,t=2,p=1$0d3…$Yx…
+
+The parameters are OWASP's for Argon2id (19 MiB, two passes, one lane): about the cost of the
+scrypt hashes (RFC 7914, ``scrypt$N$r$p$SALT$KEY``) that files written before hold. Those
+still sign in, and are replaced by an Argon2id hash of the same password at that sign-in, as
+is a hash made with other parameters than these.
 
 A line written before operators had tenants (``NAME:ROLES:HASH``) still signs in, but its
 operator belongs to no tenant and decides on nothing until ``pipecat-actions users tenants
@@ -30,27 +35,33 @@ __all__ = [
     "UsersFileError",
     "check_tenants",
     "hash_password",
+    "needs_rehash",
     "verify_password",
 ]
 
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import os
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import argon2
 from loguru import logger
 
 from pipecat_actions.approvals import ALL_TENANTS, Approver
 from pipecat_actions.errors import UsersFileError
 from pipecat_actions.policy.fields import check_approver_name
 
-_N, _R, _P = 2**14, 8, 1
-_KEY_BYTES = 32
+_HASHER = argon2.PasswordHasher(time_cost=2, memory_cost=19456, parallelism=1)
+"""OWASP's Argon2id parameters (Password Storage Cheat Sheet): 19 MiB, 2 passes, 1 lane."""
+_ARGON2 = "$argon2id$"
+_SCRYPT = "scrypt$"
+"""The hashes files written before this release hold: checked, and replaced at a sign-in."""
 _MAX_PASSWORD = 1024
 _MAX_FILE_BYTES = 1_000_000
 
@@ -66,7 +77,7 @@ class Operator:
     Attributes:
         name: Their name.
         roles: Their roles.
-        password_hash: Their password's scrypt hash.
+        password_hash: Their password's hash (Argon2id; scrypt in an older file).
         tenants: The tenants they decide in (``*``: every one); None for a line written
             before operators had tenants: they decide in none.
     """
@@ -86,18 +97,33 @@ def _b64(data: bytes) -> str:
 
 
 def hash_password(password: str, *, salt: bytes | None = None) -> str:
-    """Return ``password``'s scrypt hash as the credentials file stores it."""
+    """Return ``password``'s Argon2id hash as the credentials file stores it."""
     if not password:
         raise UsersFileError("a password must not be empty")
     if len(password) > _MAX_PASSWORD:
         raise UsersFileError(f"a password is at most {_MAX_PASSWORD} characters")
-    salt = salt if salt is not None else secrets.token_bytes(16)
-    key = hashlib.scrypt(password.encode("utf-8"), salt=salt, n=_N, r=_R, p=_P, dklen=_KEY_BYTES)
-    return f"scrypt${_N}${_R}${_P}${_b64(salt)}${_b64(key)}"
+    return _HASHER.hash(password, salt=salt)
 
 
 def verify_password(password: str, stored: str) -> bool:
-    """Whether ``password`` matches ``stored`` (a `hash_password` value), in constant time."""
+    """Whether ``password`` matches ``stored`` (Argon2id, or an older file's scrypt hash)."""
+    if stored.startswith(_ARGON2):
+        if len(password) > _MAX_PASSWORD:
+            return False  # never one of theirs (hash_password refuses it); not worth hashing
+        try:
+            return _HASHER.verify(stored, password)
+        except (argon2.exceptions.VerificationError, argon2.exceptions.InvalidHashError):
+            return False  # a mismatch is a VerificationError too
+    return stored.startswith(_SCRYPT) and _verify_scrypt(password, stored)
+
+
+def needs_rehash(stored: str) -> bool:
+    """Whether ``stored`` should be replaced by a hash of these parameters at a sign-in."""
+    return not stored.startswith(_ARGON2) or _HASHER.check_needs_rehash(stored)
+
+
+def _verify_scrypt(password: str, stored: str) -> bool:
+    """An older file's ``scrypt$N$r$p$SALT$KEY`` (base64) hash, compared in constant time."""
     try:
         scheme, n, r, p, salt, key = stored.split("$")
         if scheme != "scrypt":
@@ -120,7 +146,10 @@ def verify_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(found, expected)
 
 
-_DUMMY_HASH = hash_password("not a password", salt=b"\0" * 16)
+@functools.cache
+def _dummy_hash() -> str:
+    """What an unknown name's password is checked against, so that it takes as long."""
+    return hash_password("not a password", salt=b"\0" * 16)
 
 
 def _check_role(role: str) -> str:
@@ -188,8 +217,10 @@ def _parse(text: str, path: Path) -> dict[str, Operator]:
             tenants = None if tenants_text is None else check_tenants(tenants_text.split(","))
         except (ValueError, UsersFileError) as exc:
             raise UsersFileError(f"{where}: {exc}") from None
-        if not password_hash.startswith("scrypt$"):
-            raise UsersFileError(f"{where}: the password hash is not an scrypt hash")
+        if not password_hash.startswith((_ARGON2, _SCRYPT)):
+            raise UsersFileError(
+                f"{where}: the password hash is not an Argon2id (or older scrypt) hash"
+            )
         if name.casefold() in (n.casefold() for n in found):
             raise UsersFileError(f"{where}: {name} is listed twice")
         found[name] = Operator(name=name, roles=roles, password_hash=password_hash, tenants=tenants)
@@ -258,10 +289,31 @@ class Credentials:
         return next((op for op in self.operators().values() if op.name.casefold() == wanted), None)
 
     def authenticate(self, name: str, password: str) -> Operator | None:
-        """The operator if ``password`` is theirs, else None (as slow for an unknown name)."""
+        """The operator if ``password`` is theirs, else None (as slow for an unknown name).
+
+        An older hash of theirs (scrypt, or other parameters) is replaced in the file by one
+        of this release's: the password is at hand only now. A file that cannot be written
+        keeps the older hash, which still signs in (one warning line).
+        """
         operator = self.find(name) if name else None
-        matched = verify_password(password, operator.password_hash if operator else _DUMMY_HASH)
-        return operator if matched and operator is not None else None
+        stored = operator.password_hash if operator else _dummy_hash()
+        if not verify_password(password, stored) or operator is None:
+            return None
+        if needs_rehash(stored):
+            operator = self._rehash(operator, password)
+        return operator
+
+    def _rehash(self, operator: Operator, password: str) -> Operator:
+        existing = self.operators()
+        if existing.get(operator.name) != operator:
+            return operator  # the file changed meanwhile: leave it to the next sign-in
+        updated = replace(operator, password_hash=hash_password(password))
+        try:
+            self._write({**existing, operator.name: updated})
+        except UsersFileError as exc:
+            logger.warning("{}: {}'s older hash is kept: {}", self.path, operator.name, exc)
+            return operator
+        return updated
 
     def add(
         self,

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pipecat_actions.clock import Clock
+from pipecat_actions.clock import Clock, backoff_secs
 from pipecat_actions.errors import LedgerError
 
 T = TypeVar("T")
@@ -51,7 +51,7 @@ class WriteRetry:
 
     def pause(self, failures: int) -> float:
         """How long to wait after the ``failures``-th failure in a row (1 for the first)."""
-        return min(self.initial_secs * self.multiplier ** (failures - 1), self.max_secs)
+        return backoff_secs(self.initial_secs, self.multiplier, self.max_secs, failures)
 
 
 async def until_written(

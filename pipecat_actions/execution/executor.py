@@ -43,7 +43,7 @@ from pipecat_actions.admission.authorization import (
     AuthorizerFailed,
     ask,
 )
-from pipecat_actions.clock import Clock
+from pipecat_actions.clock import Clock, backoff_secs
 from pipecat_actions.errors import LedgerError, TransitionRefused
 from pipecat_actions.execution.durable import WriteRetry, until_written
 from pipecat_actions.execution.outcomes import (
@@ -84,6 +84,10 @@ class ReconcileSchedule:
     max_secs: float = 30.0
     max_probes: int = 8
     probe_timeout_secs: float = 10.0
+
+    def pause(self, step: int) -> float:
+        """The pause after the ``step``-th wait of a reconciliation (1 for the first)."""
+        return backoff_secs(self.initial_secs, self.multiplier, self.max_secs, step)
 
 
 class Executor:
@@ -346,7 +350,7 @@ class Executor:
             tracked.binding.policy.reconciliation.cancel_to_settle
             and tracked.binding.action.cancel is not None
         )
-        delay = self.schedule.initial_secs
+        step = 1  # of the schedule's backoff: one more after each pause
         probe = 0
         while probe < self.schedule.max_probes:
             try:
@@ -355,8 +359,8 @@ class Executor:
                 if not exc.retryable:
                     raise
                 # The ledger is down: no probe is spent; its answer could not be written.
-                await self.clock.sleep(delay)
-                delay = min(delay * self.schedule.multiplier, self.schedule.max_secs)
+                await self.clock.sleep(self.schedule.pause(step))
+                step += 1
                 continue
             probe += 1
             if current.status is not S.UNKNOWN:
@@ -374,7 +378,7 @@ class Executor:
                     {"reconcile_error": f"{type(exc).__name__}: {exc}", "probe": probe},
                 )
                 state, result = ReconcileState.PENDING, None
-            pause = delay
+            delay = pause = self.schedule.pause(step)
             if state is ReconcileState.NOT_FOUND:
                 running = running_at_probe or _still_running(tracked)
                 horizon_at = max(horizon_at, _horizon_from(tracked, current))
@@ -424,7 +428,7 @@ class Executor:
                 on_wait(tracked, current)
                 on_wait = None
             await self.clock.sleep(pause)
-            delay = min(delay * self.schedule.multiplier, self.schedule.max_secs)
+            step += 1
         return await self.escalate(op, f"still unknown after {self.schedule.max_probes} checks")
 
     async def horizon_at(self, op: Operation, tracked: Tracked) -> float:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-__all__ = ["filter_conditions"]
+__all__ = ["OWED_UNTOLD", "filter_conditions"]
 
-from sqlalchemy import ColumnElement, tuple_
+from sqlalchemy import ColumnElement, and_, tuple_
 
 from pipecat_actions.ledger._trail import Mark
-from pipecat_actions.ledger.records import OperationFilter
+from pipecat_actions.ledger.records import OWED_KIND, OperationFilter
 from pipecat_actions.ledger.schema import operations
 from pipecat_actions.status import ActionStatus
+
+OWED_UNTOLD: ColumnElement[bool] = and_(
+    operations.c.delivered_at.is_(None), operations.c.kind == OWED_KIND
+)
+"""Owed to someone (`may_be_owed`) and never told: `OperationFilter.undelivered`, and what
+`stats` counts as ``committed_undelivered`` (``ix_pa_operations_undelivered`` finds them)."""
 
 
 def filter_conditions(f: OperationFilter) -> list[ColumnElement[bool]]:
@@ -33,9 +39,7 @@ def filter_conditions(f: OperationFilter) -> list[ColumnElement[bool]]:
     if f.created_before is not None:
         conditions.append(c.created_at < f.created_before)
     if f.undelivered is not None:
-        conditions.append(
-            c.delivered_at.is_(None) if f.undelivered else c.delivered_at.is_not(None)
-        )
+        conditions.append(OWED_UNTOLD if f.undelivered else ~OWED_UNTOLD)
     if f.conflicted is not None:
         flagged = c.trail_marks.op("&")(int(Mark.CONFLICT)) != 0
         conditions.append(flagged if f.conflicted else ~flagged)

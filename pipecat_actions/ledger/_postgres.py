@@ -109,6 +109,7 @@ def update_sql(
     match_fence: bool,
     notify: bool,
     marks: bool,
+    firsts: tuple[str, ...] = (),
 ) -> str:
     """The one statement of a conditional update and its audit event; see `PostgresFastPath`.
 
@@ -117,7 +118,10 @@ def update_sql(
     JSON, then one per column of ``columns``, in order, then (``marks``) the three of the
     event's `TrailMarks`. It returns the updated row, or nothing when no row matched.
     """
-    sets = [f"{column} = ${i}" for i, column in enumerate(columns, start=8)]
+    sets = [
+        f"{column} = COALESCE({column}, ${i})" if column in firsts else f"{column} = ${i}"
+        for i, column in enumerate(columns, start=8)
+    ]
     if marks:
         first = 8 + len(columns)
         sets += [
@@ -295,10 +299,11 @@ class PostgresFastPath:
             match_fence=change.fence is not None,
             notify=audit.notify,
             marks=bool(audit.marks),
+            firsts=change.firsts,
         )
         params = [change.operation_id, change.expected, change.fence, change.now]
         params += [audit.kind.value, audit.actor, audit.detail_json]
-        params += [change.values[column] for column in columns]
+        params += change.bound()
         if audit.marks:
             params += [audit.marks.marks, audit.marks.joined_calls, audit.marks.reconcile_errors]
         return await self._fetchrow(sql, *params, read=False)

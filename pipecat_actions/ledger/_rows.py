@@ -31,6 +31,7 @@ from sqlalchemy import Row, String
 from pipecat_actions.ledger._trail import NO_MARKS, TRAIL_COLUMNS, TrailMarks
 from pipecat_actions.ledger.records import (
     EventKind,
+    First,
     NewOperation,
     Operation,
     OperationEvent,
@@ -115,6 +116,16 @@ class RowUpdate:
         """The columns set, in the order their values are bound."""
         return tuple(sorted(self.values))
 
+    @property
+    def firsts(self) -> tuple[str, ...]:
+        """The columns set only where they hold nothing yet (`First`), in `columns` order."""
+        return tuple(c for c in self.columns if isinstance(self.values[c], First))
+
+    def bound(self) -> list[Any]:
+        """The values of `columns`, in order, as the statement binds them."""
+        values = [self.values[column] for column in self.columns]
+        return [v.value if isinstance(v, First) else v for v in values]
+
 
 def to_operation(row: Row[Any]) -> Operation:
     """Build an `Operation` from a row of the operations table."""
@@ -182,13 +193,17 @@ def column_changes(changes: Mapping[str, Any] | None) -> dict[str, Any]:
             f"cannot change {', '.join(unknown)}: allowed are {', '.join(CHANGEABLE_FIELDS)}"
         )
     return {
-        CHANGEABLE_FIELDS[k]: (None if v is None else canonical_json(v))
-        if k in _JSON_FIELDS
-        else storable(v, CHANGEABLE_FIELDS[k])
-        if isinstance(v, str)
-        else v
+        CHANGEABLE_FIELDS[k]: First(_column_value(k, v.value))
+        if isinstance(v, First)
+        else _column_value(k, v)
         for k, v in changes.items()
     }
+
+
+def _column_value(name: str, value: Any) -> Any:
+    if name in _JSON_FIELDS:
+        return None if value is None else canonical_json(value)
+    return storable(value, CHANGEABLE_FIELDS[name]) if isinstance(value, str) else value
 
 
 @dataclass(frozen=True, slots=True)

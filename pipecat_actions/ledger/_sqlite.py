@@ -92,8 +92,12 @@ def _update_sql(
     match_status: bool,
     match_fence: bool,
     marks: bool,
+    firsts: tuple[str, ...] = (),
 ) -> str:
-    sets = [f"{column} = ?" for column in columns]
+    sets = [
+        f"{column} = COALESCE({column}, ?)" if column in firsts else f"{column} = ?"
+        for column in columns
+    ]
     if marks:
         sets += [f"{name} = {name} {op} ?" for name, op in zip(TRAIL_COLUMNS, "|++", strict=True)]
     sets.append("event_seq = event_seq + 1")
@@ -120,8 +124,9 @@ def update(conn: Connection, change: RowUpdate) -> dict[str, Any] | None:
         match_status=change.expected is not None,
         match_fence=change.fence is not None,
         marks=bool(audit.marks),
+        firsts=change.firsts,
     )
-    params: list[Any] = [change.values[column] for column in columns]
+    params: list[Any] = change.bound()
     if audit.marks:
         params += [audit.marks.marks, audit.marks.joined_calls, audit.marks.reconcile_errors]
     if audit.starts_attempt:

@@ -134,7 +134,7 @@ async def run_postgres_write(
 ) -> T:
     """Run ``work`` in a transaction of its own once ``turn`` lets it.
 
-    The caller runs it in a task of its own (`SqlLedger._handed_over`), so that a cancelled
+    The caller runs it in a task of its own (`PostgresLedger._handed_over`), so that a cancelled
     caller interrupts neither the wait for its turn nor the write: it was handed over.
     """
 

@@ -1,5 +1,9 @@
 """Schema versions of the ledger: upgrade a database, and refuse one this code does not match.
 
+`SchemaAdmin` is what a ledger does with its schema when it opens, and what ``db upgrade``
+asks of it: read where the schema stands, create it in an empty database, upgrade it, and
+refuse what is not a ledger (a database of other tables) or is at another revision.
+
 The migrations are Alembic scripts shipped in the package (``migrations/versions``). Their
 version is kept in the table ``pa_schema_version``, apart from any Alembic table of the
 application sharing the database.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 __all__ = [
     "VERSION_TABLE",
+    "SchemaAdmin",
     "SchemaState",
     "head_revision",
     "known_revisions",
@@ -22,6 +27,7 @@ __all__ = [
 ]
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -29,7 +35,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, column, inspect, select, table
 
-from pipecat_actions.errors import LedgerConfigurationError
+from pipecat_actions.errors import LedgerConfigurationError, LedgerError, SchemaVersionMismatch
+from pipecat_actions.ledger._opening import other_tables
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -134,3 +141,107 @@ def upgrade_connection(connection: Connection) -> None:
     config = _config()
     config.attributes["connection"] = connection
     command.upgrade(config, "head")
+
+
+_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(7243510931)"
+"""Serialises the migrations of several processes that start at once, on PostgreSQL (a
+SQLite writer's ``BEGIN IMMEDIATE`` does it there)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaAdmin:
+    """The schema work of one ledger: each method returns a function of a sync connection.
+
+    The ledger runs ``reading`` on its read path, the others in a write transaction of its own.
+
+    Attributes:
+        url: The ledger's URL, password hidden (as its refusals show it).
+        sqlite: Whether the database is a SQLite file.
+    """
+
+    url: str
+    sqlite: bool
+
+    def reading(self, *, check_schema: bool) -> Callable[[Connection], SchemaState]:
+        """Read the schema's state, refusing what a reader cannot use.
+
+        A database with tables but none of the ledger's is not a ledger; with
+        ``check_schema``, a database at another revision is refused.
+        """
+
+        def work(conn: Connection) -> SchemaState:
+            state = read_schema_state(conn)
+            if state.empty and state.other_tables:
+                raise self.not_a_ledger(state)
+            if check_schema and not state.up_to_date:
+                raise self.mismatch(state)
+            return state
+
+        return work
+
+    def checking(self, *, create_schema: bool) -> Callable[[Connection], SchemaState]:
+        """Refuse a database at another revision; with ``create_schema``, create an empty one's."""
+
+        def work(conn: Connection) -> SchemaState:
+            self._lock(conn)
+            state = read_schema_state(conn)
+            if state.up_to_date:
+                return state
+            if state.empty and create_schema:
+                # A database the application shares (PostgreSQL, often) gets the ledger's
+                # tables beside its own: the application asked for this ledger there.
+                upgrade_connection(conn)
+                return read_schema_state(conn)
+            if state.empty and state.other_tables:
+                raise self.not_a_ledger(state)
+            raise self.mismatch(state)
+
+        return work
+
+    def upgrading(self) -> Callable[[Connection], tuple[str | None, str]]:
+        """Bring the schema to this code's revision: (revision before, revision after)."""
+
+        def work(conn: Connection) -> tuple[str | None, str]:
+            self._lock(conn)
+            before = read_schema_state(conn)
+            if not before.known:
+                raise self.mismatch(before)
+            if not before.up_to_date:
+                upgrade_connection(conn)
+            return before.current, read_schema_state(conn).head
+
+        return work
+
+    def _lock(self, conn: Connection) -> None:
+        if not self.sqlite:
+            conn.exec_driver_sql(_MIGRATION_LOCK)
+
+    def not_a_ledger(self, state: SchemaState) -> LedgerError:
+        """The refusal of a database with tables, none of them the ledger's: someone else's.
+
+        Said without a hint to create the ledger there (`db upgrade` would, beside them).
+        """
+        if self.sqlite:
+            where = self.url.partition(":///")[2]  # the file's path
+        else:
+            scheme, _, rest = self.url.partition("://")
+            where = f"{scheme.partition('+')[0]}://{rest}"
+        return other_tables(where, state.other_tables, sqlite=self.sqlite)
+
+    def mismatch(self, state: SchemaState) -> SchemaVersionMismatch:
+        """The refusal of a database at another revision, saying what to do about it."""
+        # The command as a person types it: without the async driver, and saying where the
+        # hidden password goes rather than printing *** as if it were one.
+        scheme, _, rest = self.url.partition("://")
+        command = f"run `pipecat-actions db upgrade --ledger {scheme.partition('+')[0]}://{rest}`"
+        if ":***@" in rest:
+            command += " (its password in place of ***)"
+        if state.empty:
+            hint = f"{command} to create it"
+        elif not state.known:
+            hint = "it was written by a newer pipecat_actions: upgrade the package"
+        else:
+            hint = command
+        return SchemaVersionMismatch(
+            url=self.url, found=state.current, expected=state.head, hint=hint
+        )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 __all__ = [
     "DUPLICATES_JOINED",
+    "OWED_KIND",
     "AdmitResult",
     "EventKind",
+    "First",
     "NewOperation",
     "Operation",
     "OperationEvent",
@@ -14,6 +16,7 @@ __all__ = [
     "hash_arguments",
     "hash_canonical_json",
     "joined_calls",
+    "may_be_owed",
     "new_operation_id",
 ]
 
@@ -74,6 +77,35 @@ class EventKind(StrEnum):
     """A runtime took over an operation whose owner's lease had expired."""
     KEY_RELEASED = "key_released"
     """The idempotency key's retention window closed and the key was freed for a new operation."""
+
+
+OWED_KIND = "mutation"
+"""The kind of operation whose outcome can be owed to someone: a mutation (`may_be_owed`)."""
+
+
+def may_be_owed(op: Operation) -> bool:
+    """Whether anyone can be owed ``op``'s outcome: the one definition of what can be owed.
+
+    A mutation's outcome is owed to its conversation until it is told and heard (the
+    runtime's `Deliveries`), and one committed and never told is what `undelivered`, `stats`
+    (``committed_undelivered``) and the console list (`OperationFilter.undelivered`). A read
+    is never owed: it is answered in its call or not at all (a read's answer is not told
+    later, and its record, written after the answer, carries no delivery).
+    """
+    return op.kind == OWED_KIND
+
+
+@dataclass(frozen=True, slots=True)
+class First:
+    """A change of a column that holds its first value: written only where it holds none.
+
+    ``changes={"acknowledged_at": First(now)}`` records when the outcome told was first heard
+    to the end; a later hearing (a call that joined the operation and was told it again) is an
+    audit event of its own and leaves the time as it was. A plain value (None among them)
+    still replaces what the column holds: telling a new status makes its hearing owed again.
+    """
+
+    value: Any
 
 
 DUPLICATES_JOINED = "duplicates_joined"
@@ -236,6 +268,8 @@ class OperationFilter:
     created_from: float | None = None
     created_before: float | None = None
     undelivered: bool | None = None
+    """True: only operations whose outcome someone is owed (`may_be_owed`: mutations, never
+    reads) and that were never told to anyone (no ``delivered_at``); False: every other one."""
     conflicted: bool | None = None
     """True: only operations whose outcome the system of record contradicted after the ledger
     recorded it (a commit reported for an operation held as failed); see `Executor.correct`."""

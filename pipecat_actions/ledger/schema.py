@@ -40,6 +40,7 @@ STATS_COLUMNS = (
     "escalated_at",
     "compensates",
     "delivered_at",
+    "kind",
     "created_at",
     "sent_at",
     "committed_at",
@@ -114,9 +115,16 @@ operations = Table(
     Index("ix_pa_operations_tool_created", "tool", "created_at", "operation_id"),
     Index("ix_pa_operations_principal", "principal", "created_at", "operation_id"),
     # Keyset pages of `ledger list` and `undelivered`, in (created_at, operation_id) order
-    # (see migration 0003).
+    # (see migration 0003); `undelivered` names the kind owed (migration 0008).
     Index("ix_pa_operations_created", "created_at", "operation_id"),
-    Index("ix_pa_operations_undelivered", "status", "delivered_at", "created_at", "operation_id"),
+    Index(
+        "ix_pa_operations_undelivered",
+        "status",
+        "delivered_at",
+        "kind",
+        "created_at",
+        "operation_id",
+    ),
     # Everything `stats` reads of an operation, grouped as it groups them: on SQLite its one
     # pass is a scan of this index in order, with no sort and no read of the table (without
     # it, a sort of every row or a random read per row: 2 s and more at 1M operations).

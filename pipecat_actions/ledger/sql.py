@@ -1,12 +1,15 @@
 """The SQL ledger, for SQLite (the default) and PostgreSQL, on SQLAlchemy Core (no ORM).
 
-Each public method builds a work function (``_writer.Work``) and hands it to the write path of
-its backend (`_writer`); reads run on the async engine (aiosqlite or asyncpg). The calls on a
-tool call's critical path skip SQLAlchemy's execution: on PostgreSQL (admit, transition,
-annotate, get, find_by_key) they run as one statement each on asyncpg (`_postgres`); on SQLite
-the writes run their SQL on the writer's own ``sqlite3`` cursor (`_sqlite`). Several processes
-may share one database: on SQLite they take turns on the file lock (``busy_timeout``), on
-PostgreSQL row locks and ``FOR UPDATE SKIP LOCKED`` keep them apart.
+`SqlLedger` holds what both dialects do alike, as template methods: each verb checks and
+encodes its input, builds a work function (``_writer.Work``) of a SQLAlchemy `Connection` and
+hands it to ``_write`` or ``_read``; the few steps a dialect does its own way are hooks,
+filled in by `pipecat_actions.ledger.sqlite.SqliteLedger` and
+`pipecat_actions.ledger.postgresql.PostgresLedger`. `SqlLedger.create` opens either one,
+chosen by the URL. Schema work (create, check, upgrade, the refusal of what is not a ledger)
+is `migrate.SchemaAdmin`'s, beside the migrations.
+
+Several processes may share one database: on SQLite they take turns on the file lock
+(``busy_timeout``), on PostgreSQL row locks and ``FOR UPDATE SKIP LOCKED`` keep them apart.
 """
 
 from __future__ import annotations
@@ -17,15 +20,15 @@ __all__ = ["CHANGEABLE_FIELDS", "SqlLedger"]
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping
+import importlib
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from loguru import logger
 from sqlalchemy import (
     Connection,
-    Engine,
     Select,
     bindparam,
     func,
@@ -45,16 +48,13 @@ from pipecat_actions.errors import (
     LedgerError,
     LedgerUnavailable,
     OperationNotFound,
-    SchemaVersionMismatch,
     StaleFence,
     UnexpectedStatus,
 )
-from pipecat_actions.ledger import _owners, _sqlite, migrate
+from pipecat_actions.ledger import _owners, migrate
 from pipecat_actions.ledger._filters import filter_conditions
-from pipecat_actions.ledger._life import Life, PostgresLife, SqliteLife
-from pipecat_actions.ledger._notices import Notices, PostgresNotices, SqliteNotices
-from pipecat_actions.ledger._opening import other_tables, postgres_unreachable
-from pipecat_actions.ledger._reader import SqliteReader, create_reader_engine, open_reader
+from pipecat_actions.ledger._life import Life
+from pipecat_actions.ledger._notices import Notices
 from pipecat_actions.ledger._rows import (
     ADMIT_STATUSES,
     CHANGEABLE_FIELDS,
@@ -72,24 +72,9 @@ from pipecat_actions.ledger._rows import (
 )
 from pipecat_actions.ledger._statistics import read_statistics
 from pipecat_actions.ledger._trail import TrailMarks
-from pipecat_actions.ledger._writer import (
-    SqliteWriter,
-    Work,
-    as_ledger_error,
-    guard_database_errors,
-    run_postgres_write,
-)
+from pipecat_actions.ledger._writer import Work, guard_database_errors
 from pipecat_actions.ledger.base import Ledger
-from pipecat_actions.ledger.engine import (
-    LedgerSettings,
-    SqliteFile,
-    create_engine_for,
-    create_sqlite_writer_engine,
-    default_ledger_url,
-    normalize_url,
-    prepare_sqlite_file,
-    redact_url,
-)
+from pipecat_actions.ledger.engine import LedgerSettings, default_ledger_url, normalize_url
 from pipecat_actions.ledger.records import (
     AdmitResult,
     EventKind,
@@ -108,34 +93,26 @@ from pipecat_actions.status import (
     check_transition,
 )
 
-if TYPE_CHECKING:
-    from pipecat_actions.ledger._postgres import PostgresFastPath
-
 T = TypeVar("T")
 _ADMIT_RETRIES = 5
 _STATUS_FIRST_UP_TO = 25_000
 """The most rows a page reads by their status's index, then sorts (see `_status_first`)."""
-_BY_STATUS = "ix_pa_operations_status_lease"
-"""The status's index on SQLite (a page of a status and a tool, say: `_status_first`)."""
+
+Change = Callable[[float], RowUpdate]
+"""An operation's row change as of a time (``now``), built when the write runs."""
 
 
 class SqlLedger(Ledger):
     """`Ledger` on SQLite or PostgreSQL through SQLAlchemy.
 
-    Create it with `SqlLedger.create`; close it with `close` (or ``async with``).
+    Create it with `SqlLedger.create` (it opens the dialect's own class); close it with
+    `close` (or ``async with``). Writes run through ``_write`` (each in a transaction of its
+    own), reads through ``_read``, on the async engine; a dialect may run its hot path
+    (a new operation, a transition, an annotation, a read by id or key) its own way.
 
-    On PostgreSQL the hot path (admit with a free key, transition, annotate, get, find_by_key)
-    is one statement each on asyncpg connections of the ledger's own (`_postgres`); every other
-    write is a plain function of a SQLAlchemy `Connection`, run on the async engine through
-    ``run_sync`` in a transaction of its own. On SQLite every write runs in the ledger's writer
-    thread on the one write connection, in group commits; the hot path's statements go to the
-    driver's own cursor (`_sqlite`). Measured on this machine, aiosqlite through SQLAlchemy costs
-    three to four thread hand-offs per statement (~0.12 ms each), so a transaction run as one
-    hand-off is what keeps a write near the raw aiosqlite insert+commit. Other reads use the
-    async engine. Waiters hear other processes' outcomes through `notices`.
-
-    Opened ``read_only``, a SQLite ledger has no writer: its file is read through a
-    `SqliteReader`, which writes nothing to disk (see `_reader`).
+    At most ``pool_size`` calls are on the database at once, reads at most ``read_turns``
+    of them: a burst of callers waits its turn here, in order, instead of timing out on the
+    connection pool.
     """
 
     def __init__(
@@ -145,66 +122,28 @@ class SqlLedger(Ledger):
         url: str,
         clock: Clock,
         settings: LedgerSettings,
-        sqlite_writer: Engine | None,
-        sqlite_file: SqliteFile | None = None,
-        postgres: PostgresFastPath | None = None,
+        sqlite: bool,
+        read_turns: int,
         notices: Notices | None = None,
-        sqlite_reader: SqliteReader | None = None,
-        read_only: bool = False,
         life: Life | None = None,
+        read_only: bool = False,
     ) -> None:
         self._engine = engine
-        self._life = life
         self.url = url
         self._clock = clock
         self._settings = settings
-        self._sqlite_writer = sqlite_writer
-        self._reader = sqlite_reader
-        self._read_only = read_only or sqlite_reader is not None
-        self._sqlite = sqlite_writer is not None or sqlite_reader is not None
-        # Each dialect's module is imported for its own ledgers only (the PostgreSQL one brings
-        # every PostgreSQL driver's module: a SQLite ledger's command starts without them).
-        if self._sqlite:
-            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-            self._insert_operation: Any = sqlite_insert(operations).on_conflict_do_nothing(
-                index_elements=["tenant", "key_slot"]
-            )
-        else:
-            from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-
-            self._insert_operation = postgresql_insert(operations).on_conflict_do_nothing(
-                index_elements=["tenant", "key_slot"]
-            )
-        self._insert_operation = self._insert_operation.returning(operations.c.operation_id)
+        self._notices = notices
+        self._life = life
+        self._read_only = read_only
+        self._schema = migrate.SchemaAdmin(url=url, sqlite=sqlite)
         self._insert_events = insert(events)
         self._select_slot = select(operations).where(
             operations.c.tenant == bindparam("tenant"),
             operations.c.key_slot == bindparam("key_slot"),
         )
-        self._file = sqlite_file
-        self._fast = postgres
-        self._notices = notices
-        self._announce = notices.send if isinstance(notices, SqliteNotices) else None
-        """Sends a SQLite ledger's notices once a settling write committed (PostgreSQL's
-        writes send their own)."""
-        self._writer = (
-            None
-            if sqlite_writer is None
-            else SqliteWriter(
-                sqlite_writer, url=url, check_file=sqlite_file.check if sqlite_file else _no_check
-            )
-        )
-        # At most pool_size calls on the database at once, and on PostgreSQL at most half of
-        # them reads (DBOS caps its polling reads the same way): a burst of callers waits its
-        # turn here, in order, instead of timing out on the connection pool.
         self._turns = asyncio.Semaphore(settings.pool_size)
-        self._read_turns = asyncio.Semaphore(
-            settings.pool_size if self._sqlite else max(1, settings.pool_size // 2)
-        )
+        self._read_turns = asyncio.Semaphore(read_turns)
         self._closed = False
-        self._in_flight: set[asyncio.Future[Any]] = set()
-        """PostgreSQL writes handed to the database and not yet answered (`_handed_over`)."""
 
     # --- construction ----------------------------------------------------------------------
 
@@ -250,191 +189,50 @@ class SqlLedger(Ledger):
             LedgerUnavailable: The database cannot be reached.
         """
         parsed = normalize_url(url or default_ledger_url())
-        settings = settings or LedgerSettings()
-        is_sqlite = parsed.get_backend_name() == "sqlite"
+        dialect = _dialect(parsed.get_backend_name())
         must_exist = must_exist or read_only
-        create_schema = create_schema and not must_exist
-
-        if is_sqlite and must_exist:
-            # Read first: what is not a ledger is refused before a byte is written beside it.
-            reading = await cls._open_sqlite_reader(
-                parsed, clock=clock, settings=settings, check_schema=check_schema
-            )
-            if read_only:
-                return reading
-            await reading.close()
-        engine = create_engine_for(parsed, settings)
-        if is_sqlite:
-            try:
-                await guard_database_errors(
-                    asyncio.to_thread(prepare_sqlite_file, parsed, settings, must_exist=must_exist),
-                    url=redact_url(parsed),
-                )
-            except BaseException:
-                await engine.dispose()
-                raise
-        fast: PostgresFastPath | None = None
-        notices: Notices | None = None
-        if is_sqlite:
-            notices = SqliteNotices(Path(parsed.database or ""), url=redact_url(parsed))
-        else:
-            # Imported for PostgreSQL ledgers only: a SQLite ledger's process never loads asyncpg.
-            from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
-
-            dsn = asyncpg_dsn(parsed)
-            fast = PostgresFastPath(
-                dsn=dsn,
-                url=redact_url(parsed),
-                max_idle=settings.pool_size,
-                connect_timeout=settings.connect_timeout_secs,
-                check_durability=not settings.allow_unsafe_postgres,
-            )
-            notices = PostgresNotices(dsn=dsn, url=redact_url(parsed))
-        life: Life | None = None
-        if not read_only:
-            life = (
-                SqliteLife(Path(parsed.database or ""))
-                if is_sqlite
-                else PostgresLife(
-                    dsn=asyncpg_dsn(parsed),
-                    url=redact_url(parsed),
-                    connect_timeout=settings.connect_timeout_secs,
-                )
-            )
-        ledger = cls(
-            engine,
-            url=redact_url(parsed),
+        return await dialect._open_at(
+            parsed,
             clock=clock or SystemClock(),
-            settings=settings,
-            sqlite_writer=create_sqlite_writer_engine(parsed, settings) if is_sqlite else None,
-            sqlite_file=SqliteFile(Path(parsed.database or "")) if is_sqlite else None,
-            postgres=fast,
-            notices=notices,
+            settings=settings or LedgerSettings(),
+            create_schema=create_schema and not must_exist,
+            check_schema=check_schema,
+            must_exist=must_exist,
             read_only=read_only,
-            life=life,
         )
-        try:
-            await ledger._open(create_schema=create_schema, check_schema=check_schema)
-        except BaseException as exc:
-            await ledger.close()
-            cause = exc.__cause__
-            if isinstance(exc, LedgerUnavailable) and not is_sqlite and cause is not None:
-                said = postgres_unreachable(
-                    cause, parsed, timeout_secs=settings.connect_timeout_secs
-                )
-                if said is not None:
-                    raise said from cause
-            raise
-        return ledger
 
     @classmethod
-    async def _open_sqlite_reader(
-        cls, parsed: URL, *, clock: Clock | None, settings: LedgerSettings, check_schema: bool
+    @abstractmethod
+    async def _open_at(
+        cls,
+        parsed: URL,
+        *,
+        clock: Clock,
+        settings: LedgerSettings,
+        create_schema: bool,
+        check_schema: bool,
+        must_exist: bool,
+        read_only: bool,
     ) -> SqlLedger:
-        path = Path(parsed.database or "")
-        url = redact_url(parsed)
-        reader = await guard_database_errors(
-            asyncio.to_thread(open_reader, path, settings), url=url
-        )
+        """Open this dialect's ledger at ``parsed`` (`create` chose the dialect by it)."""
+
+    async def _started(self, *, create_schema: bool, check_schema: bool) -> None:
+        """Start the ledger and check (or create) its schema; closed again if that fails."""
         try:
-            # An empty file is read as an empty database; SqliteFile would call it emptied.
-            sqlite_file = None if reader.empty else SqliteFile(path)
+            await self._start()
+            if self._read_only:
+                state = await self._read(self._schema.reading(check_schema=check_schema))
+                logger.debug("ledger {} (read-only) at schema {}", self.url, state.current)
+            elif check_schema:
+                state = await self._write(self._schema.checking(create_schema=create_schema))
+                logger.debug("ledger {} at schema {}", self.url, state.current)
         except BaseException:
-            reader.close()
+            await self.close()
             raise
-        ledger = cls(
-            create_reader_engine(reader, settings),
-            url=url,
-            clock=clock or SystemClock(),
-            settings=settings,
-            sqlite_writer=None,
-            sqlite_file=sqlite_file,
-            sqlite_reader=reader,
-        )
-        try:
-            await ledger._open(create_schema=False, check_schema=check_schema)
-        except BaseException:
-            await ledger.close()
-            raise
-        return ledger
 
-    async def _open(self, *, create_schema: bool, check_schema: bool) -> None:
-        if self._sqlite_writer is not None:
-            assert self._writer is not None
-            await self._writer.start()
-        if self._fast is not None:
-            await self._fast.open()
-        if self._read_only:
-            state = await self._read(self._read_schema_work(check_schema))
-            logger.debug("ledger {} (read-only) at schema {}", self.url, state.current)
-        elif check_schema:
-            state = await self._write(self._check_schema_work(create_schema))
-            logger.debug("ledger {} at schema {}", self.url, state.current)
-
-    def _read_schema_work(self, check_schema: bool) -> Work[migrate.SchemaState]:
-        """Read the schema's state, refusing what a reader cannot use.
-
-        A SQLite file with tables but none of the ledger's is not a ledger; with
-        ``check_schema``, a database at another revision is refused.
-        """
-
-        def work(conn: Connection) -> migrate.SchemaState:
-            state = migrate.read_schema_state(conn)
-            if state.empty and state.other_tables:
-                raise self._not_a_ledger(state)
-            if check_schema and not state.up_to_date:
-                raise self._schema_error(state)
-            return state
-
-        return work
-
-    def _check_schema_work(self, create_schema: bool) -> Work[migrate.SchemaState]:
-        def work(conn: Connection) -> migrate.SchemaState:
-            if not self._sqlite:
-                # Serialises the migrations of several processes that start at once.
-                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7243510931)")
-            state = migrate.read_schema_state(conn)
-            if state.up_to_date:
-                return state
-            if state.empty and create_schema:
-                # A database the application shares (PostgreSQL, often) gets the ledger's
-                # tables beside its own: the application asked for this ledger there.
-                migrate.upgrade_connection(conn)
-                return migrate.read_schema_state(conn)
-            if state.empty and state.other_tables:
-                raise self._not_a_ledger(state)
-            raise self._schema_error(state)
-
-        return work
-
-    def _not_a_ledger(self, state: migrate.SchemaState) -> LedgerError:
-        """The refusal of a database with tables, none of them the ledger's: someone else's.
-
-        Said without a hint to create the ledger there (`db upgrade` would, beside them).
-        """
-        if self._sqlite:
-            where = self.url.partition(":///")[2]  # the file's path
-        else:
-            scheme, _, rest = self.url.partition("://")
-            where = f"{scheme.partition('+')[0]}://{rest}"
-        return other_tables(where, state.other_tables, sqlite=self._sqlite)
-
-    def _schema_error(self, state: migrate.SchemaState) -> SchemaVersionMismatch:
-        # The command as a person types it: without the async driver, and saying where the
-        # hidden password goes rather than printing *** as if it were one.
-        scheme, _, rest = self.url.partition("://")
-        command = f"run `pipecat-actions db upgrade --ledger {scheme.partition('+')[0]}://{rest}`"
-        if ":***@" in rest:
-            command += " (its password in place of ***)"
-        if state.empty:
-            hint = f"{command} to create it"
-        elif not state.known:
-            hint = "it was written by a newer pipecat_actions: upgrade the package"
-        else:
-            hint = command
-        return SchemaVersionMismatch(
-            url=self.url, found=state.current, expected=state.head, hint=hint
-        )
+    async def _start(self) -> None:
+        """Start what the dialect runs beside the engine, before the first read or write."""
+        return None
 
     async def schema_state(self) -> migrate.SchemaState:
         """Return where the database's schema stands against this code's."""
@@ -442,38 +240,30 @@ class SqlLedger(Ledger):
 
     async def upgrade_schema(self) -> tuple[str | None, str]:
         """Bring the schema to this code's revision; return (revision before, revision after)."""
-
-        def work(conn: Connection) -> tuple[str | None, str]:
-            if not self._sqlite:
-                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7243510931)")
-            before = migrate.read_schema_state(conn)
-            if not before.known:
-                raise self._schema_error(before)
-            if not before.up_to_date:
-                migrate.upgrade_connection(conn)
-            return before.current, migrate.read_schema_state(conn).head
-
-        return await self._write(work)
+        return await self._write(self._schema.upgrading())
 
     async def close(self) -> None:
         """Finish the writes already handed to the database, then release every connection."""
         if self._closed:
             return
         self._closed = True
-        if self._in_flight:
-            # Handed over before the close: each lands (or fails, and is reported) first.
-            await asyncio.wait(set(self._in_flight))
-        if self._writer is not None:
-            await self._writer.close()
+        await self._drain()
         if self._notices is not None:
             await self._notices.close()
-        if self._fast is not None:
-            await self._fast.close()
         if self._life is not None:
             await self._life.close()
         await self._engine.dispose()
-        if self._reader is not None:
-            self._reader.close()
+        await self._release_own()
+
+    async def _drain(self) -> None:
+        """Land (or fail) the writes handed over before `close`."""
+        return None
+
+    async def _release_own(self) -> None:
+        """Release what the dialect holds beside the engine, once it is disposed."""
+        return None
+
+    # --- the write and read paths ----------------------------------------------------------
 
     def _refuse_writes(self) -> None:
         if self._read_only:
@@ -485,67 +275,21 @@ class SqlLedger(Ledger):
         if self._closed:
             raise LedgerUnavailable("the ledger is closed")
         self._refuse_writes()
-        if self._writer is not None:
-            return await self._writer.run(work)
-        return await self._handed_over(
-            run_postgres_write(self._engine, work, url=self.url, turn=self._turns)
-        )
+        return await self._commit(work)
 
-    async def _fast_write(self, write: Coroutine[Any, Any, T]) -> T:
-        """Run a PostgreSQL one-statement write once its turn comes.
+    @abstractmethod
+    async def _commit(self, work: Work[T]) -> T:
+        """Run ``work`` in a write transaction of its own; answer once it committed."""
 
-        A cancelled caller interrupts neither the wait nor the write: it was handed over.
-        """
-        if self._closed or self._read_only:
-            write.close()
-            if self._closed:
-                raise LedgerUnavailable("the ledger is closed")
-            self._refuse_writes()
-
-        async def run() -> T:
-            async with self._turns:
-                return await write
-
-        return await self._handed_over(run())
-
-    async def _handed_over(self, write: Coroutine[Any, Any, T]) -> T:
-        """Run ``write`` in a task of its own that a cancelled caller leaves running.
-
-        `close` waits for it; if it fails after its caller left, the failure is logged (never
-        asyncio's "Task exception was never retrieved", never silence).
-        """
-        task = asyncio.get_running_loop().create_task(write)
-        self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.add_done_callback(self._unheard)
-            raise
-
-    def _unheard(self, task: asyncio.Future[Any]) -> None:
-        """Report the failure of a write whose caller was cancelled while it ran."""
-        if task.cancelled():
-            logger.warning("ledger {}: a write whose caller had left was cancelled", self.url)
-            return
-        error = task.exception()
-        if error is not None:
-            logger.warning(
-                "ledger {}: a write whose caller had left failed: {}: {}",
-                self.url,
-                type(error).__name__,
-                error,
-            )
-
-    async def _fast_read(self, read: Coroutine[Any, Any, T]) -> T:
+    async def _read(self, work: Work[T]) -> T:
         if self._closed:
-            read.close()
             raise LedgerUnavailable("the ledger is closed")
-        try:
-            async with self._read_turns, self._turns:
-                return await read
-        finally:
-            read.close()  # a caller cancelled while it waited for a turn never started it
+        return await guard_database_errors(self._on_engine(work), url=self.url)
+
+    async def _on_engine(self, work: Work[T]) -> T:
+        """Run ``work`` on a connection of the async engine, once its turn comes."""
+        async with self._read_turns, self._turns, self._engine.connect() as conn:
+            return await conn.run_sync(work)
 
     # --- admit -----------------------------------------------------------------------------
 
@@ -562,16 +306,12 @@ class SqlLedger(Ledger):
             )
         encoded = EncodedOperation.of(new)
         args_hash = encoded.args_hash
-        if self._fast is not None and within is None:
-            # One statement when the key is free (nearly always); a taken key is looked at
-            # below, in a transaction, like on SQLite.
-            now = self._clock.now()
-            row = new_row(encoded, now, key_slot=new.idempotency_key)
-            created = await self._fast_write(
-                self._fast.insert(row, creation_events(encoded, now), bind_key=True)
-            )
-            if created:
-                return AdmitResult(operation_from_row(row), created=True)
+        if within is None:
+            # One statement when the key is free (nearly always), where the dialect has one; a
+            # hand-off (within) needs the transaction below.
+            at_once = await self._admit_at_once(encoded, new)
+            if at_once is not None:
+                return at_once
 
         def work(conn: Connection) -> AdmitResult:
             now = self._clock.now()
@@ -626,34 +366,24 @@ class SqlLedger(Ledger):
             raise ValueError(f"record_completed takes COMMITTED or FAILED_FINAL, not {new.status}")
         return await self._insert_unbound(EncodedOperation.of(new))
 
+    async def _admit_at_once(
+        self, encoded: EncodedOperation, new: NewOperation
+    ) -> AdmitResult | None:
+        """Admit ``new`` in one step when its key is free, if the dialect can; else None.
+
+        None sends the admit to the transaction of `admit`, which looks at a taken key.
+        """
+        return None
+
+    @abstractmethod
     async def _insert_unbound(self, encoded: EncodedOperation) -> Operation:
         """Insert an operation that binds no idempotency key, with its creation events."""
-        if self._fast is not None:
-            now = self._clock.now()
-            row = new_row(encoded, now, key_slot=None)
-            await self._fast_write(
-                self._fast.insert(row, creation_events(encoded, now), bind_key=False)
-            )
-            return operation_from_row(row)
 
-        def work(conn: Connection) -> Operation:
-            now = self._clock.now()
-            row = new_row(encoded, now, key_slot=None)
-            _sqlite.insert(conn, row, creation_events(encoded, now), bind_key=False)
-            return operation_from_row(row)
-
-        return await self._write(work)
-
+    @abstractmethod
     def _insert_new(
         self, conn: Connection, row: dict[str, Any], creation: builtins.list[dict[str, Any]]
     ) -> bool:
         """Insert a new operation binding its key, in ``conn``'s transaction; False if taken."""
-        if self._sqlite:
-            return _sqlite.insert(conn, row, creation, bind_key=True)
-        if conn.execute(self._insert_operation, row).first() is None:
-            return False
-        conn.execute(self._insert_events, creation)
-        return True
 
     def _release_key(self, conn: Connection, held: Operation, now: float, *, reason: str) -> None:
         detail_json = encode_detail({"reason": reason, "key_expires_at": held.key_expires_at})
@@ -851,42 +581,24 @@ class SqlLedger(Ledger):
                 now=now,
             )
 
-        if self._fast is not None:
-            updated = await self._fast_write(self._fast.update(change(self._clock.now())))
-            if updated is None:
-                found = await self._fast_read(self._fast.status_and_fence(operation_id))
-                raise _refusal(found, operation_id, expected=expected, fence=fence)
-            return operation_from_row(updated)
+        return await self._apply(
+            operation_id, change, expected=expected, fence=fence, notify=audit.notify
+        )
 
-        def work(conn: Connection) -> Operation:
-            updated = _sqlite.update(conn, change(self._clock.now()))
-            if updated is None:
-                raise self._refusal(conn, operation_id, expected=expected, fence=fence)
-            return operation_from_row(updated)
-
-        written = await self._write(work)
-        if audit.notify and self._announce is not None:
-            self._announce(operation_id)
-        return written
-
-    def _refusal(
+    @abstractmethod
+    async def _apply(
         self,
-        conn: Connection,
         operation_id: str,
+        change: Change,
         *,
         expected: ActionStatus | None,
         fence: int | None,
-    ) -> LedgerError:
-        found = (
-            conn.execute(
-                select(operations.c.status, operations.c.fence).where(
-                    operations.c.operation_id == operation_id
-                )
-            )
-        ).first()
-        return _refusal(
-            None if found is None else found._mapping, operation_id, expected=expected, fence=fence
-        )
+        notify: bool,
+    ) -> Operation:
+        """Write ``change`` if the operation still matches; refuse it (`refusal`) if not.
+
+        ``notify``: the change is an outcome, or a wait for a person (waiters hear of it).
+        """
 
     def _append_event(
         self,
@@ -1019,8 +731,7 @@ class SqlLedger(Ledger):
         life = self._life
         if life is None:
             return []
-        if isinstance(life, PostgresLife):
-            await life.keep(besides)
+        await self._keep_life(besides)
         now = self._clock.now()
         if among is not None:
             holders = [owner for owner in among if owner != besides]
@@ -1030,11 +741,15 @@ class SqlLedger(Ledger):
             )
         if not holders:
             return []
-        known = holders
-        if isinstance(life, PostgresLife):
-            return sorted(await self._read(lambda conn: _owners.gone_on_postgres(conn, known)))
-        registered = await self._read(lambda conn: _owners.registered(conn, known))
-        return sorted(await life.gone(registered))
+        return sorted(await self._gone_among(life, holders))
+
+    async def _keep_life(self, owner: str) -> None:
+        """Make sure ``owner`` (this process) still holds its life, before judging others."""
+        return None
+
+    @abstractmethod
+    async def _gone_among(self, life: Life, holders: builtins.list[str]) -> Collection[str]:
+        """Which of ``holders`` (lease owners) are gone: their process no longer lives."""
 
     async def forget_owners(self, owners: Collection[str]) -> None:  # noqa: D102 - see Ledger
         if self._life is None or not owners:
@@ -1098,67 +813,37 @@ class SqlLedger(Ledger):
 
     # --- reads -----------------------------------------------------------------------------
 
-    async def _read(self, work: Work[T]) -> T:
-        if self._closed:
-            raise LedgerUnavailable("the ledger is closed")
-        if self._file is not None:
-            self._file.check()  # a new connection to a deleted file's path would open a new one
-
-        async def run() -> T:
-            async with self._read_turns, self._turns, self._engine.connect() as conn:
-                return await conn.run_sync(work)
-
-        reader = self._reader
-        if reader is None or not reader.alone():
-            return await guard_database_errors(run(), url=self.url)
-        # An immutable read (see `_reader`) is trusted only if no writer had the file
-        # meanwhile; a writer's checkpoint under it could also be why it failed.
-        try:
-            result = await run()
-        except Exception as exc:
-            if reader.alone():
-                mapped = as_ledger_error(exc, url=self.url)
-                if mapped is exc:
-                    raise
-                raise mapped from exc
-        else:
-            if reader.alone():
-                return result
-        logger.debug("ledger {}: a writer opened it during a read, read again", self.url)
-        return await guard_database_errors(run(), url=self.url)
-
     async def get(self, operation_id: str) -> Operation:  # noqa: D102 - see Ledger
-        if self._fast is not None:
-            found = await self._fast_read(self._fast.get(operation_id))
-            if found is None:
-                raise OperationNotFound(operation_id=operation_id)
-            return operation_from_row(found)
+        found = await self._by_id(operation_id)
+        if found is None:
+            raise OperationNotFound(operation_id=operation_id)
+        return found
 
-        def work(conn: Connection) -> Operation:
-            row = (
-                conn.execute(select(operations).where(operations.c.operation_id == operation_id))
-            ).first()
-            if row is None:
-                raise OperationNotFound(operation_id=operation_id)
-            return to_operation(row)
+    async def _by_id(self, operation_id: str) -> Operation | None:
+        """The operation ``operation_id``, or None."""
+
+        def work(conn: Connection) -> Operation | None:
+            query = select(operations).where(operations.c.operation_id == operation_id)
+            row = conn.execute(query).first()
+            return None if row is None else to_operation(row)
 
         return await self._read(work)
 
     async def find_by_key(  # noqa: D102 - see Ledger
         self, tenant: str, idempotency_key: str
     ) -> Operation | None:
-        def alive(held: Operation) -> Operation | None:
-            live = held.key_expires_at > self._clock.now()
-            return held if live and held.status not in REPEATABLE_STATUSES else None
+        held = await self._by_slot(tenant, idempotency_key)
+        if held is None:
+            return None
+        live = held.key_expires_at > self._clock.now()
+        return held if live and held.status not in REPEATABLE_STATUSES else None
 
-        if self._fast is not None:
-            found = await self._fast_read(self._fast.by_slot(tenant, idempotency_key))
-            return None if found is None else alive(operation_from_row(found))
+    async def _by_slot(self, tenant: str, key_slot: str) -> Operation | None:
+        """The operation bound to ``key_slot`` in ``tenant``, alive or not, or None."""
 
         def work(conn: Connection) -> Operation | None:
-            slot = {"tenant": tenant, "key_slot": idempotency_key}
-            row = (conn.execute(self._select_slot, slot)).first()
-            return None if row is None else alive(to_operation(row))
+            row = conn.execute(self._select_slot, {"tenant": tenant, "key_slot": key_slot}).first()
+            return None if row is None else to_operation(row)
 
         return await self._read(work)
 
@@ -1175,7 +860,7 @@ class SqlLedger(Ledger):
             page = query
             walked = f.tool or f.session_id or f.principal  # an index in page order
             if f.status and walked and not f.newest_first and _status_first(conn, f):
-                page = _status_first_page(query, f, where, sqlite=self._sqlite)
+                page = self._status_first_page(query, f, where)
             return [to_operation(r) for r in conn.execute(page)]
 
         return await self._read(work)
@@ -1188,16 +873,22 @@ class SqlLedger(Ledger):
         def work(conn: Connection) -> dict[str, Any]:
             # Its few queries read one snapshot, so that their figures agree with each other
             # while writes go on (a tool's first commit between two of them, say).
-            if not self._sqlite:
-                conn.execution_options(isolation_level="REPEATABLE READ")
-                return read_statistics(conn, where)
-            conn.exec_driver_sql("BEGIN")  # deferred: the snapshot of its first read (WAL)
-            try:
-                return read_statistics(conn, where)
-            finally:
-                conn.exec_driver_sql("ROLLBACK")
+            return self._in_snapshot(conn, lambda: read_statistics(conn, where))
 
         return await self._read(work)
+
+    @abstractmethod
+    def _status_first_page(
+        self, page: Select[Any], f: OperationFilter, where: builtins.list[Any]
+    ) -> Select[Any]:
+        """``page``, its rows found first by their status's index, then sorted.
+
+        Used when `_status_first` says so (a page of a status and a tool, say).
+        """
+
+    @abstractmethod
+    def _in_snapshot(self, conn: Connection, read: Callable[[], T]) -> T:
+        """Run ``read``'s queries on ``conn`` in one snapshot of the database."""
 
     async def events(self, operation_id: str) -> builtins.list[OperationEvent]:  # noqa: D102
         query = select(events).where(events.c.operation_id == operation_id).order_by(events.c.seq)
@@ -1208,7 +899,7 @@ class SqlLedger(Ledger):
         return await self._read(work)
 
 
-def _refusal(
+def refusal(
     found: Any, operation_id: str, *, expected: ActionStatus | None, fence: int | None
 ) -> LedgerError:
     """Why an update matched no row: ``found`` is the row's (status, fence), or None."""
@@ -1226,10 +917,6 @@ def _refusal(
         expected_status=str(expected),
         actual_status=found["status"],
     )
-
-
-def _no_check() -> None:
-    return None
 
 
 def _shown(value: Any) -> str:
@@ -1267,20 +954,6 @@ def _status_first(conn: Connection, f: OperationFilter) -> bool:
     return _at_most(conn, filter_conditions(replace(f, status=None)), in_status) > in_status
 
 
-def _status_first_page(
-    page: Select[Any], f: OperationFilter, where: list[Any], *, sqlite: bool
-) -> Select[Any]:
-    """``page``, its rows found first by their status's index, then sorted.
-
-    SQLite is told the index (``INDEXED BY``); PostgreSQL is given the rows to find as a
-    materialized CTE, which it plans without the page's order and limit.
-    """
-    if sqlite:
-        return page.with_hint(operations, f"INDEXED BY {_BY_STATUS}", "sqlite")
-    found = select(operations).where(*where).cte("found").prefix_with("MATERIALIZED")
-    return select(found).order_by(found.c.created_at, found.c.operation_id).limit(f.limit)
-
-
 def _at_most(conn: Connection, where: list[Any], most: int) -> int:
     """How many operations ``where`` matches, counted up to ``most + 1``."""
     matched = select(literal(1)).where(*where).limit(most + 1).subquery()
@@ -1297,3 +970,22 @@ def _folded(said: TrailMarks) -> dict[str, Any]:
         "joined_calls": c.joined_calls + said.joined_calls,
         "reconcile_errors": c.reconcile_errors + said.reconcile_errors,
     }
+
+
+_DIALECTS: Final = {
+    "sqlite": ("pipecat_actions.ledger.sqlite", "SqliteLedger"),
+    "postgresql": ("pipecat_actions.ledger.postgresql", "PostgresLedger"),
+}
+"""Each dialect's ledger class by backend name, as SQLAlchemy's own dialect registry names its
+dialects: the base imports none of the classes that subclass it (no import circle), and a
+dialect's module is loaded for its own ledgers only (the PostgreSQL one brings every
+PostgreSQL driver's module: a SQLite ledger's command starts without them)."""
+
+
+def _dialect(backend: str) -> type[SqlLedger]:
+    """The ledger class of ``backend`` (`normalize_url` let through only those known here)."""
+    module, name = _DIALECTS["sqlite" if backend == "sqlite" else "postgresql"]
+    found = getattr(importlib.import_module(module), name)
+    if not (isinstance(found, type) and issubclass(found, SqlLedger)):
+        raise TypeError(f"{module}.{name} is not a SqlLedger")  # a registry mistake, never input
+    return found

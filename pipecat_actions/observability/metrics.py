@@ -103,7 +103,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "From COMMITTED to the bot finishing, uninterrupted, the reply that told it.",
     ),
 )
-"""Every metric the registry keeps; exporters and the README's list come from this table."""
+"""Every metric the registry keeps; exporters and the documentation's list come from this table."""
 
 SPECS: Mapping[str, MetricSpec] = {spec.name: spec for spec in METRICS}
 _HISTOGRAMS = frozenset(spec.name for spec in METRICS if spec.kind is MetricKind.HISTOGRAM)

@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 from pipecat_actions.ledger import NewOperation, Operation
+from pipecat_actions.ledger.records import First
 from pipecat_actions.observability.metrics import ActionMetrics
 from pipecat_actions.observability.tracing import NULL_SPAN, OtelTracer, Span, SpanIds, key_hash
 from pipecat_actions.session import SessionState
@@ -262,15 +263,13 @@ class Telemetry:
             self.metrics.add("escalations", op.tool)
         if "late_answer" in detail:
             self.metrics.add("late_answers", op.tool)
-        if (
-            changes
-            and "acknowledged_at" in changes
-            and op.acknowledged_at is not None
-            and op.committed_at is not None
-        ):
-            self.metrics.observe(
-                "commit_to_acknowledged", op.tool, op.acknowledged_at - op.committed_at
-            )
+        heard = (changes or {}).get("acknowledged_at")
+        if isinstance(heard, First):
+            heard = heard.value
+        # Only the hearing that set it: a later one leaves the first time (see `First`).
+        at, committed_at = op.acknowledged_at, op.committed_at
+        if heard is not None and at == heard and at is not None and committed_at is not None:
+            self.metrics.observe("commit_to_acknowledged", op.tool, at - committed_at)
 
     def claimed(self, ops: Sequence[Operation]) -> None:
         """This process took over operations whose owner's lease expired."""

@@ -11,12 +11,20 @@ key, so a tool that sets only ``retry.initial_backoff_secs`` keeps the default
 
 from __future__ import annotations
 
-__all__ = ["PolicyFile", "PolicySet", "ToolPolicyPatch", "merge_settings", "nested_model_type"]
+__all__ = [
+    "CURRENT_VERSION",
+    "SUPPORTED_VERSIONS",
+    "PolicyFile",
+    "PolicySet",
+    "ToolPolicyPatch",
+    "merge_settings",
+    "nested_model_type",
+]
 
 import functools
 import types
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import (
@@ -31,7 +39,16 @@ from pydantic import (
 from pipecat_actions.policy.fields import ToolName
 from pipecat_actions.policy.model import ToolPolicy
 
-SUPPORTED_VERSION = 1
+CURRENT_VERSION = 2
+"""The policy format this release writes (`pipecat-actions policy migrate`) and checks in full.
+
+Version 2 is version 1 without two shapes 0.1.0 accepted: ``confirmation.mode: approval``
+with nobody named to approve, and (checked when the runtime starts) an entry for a tool with
+no action behind it. A version 1 file with either still loads, with a one-line warning each,
+for this release (docs/upgrading.md, CHANGELOG.md); version 2 refuses them."""
+
+SUPPORTED_VERSIONS = (1, 2)
+"""The policy format versions this release reads."""
 
 
 def nested_model_type(annotation: object) -> type[BaseModel] | None:
@@ -112,10 +129,11 @@ def merge_settings(defaults: Mapping[str, Any], entry: Mapping[str, Any]) -> dic
 
 
 def _check_version(value: int) -> int:
-    if value != SUPPORTED_VERSION:
+    if value not in SUPPORTED_VERSIONS:
         raise ValueError(
-            f"unsupported policy version {value}: this pipecat_actions reads version "
-            f"{SUPPORTED_VERSION} only"
+            f"unsupported policy version {value}: this pipecat_actions reads versions "
+            f"{' and '.join(map(str, SUPPORTED_VERSIONS))} (the current one is "
+            f"{CURRENT_VERSION})"
         )
     return value
 
@@ -130,7 +148,10 @@ class PolicyFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     version: Annotated[int, AfterValidator(_check_version)] = Field(
-        description="The policy format version. Must be 1.",
+        description=(
+            "The policy format version: 2, the current one; 1 is read for one more release, "
+            "with a warning for each shape version 2 refuses."
+        ),
     )
     defaults: ToolPolicyPatch | None = Field(
         default=None,
@@ -183,10 +204,15 @@ class PolicySet(Mapping[str, ToolPolicy]):
     Attributes:
         tools: Tool name to its merged, checked policy, in file order (read-only).
         source: Where the policies came from: a file path, or ``"<string>"``.
+        version: The file's format version (`SUPPORTED_VERSIONS`).
+        deprecations: One line for each deprecated shape the file holds (a version 1 file
+            only), already logged as a warning when it was loaded.
     """
 
     tools: Mapping[str, ToolPolicy]
     source: str = "<string>"
+    version: int = CURRENT_VERSION
+    deprecations: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", types.MappingProxyType(dict(self.tools)))

@@ -1,7 +1,7 @@
 """The words a policy file may use for its choices, one `StrEnum` per setting.
 
 Each enum's value is exactly what a reviewer writes in YAML (``kind: mutation``). Members are
-documented in the class docstring so the README's policy reference can list them.
+documented in the class docstring so the policy reference (docs/policies.md) can list them.
 """
 
 from __future__ import annotations

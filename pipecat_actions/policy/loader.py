@@ -33,6 +33,8 @@ __all__ = [
     "load_policy",
     "load_policy_data",
     "load_policy_text",
+    "read_policy_file",
+    "read_policy_text",
 ]
 
 import difflib
@@ -41,6 +43,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from loguru import logger
 from pydantic import ValidationError
 
 from pipecat_actions._printable import printable
@@ -56,7 +59,7 @@ from pipecat_actions.policy._yaml import (
     parse_policy_yaml,
     too_large,
 )
-from pipecat_actions.policy.document import PolicyFile, PolicySet
+from pipecat_actions.policy.document import CURRENT_VERSION, PolicyFile, PolicySet
 from pipecat_actions.policy.fields import cancel_tool_name
 from pipecat_actions.policy.model import ToolPolicy
 
@@ -88,6 +91,15 @@ def load_policy(path: str | os.PathLike[str]) -> PolicySet:
         PolicyError: The file cannot be read or is invalid; ``problems`` lists every problem.
     """
     source = os.fspath(path)
+    return load_policy_text(read_policy_file(source), source=source)
+
+
+def read_policy_file(source: str) -> str:
+    """The text of the policy file ``source`` (UTF-8, a byte order mark dropped).
+
+    Raises:
+        PolicyError: The file cannot be read, is too large or is not UTF-8 text.
+    """
     data = _read_bytes(source)
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
@@ -106,7 +118,7 @@ def load_policy(path: str | os.PathLike[str]) -> PolicySet:
                 )
             ]
         ) from None
-    return load_policy_text(text, source=source)
+    return text
 
 
 def load_policy_text(text: str, *, source: str = "<string>") -> PolicySet:
@@ -122,13 +134,7 @@ def load_policy_text(text: str, *, source: str = "<string>") -> PolicySet:
     Raises:
         PolicyError: The text is not a valid policy; ``problems`` lists every problem.
     """
-    try:
-        data = parse_policy_yaml(text)
-    except YamlRefused as exc:
-        raise PolicyError(
-            [PolicyProblem(source, key_path(loc), reason) for loc, reason in exc.problems]
-        ) from None
-    return _load(data, source, text_keys=True)
+    return _warned(read_policy_text(text, source=source))
 
 
 def load_policy_data(data: object, *, source: str = "<data>") -> PolicySet:
@@ -146,7 +152,25 @@ def load_policy_data(data: object, *, source: str = "<data>") -> PolicySet:
     Raises:
         PolicyError: The data is not a valid policy; ``problems`` lists every problem.
     """
-    return _load(data, source, text_keys=False)
+    return _warned(_load(data, source, text_keys=False))
+
+
+def _warned(policies: PolicySet) -> PolicySet:
+    """``policies``, once each deprecated shape of its file is logged as one warning line."""
+    for note in policies.deprecations:
+        logger.warning(note)
+    return policies
+
+
+def read_policy_text(text: str, *, source: str) -> PolicySet:
+    """`load_policy_text` without logging its deprecations (`policy migrate` reports them)."""
+    try:
+        data = parse_policy_yaml(text)
+    except YamlRefused as exc:
+        raise PolicyError(
+            [PolicyProblem(source, key_path(loc), reason) for loc, reason in exc.problems]
+        ) from None
+    return _load(data, source, text_keys=True)
 
 
 def _load(data: object, source: str, *, text_keys: bool) -> PolicySet:
@@ -164,6 +188,7 @@ def _load(data: object, source: str, *, text_keys: bool) -> PolicySet:
         )
     problems = ProblemList(source)
     policies: dict[str, ToolPolicy] = {}
+    deprecated: list[str] = []
     try:
         refusal = _too_large_to_check(data)
         if refusal is not None:
@@ -171,13 +196,20 @@ def _load(data: object, source: str, *, text_keys: bool) -> PolicySet:
         if not text_keys:
             _non_text_keys(data, (), problems)
         if not problems:
-            policies = _check_document(data, problems)
+            policies = _check_document(data, problems, deprecated)
     except RecursionError:
         problems = ProblemList(source)
         problems.add((), "the document is nested too deeply to check")
     if problems:
         raise PolicyError(problems.report())
-    return PolicySet(policies, source=source)
+    version = data.get("version")
+    notes = tuple(printable(f"policy {source}: {note}") for note in deprecated)
+    return PolicySet(
+        policies,
+        source=source,
+        version=version if isinstance(version, int) else CURRENT_VERSION,
+        deprecations=notes,
+    )
 
 
 def check_policy_files(paths: Sequence[str], *, out: TextIO, err: TextIO) -> int:
@@ -291,7 +323,9 @@ def _non_text_keys(value: object, loc: Loc, problems: ProblemList) -> None:
             _non_text_keys(item, (*loc, index), problems)
 
 
-def _check_document(data: Mapping[Any, Any], problems: ProblemList) -> dict[str, ToolPolicy]:
+def _check_document(
+    data: Mapping[Any, Any], problems: ProblemList, deprecated: list[str]
+) -> dict[str, ToolPolicy]:
     document: PolicyFile | None
     try:
         document = PolicyFile.model_validate(data)
@@ -304,6 +338,8 @@ def _check_document(data: Mapping[Any, Any], problems: ProblemList) -> dict[str,
         return policies
     # Each tool's settings are merged once; ``defaults:`` is read out of its model once.
     settings = document.merged_settings()
+    if document.version == 1:
+        settings = _read_version_1(settings, deprecated)
     for name, merged in settings.items():
         try:
             policies[name] = ToolPolicy.model_validate(merged)
@@ -334,10 +370,51 @@ def _checkable_part(data: Mapping[Any, Any], errors: Sequence[Any]) -> PolicyFil
         return None
     try:
         return PolicyFile.model_validate(
-            {"version": 1, "defaults": data.get("defaults"), "tools": sound}
+            {"version": data.get("version"), "defaults": data.get("defaults"), "tools": sound}
         )
     except ValidationError:
         return None
+
+
+VERSION_1_APPROVER_ROLE = "approver"
+"""The role a version 1 entry's approval with nobody named is read with (and migrated to)."""
+
+
+def version_1_approval_without_approvers(merged: Mapping[str, Any]) -> bool:
+    """Whether a tool's merged settings ask for approval and name nobody who may give it.
+
+    Version 1 (0.1.0) accepted it and let anyone approve; version 2 refuses it.
+    """
+    confirmation = merged.get("confirmation")
+    if not isinstance(confirmation, Mapping) or confirmation.get("mode") != "approval":
+        return False
+    return not confirmation.get("approvers") and not confirmation.get("approver_roles")
+
+
+def _read_version_1(
+    settings: Mapping[str, dict[str, Any]], deprecated: list[str]
+) -> dict[str, dict[str, Any]]:
+    """A version 1 file's merged settings as version 2 reads them; a note for each change.
+
+    An approval that names nobody is read as one that anyone holding the role
+    `VERSION_1_APPROVER_ROLE` may give: 0.1.0 let any operator approve, which the approvals
+    console and CLI no longer allow; this release never lets anyone approve unnamed.
+    """
+    read: dict[str, dict[str, Any]] = {}
+    for name, merged in settings.items():
+        if version_1_approval_without_approvers(merged):
+            confirmation = {
+                **merged["confirmation"],
+                "approver_roles": (VERSION_1_APPROVER_ROLE,),
+            }
+            merged = {**merged, "confirmation": confirmation}  # the defaults stay unchanged
+            deprecated.append(
+                f"tools.{name}.confirmation: approval with no approvers is deprecated (version "
+                f"1; version 2 refuses it): read as approver_roles: [{VERSION_1_APPROVER_ROLE}]"
+                "; name who approves, or run `pipecat-actions policy migrate FILE`"
+            )
+        read[name] = merged
+    return read
 
 
 def _compensation_problems(

@@ -1,7 +1,8 @@
 """The policy reference, generated from the models' field descriptions.
 
-``python -m pipecat_actions.policy.reference`` prints it as Markdown; the README holds a copy
-between markers, and a test keeps the two equal (so the reference never drifts from the code).
+``python -m pipecat_actions.policy.reference`` prints it as Markdown; docs/policies.md holds a
+copy between markers, and a test keeps the two equal (so the reference never drifts from the
+code).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         )
     for name, sub in nested:
         out.append("")
-        out.append(f"#### `{prefix}{name}`")
+        out.append(f"### `{prefix}{name}`")
         out.append("")
         _section(sub, f"{prefix}{name}.", out)
 

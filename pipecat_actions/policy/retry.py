@@ -14,6 +14,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pipecat_actions.clock import backoff_secs
 from pipecat_actions.policy._violations import Violation, raise_violations
 
 
@@ -109,10 +110,8 @@ class RetryPolicy(BaseModel):
             raise ValueError(f"attempt counts retries from 1, got {attempt}")
         if not 0.0 <= rand <= 1.0:
             raise ValueError(f"rand must be within [0, 1], got {rand}")
-        try:
-            grown = self.initial_backoff_secs * self.multiplier ** (attempt - 1)
-        except OverflowError:
-            grown = self.max_backoff_secs
-        backoff = min(grown, self.max_backoff_secs)
+        backoff = backoff_secs(
+            self.initial_backoff_secs, self.multiplier, self.max_backoff_secs, attempt
+        )
         spread = backoff * (1.0 + self.jitter * (2.0 * rand - 1.0))
         return min(max(spread, 0.0), self.max_backoff_secs * (1.0 + self.jitter))

@@ -1,7 +1,8 @@
-"""Pipecat frame processors: the turn tracker, the result gate and the RTVI status reporter."""
+"""Forwards to `pipecat_actions.adapters` with a DeprecationWarning, until 0.3.0."""
 
-from pipecat_actions.processors.result_gate import ActionResultGate
-from pipecat_actions.processors.status_reporter import ActionStatusReporter, rtvi_observer_params
-from pipecat_actions.processors.turn_tracker import ActionTurnTracker
+from pipecat_actions._moved import moved
 
-__all__ = ["ActionResultGate", "ActionStatusReporter", "ActionTurnTracker", "rtvi_observer_params"]
+moved(__name__, "pipecat_actions.adapters")
+
+from pipecat_actions.adapters import *  # noqa: E402, F403
+from pipecat_actions.adapters import __all__  # noqa: E402, F401

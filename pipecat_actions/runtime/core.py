@@ -44,9 +44,15 @@ from pipecat_actions.ledger.sealed import SealedLedger, sealer_for
 from pipecat_actions.observability.metrics import ActionMetrics
 from pipecat_actions.observability.redaction import install_log_redaction
 from pipecat_actions.policy import OnInterruption, PolicySet, load_policy
-from pipecat_actions.runtime._coverage import RoutedNames, check_coverage, no_policy_entry
+from pipecat_actions.runtime._coverage import (
+    RoutedNames,
+    check_coverage,
+    check_declared_arguments,
+    no_policy_entry,
+)
 from pipecat_actions.runtime._operations import Listener
 from pipecat_actions.runtime._parts import RuntimeParts, build_parts
+from pipecat_actions.runtime.calls import Calls
 from pipecat_actions.runtime.recovery import RecoverUnsent
 from pipecat_actions.session import SessionState
 
@@ -66,7 +72,8 @@ class ActionRuntime:
         executor: Runs and reconciles operations.
         watchdog: Enforces deadlines.
         admitter: Runs the admission checks.
-        deliveries: What the conversations owe their users (adapters open a session's view).
+        deliveries: What the conversations owe their users.
+        calls: The conversation port the Pipecat adapters talk to (`Calls`).
     """
 
     def __init__(self, parts: RuntimeParts, *, owns_ledger: bool) -> None:
@@ -97,6 +104,21 @@ class ActionRuntime:
         self._model_cancels = parts.model_cancels
         self._owns_ledger = owns_ledger
         self._routed: frozenset[str] = frozenset()
+        self.calls = Calls(
+            policy=parts.policy,
+            bindings=parts.bindings,
+            ledger=parts.ledger,
+            operations=parts.operations,
+            proposals=parts.proposals,
+            decisions=parts.decisions,
+            model_cancels=parts.model_cancels,
+            deliveries=parts.deliveries,
+            progress=parts.progress,
+            telemetry=parts.telemetry,
+            clock=parts.clock,
+            register=lambda definition: self.register(definition),
+        )
+        """The conversation port: what the Pipecat adapters ask about a call (`Calls`)."""
 
     @classmethod
     async def create(
@@ -217,7 +239,8 @@ class ActionRuntime:
         Raises:
             ConfigurationError: No policy for the action; the policy asks for a hook
                 (``request_cancel`` needs ``cancel``, ``compensation.automatic`` needs
-                ``compensate``) that the action lacks; or an ``@action`` of a name declared
+                ``compensate``) that the action lacks; an ``arguments:`` list that is not the
+                action's parameters; or an ``@action`` of a name declared
                 ``routed`` (its handler is the application's or Flows').
         """
         for definition in definitions:
@@ -240,6 +263,7 @@ class ActionRuntime:
                     "hook to ask the provider with; add cancel=... to its @action, or set "
                     "cancel_to_settle: false"
                 )
+            check_declared_arguments(definition, policy, self.policy.source)
             automatic = policy.compensation is not None and policy.compensation.automatic
             if automatic and definition.compensate is None:
                 raise ConfigurationError(
@@ -265,21 +289,21 @@ class ActionRuntime:
 
     def attach(self, llm: Any, session: SessionState) -> None:
         """Deprecated: use ``pipecat_actions.attach(runtime, llm, session)``."""
-        from pipecat_actions.binding import attach
+        from pipecat_actions.adapters import attach
 
         _moved_to_adapters("runtime.attach(llm, session)", "attach(runtime, llm, session)")
         attach(self, llm, session)
 
     def instrument(self, llm: Any, session: SessionState) -> None:
         """Deprecated: use ``pipecat_actions.instrument(runtime, llm, session)``."""
-        from pipecat_actions.binding import instrument
+        from pipecat_actions.adapters import instrument
 
         _moved_to_adapters("runtime.instrument(llm, session)", "instrument(runtime, llm, session)")
         instrument(self, llm, session)
 
     def tools_schema(self) -> Any:
         """Deprecated: use ``pipecat_actions.tools_schema(runtime)``."""
-        from pipecat_actions.binding import tools_schema
+        from pipecat_actions.adapters import tools_schema
 
         _moved_to_adapters("runtime.tools_schema()", "tools_schema(runtime)")
         return tools_schema(self)

@@ -2,7 +2,7 @@
 
     pipecat-actions scenario run tests/scenarios/*.yaml [--json] [--verbose]
 
-See `pipecat_actions.scenarios.model` for the file format and the README for a guide.
+See `pipecat_actions.scenarios.model` for the file format and docs/scenarios.md for a guide.
 """
 
 from pipecat_actions.scenarios.checks import Check

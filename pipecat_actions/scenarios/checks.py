@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipecat_actions.ledger import Operation, OperationEvent
-from pipecat_actions.ledger.records import EventKind
+from pipecat_actions.ledger.records import EventKind, may_be_owed
 from pipecat_actions.scenarios.loader import LoadedScenario
 from pipecat_actions.scenarios.model import (
     EventExpectation,
@@ -244,7 +244,7 @@ def _totals(expect: Expectations, run: Run) -> list[Check]:
             for label, op_id in run.labels.items()
             for op in run.operations
             if op.operation_id == op_id
-            and op.kind == "mutation"
+            and may_be_owed(op)
             and op.status is S.COMMITTED
             and op.delivered_at is None
         )

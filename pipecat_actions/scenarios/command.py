@@ -70,7 +70,7 @@ async def run_scenario_files(
 TEMPLATE = """\
 # A scenario: a story your agent must get right, replayed on a real Pipecat pipeline.
 #   pipecat-actions scenario run {name}
-# The format is in the README ("Scenario files"). To test your own agent, point app at your
+# The format is in docs/scenarios.md. To test your own agent, point app at your
 # actions' factory (found relative to this file) and policy at your policy file:
 #   app: my_agent/scenario_app.py:build     # build(world) -> actions or a ScenarioApp
 #   policy: ../configs/my_policy.yaml

@@ -10,10 +10,11 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from pipecat_actions.errors import PolicyError, PolicyProblem, ScenarioError
@@ -67,6 +68,14 @@ class LoadedScenario:
     source: str
     factory: Callable[[Any], Any] | None = None
     """The app's factory (None: the built-in restaurant)."""
+    lines: Mapping[str, int] = field(default_factory=dict)
+    """The line (1-based) each step starts on, by key path (``steps[3]``,
+    ``steps[3].together[0]``, as `flat_steps` names them); empty for text that has none."""
+
+    def where(self, key: str) -> str:
+        """``source:line`` of the step at ``key`` (``source`` alone when its line is unknown)."""
+        line = self.lines.get(key)
+        return self.source if line is None else f"{self.source}:{line}"
 
     @property
     def labels(self) -> list[str]:
@@ -173,7 +182,29 @@ def load_scenario_text(
                 )
     if problems:
         raise ScenarioError(problems)
-    return LoadedScenario(spec, steps, policy, source, factory)
+    return LoadedScenario(spec, steps, policy, source, factory, _step_lines(text))
+
+
+def _step_lines(text: str) -> dict[str, int]:
+    """The line each step starts on, by key path: read from the YAML's nodes (already clean)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:  # pragma: no cover - the text was parsed cleanly before
+        return {}
+    lines: dict[str, int] = {}
+    if not isinstance(root, yaml.MappingNode):
+        return lines
+    for key, value in root.value:
+        if key.value != "steps" or not isinstance(value, yaml.SequenceNode):
+            continue
+        for index, item in enumerate(value.value):
+            lines[f"steps[{index}]"] = item.start_mark.line + 1
+            if isinstance(item, yaml.MappingNode) and len(item.value) == 1:
+                kind, members = item.value[0]
+                if kind.value == "together" and isinstance(members, yaml.SequenceNode):
+                    for inner, member in enumerate(members.value):
+                        lines[f"steps[{index}].together[{inner}]"] = member.start_mark.line + 1
+    return lines
 
 
 def _validate(

@@ -334,6 +334,14 @@ class ApproveStep(_Strict):
             "stale arguments must be refused)."
         ),
     )
+    refused: bool = Field(
+        default=False,
+        description=(
+            "The approval is meant to be refused (a stale screen, too late, a role the policy "
+            "does not accept): the step fails if it is accepted. Without it, a refused "
+            "approval fails the step, naming its file and line."
+        ),
+    )
 
 
 class RejectStep(_Strict):
@@ -343,6 +351,13 @@ class RejectStep(_Strict):
     approver: str = Field(default="rosa", min_length=1)
     roles: list[str] = Field(default_factory=lambda: ["manager"])
     reason: str = Field(default="rejected in the scenario", min_length=1)
+    refused: bool = Field(
+        default=False,
+        description=(
+            "The rejection is meant to be refused: the step fails if it is accepted. Without "
+            "it, a refused rejection fails the step, naming its file and line."
+        ),
+    )
 
 
 class HandoffStep(_Strict):

@@ -10,7 +10,15 @@ next on the same session. What happened is gathered into a `Run` for the expecta
 
 from __future__ import annotations
 
-__all__ = ["Run", "ScenarioApp", "ScenarioWorld", "TimelineEntry", "check_app", "run_loaded"]
+__all__ = [
+    "Run",
+    "ScenarioApp",
+    "ScenarioWorld",
+    "StepFailed",
+    "TimelineEntry",
+    "check_app",
+    "run_loaded",
+]
 
 import asyncio
 import difflib
@@ -25,17 +33,18 @@ from typing import Any
 from pipecat.processors.aggregators.llm_context import LLMContext
 
 from pipecat_actions.actions import ActionDefinition
+from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
+from pipecat_actions.adapters.handlers import attach
+from pipecat_actions.adapters.tools import tools_schema
 from pipecat_actions.admission.authorization import AllowAll, Authorizer
 from pipecat_actions.approvals import Approver
-from pipecat_actions.binding import attach, tools_schema
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.errors import OperationNotFound, PolicyProblem
 from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
 from pipecat_actions.ledger.keys import LedgerKeys
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.scenarios.faults import FaultLayer
-from pipecat_actions.scenarios.loader import LoadedScenario, ScenarioError
+from pipecat_actions.scenarios.loader import LoadedScenario, ScenarioError, flat_steps
 from pipecat_actions.scenarios.model import (
     STEP_KINDS,
     AdvanceStep,
@@ -255,6 +264,10 @@ def _new_provider(loaded: LoadedScenario, clock: ManualClock) -> FakeSystemOfRec
     return sor
 
 
+class StepFailed(Exception):
+    """A scenario step did not do what it says (an approval refused, ...): ``file:line: why``."""
+
+
 class _Scene:
     """The world of one scenario run: clock, provider, ledger, runtime, session, pipeline."""
 
@@ -294,6 +307,13 @@ class _Scene:
         self.gate: ActionResultGate | None = None
         self.generation = 0
         self.background: list[asyncio.Future[None]] = []
+        self.step_keys = {id(step): key for key, step in flat_steps(loaded.steps)}
+        """Each step's key path (``steps[3]``), for `StepFailed` to name its line."""
+
+    def failed(self, step: Step, what: str) -> StepFailed:
+        """The step at its file and line did not do what it says: the run stops there."""
+        key = self.step_keys.get(id(step), "")
+        return StepFailed(f"{self.loaded.where(key)}: {_describe(step)}: {what}")
 
     def _caller(
         self, principal: str, session_id: str | None, agent: str | None
@@ -639,8 +659,17 @@ class _Scene:
                 reason=step.reason,
                 args_hash=seen,
             )
-        except Exception as exc:  # a refused approval is part of the story
+        except Exception as exc:
             self.note(f"approval of {op.operation_id} refused: {exc}")
+            if not step.refused:
+                raise self.failed(
+                    step,
+                    f"the approval was refused: {exc} (approver {step.approver!r} with roles "
+                    f"{step.roles}; `refused: true` says a refusal is meant)",
+                ) from None
+            return
+        if step.refused:
+            raise self.failed(step, "the approval was accepted, and the step says refused: true")
 
     async def reject(self, step: RejectStep) -> None:
         assert self.runtime is not None
@@ -651,6 +680,15 @@ class _Scene:
             await self.runtime.reject(op_id, approver=who, reason=step.reason)
         except Exception as exc:
             self.note(f"rejection of {op_id} refused: {exc}")
+            if not step.refused:
+                raise self.failed(
+                    step,
+                    f"the rejection was refused: {exc} (approver {step.approver!r} with roles "
+                    f"{step.roles}; `refused: true` says a refusal is meant)",
+                ) from None
+            return
+        if step.refused:
+            raise self.failed(step, "the rejection was accepted, and the step says refused: true")
 
     async def handoff(self, agent: str) -> None:
         assert self.gate is not None
@@ -916,6 +954,8 @@ async def run_loaded(loaded: LoadedScenario, *, ledger_url: str | None = None) -
         try:
             try:
                 await scene.play()
+            except StepFailed as exc:
+                run.error = str(exc)  # file:line: the step, and why it failed
             except TimeoutError as exc:
                 run.error = (
                     f"TimeoutError: {exc}"

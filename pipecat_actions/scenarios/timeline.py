@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from pipecat.frames.frames import FunctionCallResultFrame, LLMMessagesAppendFrame
 from pipecat.observers.base_observer import BaseObserver, FramePushed
 
+from pipecat_actions.adapters import ActionResultGate
 from pipecat_actions.ledger import (
     AdmitResult,
     ForwardingLedger,
@@ -29,7 +30,6 @@ from pipecat_actions.ledger import (
     OperationEvent,
     OperationFilter,
 )
-from pipecat_actions.processors import ActionResultGate
 from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
 T = TypeVar("T")

@@ -86,6 +86,7 @@ from pipecat_actions.clock import Clock
 from pipecat_actions.testing.transport import (
     FakeOutputTransport,
     FakeTransport,
+    HeardTexts,
     HeardUtterance,
     _MonotonicClock,
     offline_user_params,
@@ -231,9 +232,9 @@ class ConversationResult:
     spoken: list[str] = field(default_factory=list)
 
     @property
-    def heard_texts(self) -> list[str]:
-        """The text of each heard utterance, with ``" [interrupted]"`` after the cut ones."""
-        return [u.text + (" [interrupted]" if u.interrupted else "") for u in self.heard]
+    def heard_texts(self) -> HeardTexts:
+        """The text of each heard utterance (a `HeardTexts` view of `heard`)."""
+        return HeardTexts(self.heard)
 
     def frames_of(
         self, frame_type: type[_FrameT], direction: FrameDirection | None = None

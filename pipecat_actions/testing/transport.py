@@ -38,6 +38,7 @@ __all__ = [
     "FakeInputTransport",
     "FakeOutputTransport",
     "FakeTransport",
+    "HeardTexts",
     "HeardUtterance",
     "PlaybackEvent",
     "PlaybackKind",
@@ -50,8 +51,9 @@ __all__ = [
 
 import asyncio
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, overload
 
 from pipecat.audio.vad.vad_analyzer import VAD_START_SECS, VAD_STOP_SECS
 from pipecat.frames.frames import (
@@ -114,6 +116,53 @@ class HeardUtterance:
     ended_at_secs: float
     played_secs: float
     started_monotonic: float = 0.0
+
+
+class HeardTexts(Sequence[str]):
+    """A live view of what the user heard, as text: each utterance's, in order.
+
+    A cut utterance reads with ``" [interrupted]"`` after its text. The view reads the list of
+    `HeardUtterance` it was made on each time it is used, so a reference saved before the
+    conversation (``heard = transport.output().heard_texts``) sees every utterance heard
+    since. It compares equal to a list or tuple of the same texts; ``list(view)`` is a copy.
+
+    Args:
+        heard: The utterances to read (kept, not copied).
+    """
+
+    def __init__(self, heard: list[HeardUtterance]) -> None:
+        self._heard = heard
+
+    @staticmethod
+    def _text(utterance: HeardUtterance) -> str:
+        return utterance.text + (" [interrupted]" if utterance.interrupted else "")
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self._text(u) for u in self._heard[index]]
+        return self._text(self._heard[index])
+
+    def __len__(self) -> int:
+        return len(self._heard)
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._text(u) for u in list(self._heard))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, HeardTexts | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # a live view: its value changes
+
+    def __repr__(self) -> str:
+        return repr(list(self))
 
 
 PlaybackKind: TypeAlias = Literal["played", "interrupted", "ended", "cancelled"]
@@ -239,6 +288,7 @@ class FakeOutputTransport(BaseOutputTransport):
         self._playback_clock: Clock = clock if clock is not None else _MonotonicClock()
         self.heard: list[HeardUtterance] = []
         """What the user heard, in order; utterances an interruption cut are marked."""
+        self._heard_texts = HeardTexts(self.heard)
         self.audio_secs_played = 0.0
         """Seconds of audio played in total."""
         self.playback: list[PlaybackEvent] = []
@@ -247,9 +297,9 @@ class FakeOutputTransport(BaseOutputTransport):
         self._next_write_time = 0.0
 
     @property
-    def heard_texts(self) -> list[str]:
-        """The text of each heard utterance, with ``" [interrupted]"`` after the cut ones."""
-        return [u.text + (" [interrupted]" if u.interrupted else "") for u in self.heard]
+    def heard_texts(self) -> HeardTexts:
+        """What the user heard as text, a live view (`HeardTexts`): save it and read it later."""
+        return self._heard_texts
 
     async def start(self, frame: StartFrame) -> None:
         """Start the media senders, as a real transport does once connected."""
@@ -446,3 +496,8 @@ class FakeTransport(BaseTransport):
     def heard(self) -> list[HeardUtterance]:
         """What the user heard (see `FakeOutputTransport.heard`)."""
         return self.output().heard
+
+    @property
+    def heard_texts(self) -> HeardTexts:
+        """What the user heard as text, a live view (see `FakeOutputTransport.heard_texts`)."""
+        return self.output().heard_texts

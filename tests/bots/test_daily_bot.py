@@ -33,9 +33,9 @@ from pipecat.transports.daily.transport import DailyInputTransport, DailyOutputT
 from bots.daily_bot import RestaurantBot, SessionPrincipalAuthorizer, build_bot, make_transport
 from bots.restaurant import new_system_of_record
 from pipecat_actions import AuthorizationRequest
-from pipecat_actions.pipeline import check_placement
+from pipecat_actions.adapters import ActionResultGate, ActionStatusReporter, ActionTurnTracker
+from pipecat_actions.adapters.pipeline import check_placement
 from pipecat_actions.policy import load_policy
-from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 
 ROOT = Path(__file__).resolve().parents[2]
 BOT = ROOT / "bots" / "daily_bot.py"
@@ -262,7 +262,7 @@ def _env_without_keys() -> dict[str, str]:
 async def test_a_realtime_bot_has_the_speech_to_speech_layout_and_the_services_adapter(
     tmp_path: Path, no_network: list[str], kind: str, service: str
 ) -> None:
-    from pipecat_actions.realtime import adapter_of
+    from pipecat_actions.adapters.realtime import adapter_of
 
     runner_args = DailyRunnerArguments(room_url="https://example.daily.co/room", session_id="s1")
     bot = await build_bot(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +20,63 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(240)
 
 
+FIRST_LINE = "user   A table for two at nine tonight, please."
+
+
+def _refunds_in_ledger(tmp_path: Path) -> int:
+    """How many refund operations the running demo's ledger holds now (read-only)."""
+    database = tmp_path / ".pipecat_actions" / "demo.db"
+    with closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as connection:
+        [(count,)] = connection.execute(
+            "SELECT count(*) FROM pa_operations WHERE tool = 'refund_deposit'"
+        ).fetchall()
+    return int(count)
+
+
 def _run_demo(tmp_path: Path, policy: str | None = None) -> tuple[dict[str, Any], str]:
-    env = {k: v for k, v in os.environ.items() if k != "PIPECAT_ACTIONS_LEDGER_URL"}
+    """Run the demo, reading its output as it comes; check the story is printed as it happens.
+
+    When the first line of the conversation is read, the demo must still be running and its
+    ledger must not yet hold the refund the user asks for later in the call: a demo that
+    collected its output and printed it at the end would show that line only after the
+    refund. Order and cause, not time.
+    """
+    # Without PYTHONUNBUFFERED, as a user's shell piping `make demo` into tee or a CI log:
+    # the demo must flush each line itself.
+    unset = ("PIPECAT_ACTIONS_LEDGER_URL", "PYTHONUNBUFFERED")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     if policy:
         env["POLICY"] = str(ROOT / policy)
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(
-        [sys.executable, "-m", "bots.demo", "--json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=200,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr
-    outcome = json.loads(done.stdout.strip().splitlines()[-1])
-    return outcome, done.stdout
+    errors = tmp_path / "stderr.txt"
+    with errors.open("w") as stderr:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "bots.demo", "--json"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        try:
+            assert demo.stdout is not None
+            lines: list[str] = []
+            at_first_line: tuple[bool, int] | None = None
+            for line in demo.stdout:
+                lines.append(line)
+                if at_first_line is None and line.strip().endswith(FIRST_LINE.split(maxsplit=1)[1]):
+                    at_first_line = (demo.poll() is None, _refunds_in_ledger(tmp_path))
+            returncode = demo.wait(timeout=200)
+        finally:
+            demo.kill()
+            demo.wait()
+    printed_errors = errors.read_text()
+    assert returncode == 0, printed_errors[-3000:]
+    assert "Traceback" not in printed_errors
+    assert at_first_line == (True, 0), "the story was not printed as it happened"
+    printed = "".join(lines)
+    outcome = json.loads(printed.strip().splitlines()[-1])
+    return outcome, printed
 
 
 def _check_story(ops: list[dict[str, Any]]) -> None:

@@ -39,10 +39,10 @@ from bots.daily_bot import (
 )
 from bots.restaurant import new_system_of_record
 from bots.restaurant_flow import FLOW_CONFIG
+from pipecat_actions.adapters import ActionResultGate, ActionStatusReporter, ActionTurnTracker
+from pipecat_actions.adapters.pipeline import check_placement
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.pipeline import check_placement
 from pipecat_actions.policy import load_policy
-from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 from tests.bots._commands import check_operator_commands
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -192,7 +192,7 @@ def test_the_flow_bot_has_the_cascade_layout_around_the_flow_managers_aggregator
     # observer is made: Pipecat's own reports (a cancel told as cancelled) are off for them.
     from pipecat.processors.frameworks.rtvi.observer import RTVIFunctionCallReportLevel
 
-    from pipecat_actions.processors import rtvi_observer_params
+    from pipecat_actions.adapters import rtvi_observer_params
 
     levels = rtvi_observer_params(flow_bot.runtime).function_call_report_level
     assert levels["book_table"] is RTVIFunctionCallReportLevel.DISABLED

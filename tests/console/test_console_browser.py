@@ -8,8 +8,8 @@ from, where a barge-in and a telling that differs from the ledger stand out. The
 cannot approve their own request, and an expired request cannot be approved. Playwright never
 downloads a browser here: it drives /usr/bin/chromium (``apt-get install chromium``; `make
 test` installs it where it can). Set ``PIPECAT_ACTIONS_SCREENSHOT=PATH`` to keep the
-screenshot of the approval the README shows, ``PIPECAT_ACTIONS_SCREENSHOT_DIR=DIR`` for those
-of the summary and the timelines.
+screenshot of the approval docs/cli.md shows, ``PIPECAT_ACTIONS_SCREENSHOT_DIR=DIR`` for those
+of the summary and the timelines (docs/images/ keeps the ones the documentation shows).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ async def test_a_manager_approves_in_the_browser_and_the_caller_hears_the_outcom
 ) -> None:
     from pipecat.processors.aggregators.llm_context import LLMContext
 
-    from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+    from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
     from pipecat_actions.testing import (
         Call,
         FakeTTS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pipecat_actions.console.app import _Changes
+from pipecat_actions.console.live import Changes as _Changes
 from pipecat_actions.errors import LedgerUnavailable
 from tests._waiting import guarded
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from pipecat_actions.console import ConsoleSettings
-from pipecat_actions.console.app import _Changes
 from pipecat_actions.console.command import run_users
+from pipecat_actions.console.live import Changes as _Changes
 from pipecat_actions.console.users import Credentials, UsersFileError
 from pipecat_actions.errors import LedgerUnavailable
 from pipecat_actions.session import SessionState
@@ -273,16 +273,16 @@ async def test_guesses_sent_at_once_are_all_counted_against_the_limit(tmp_path: 
 def test_names_tried_once_never_push_out_the_record_of_the_name_being_guessed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pipecat_actions.console import app as console_app
+    from pipecat_actions.console import sign_ins
 
-    monkeypatch.setattr(console_app, "_SIGN_INS", 3)
-    failures = console_app._Failures(lambda: 1_000.0)
+    monkeypatch.setattr(sign_ins, "SIGN_INS", 3)
+    failures = sign_ins.Failures(lambda: 1_000.0)
     for _ in range(5):
         failures.failed(("rosa", "10.0.0.1"))
     for name in ("a", "b", "c", "d", "e"):
         failures.failed((name, "10.0.0.1"))
     # Still paused for the whole window (the clock stands still): its record was kept.
-    assert failures.wait_secs(("rosa", "10.0.0.1")) == console_app._FAILURE_WINDOW_SECS
+    assert failures.wait_secs(("rosa", "10.0.0.1")) == sign_ins.FAILURE_WINDOW_SECS
 
 
 async def test_the_live_updates_of_a_sign_in_end_when_it_is_signed_out(tmp_path: Path) -> None:

@@ -34,8 +34,8 @@ def test_an_operators_tenants_are_written_on_their_line_and_read_back(tmp_path: 
     Credentials(path).add("sam", "pw", tenants=["*", "main-st"])
     lines = path.read_text().splitlines()
     again = Credentials(path).operators()
-    assert lines[1].startswith("manager:rosa:billing:tenants=elm-st,main-st:scrypt$")
-    assert lines[2].startswith("sam::tenants=*:scrypt$")
+    assert lines[1].startswith("manager:rosa:billing:tenants=elm-st,main-st:$argon2id$")
+    assert lines[2].startswith("sam::tenants=*:$argon2id$")
     assert again["manager:rosa"].tenants == {"main-st", "elm-st"}
     assert again["manager:rosa"].approver().tenants == {"main-st", "elm-st"}
     assert again["sam"].approver().every_tenant

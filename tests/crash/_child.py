@@ -220,7 +220,7 @@ class Child:
         )
         from pipecat.tests.utils import SleepFrame, run_test
 
-        from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
+        from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
         from pipecat_actions.testing import Say, ScriptedLLM, ToolCalls
         from tests.crash._context_tap import ContextTap
 

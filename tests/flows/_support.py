@@ -28,9 +28,9 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 
 from pipecat_actions import ActionRuntime, AllowAll, attach
 from pipecat_actions.actions import ActionContext, Reconciliation, action_context
-from pipecat_actions.flows import FlowActions, FunctionHooks
+from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
+from pipecat_actions.adapters.flows import FlowActions, FunctionHooks
 from pipecat_actions.ledger import Operation
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.session import SessionState
 from pipecat_actions.testing import FakeSystemOfRecord
 from pipecat_actions.testing.conversation import ConversationResult, Step, run_conversation

@@ -13,9 +13,9 @@ import pytest
 from pipecat.flows import FlowManager, FlowsFunctionSchema
 
 from pipecat_actions import Decision, instrument
+from pipecat_actions.adapters.flows import STATE_KEY, STATUS_FIELD
 from pipecat_actions.approvals import Approver
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.flows import STATE_KEY, STATUS_FIELD
 from pipecat_actions.runtime.deliveries import WATCH_SECS
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing.conversation import (

@@ -18,7 +18,8 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.services.llm_service import FunctionCallParams
 
-from pipecat_actions import binding, instrument
+from pipecat_actions import instrument
+from pipecat_actions.adapters import routed
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.approvals import Approver
 from pipecat_actions.policy import load_policy_text
@@ -121,9 +122,9 @@ async def test_a_call_whose_outcome_a_repeat_told_in_place_is_not_kept(
             ]
         )
         await a.settled(S.COMMITTED)
-        kept = dict(a.actions._calls)
+        kept = [call.tool_call_id for call in a.actions._calls.calls()]
 
-    assert kept == {}, list(kept)
+    assert kept == [], kept
 
 
 async def test_a_late_outcomes_transition_is_decided_again_when_it_runs(tmp_path: Path) -> None:
@@ -187,7 +188,7 @@ tools:
 
 
 async def test_an_instrumented_call_is_forgotten_once_its_effect_ran(tmp_path: Path) -> None:
-    """binding._Calls keeps a call answered ``awaiting_approval`` (right: it may still run),
+    """routed._Calls keeps a call answered ``awaiting_approval`` (right: it may still run),
     but nothing removes it once its effect ran: `_effect` sets ``call.ran`` and only
     `_Calls.close` (at answer time) pops. Each such call keeps its FunctionCallParams
     (context, worker) until LIMIT evicts it."""
@@ -234,7 +235,7 @@ async def test_an_instrumented_call_is_forgotten_once_its_effect_ran(tmp_path: P
 
 def _calls_of(llm: Any) -> Any:
     for cell in llm.register_function.__closure__ or ():
-        if isinstance(cell.cell_contents, binding._Calls):
+        if isinstance(cell.cell_contents, routed._Calls):
             return cell.cell_contents
     raise AssertionError("no _Calls in instrument's closure")
 

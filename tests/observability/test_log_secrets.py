@@ -26,12 +26,12 @@ from pipecat_actions import (
     attach,
     tools_schema,
 )
+from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
 from pipecat_actions.observability.redaction import (
     install_log_redaction,
     uninstall_log_redaction,
 )
 from pipecat_actions.policy import load_policy_text
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import (
     FakeTTS,

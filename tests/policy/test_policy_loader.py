@@ -49,7 +49,8 @@ def test_policy_error_message_lists_one_problem_per_line() -> None:
     assert isinstance(caught.value, PipecatActionsError)
     assert caught.value.retryable is False
     assert str(caught.value).splitlines() == [
-        "p.yaml: version: unsupported policy version 3: this pipecat_actions reads version 1 only",
+        "p.yaml: version: unsupported policy version 3: this pipecat_actions reads versions 1 "
+        "and 2 (the current one is 2)",
         "p.yaml: tools.a.mode: must be one of blocking, background (got 'now')",
     ]
 

@@ -1,4 +1,4 @@
-"""The README's policy reference is the one generated from the model."""
+"""The policy reference in docs/policies.md is the one generated from the model."""
 
 from __future__ import annotations
 
@@ -7,17 +7,18 @@ from pathlib import Path
 from pipecat_actions.policy.model import ToolPolicy
 from pipecat_actions.policy.reference import policy_reference
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+POLICIES = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
 
 
-def test_the_readme_policy_reference_matches_the_model() -> None:
-    text = README.read_text()
+def test_the_documented_policy_reference_matches_the_model() -> None:
+    text = POLICIES.read_text()
     start = text.index("<!-- policy-reference:start -->\n") + len(
         "<!-- policy-reference:start -->\n"
     )
     end = text.index("<!-- policy-reference:end -->")
     assert text[start:end] == policy_reference(), (
-        "README policy reference is stale: run `python -m pipecat_actions.policy.reference` "
+        "docs/policies.md: the policy reference is stale: run "
+        "`python -m pipecat_actions.policy.reference` "
         "and paste its output between the markers"
     )
 

@@ -35,12 +35,12 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.tests.utils import run_test
 
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
-from pipecat_actions.policy import load_policy_text
-from pipecat_actions.processors import (
+from pipecat_actions.adapters import (
     ActionResultGate,
     ActionStatusReporter,
     ActionTurnTracker,
 )
+from pipecat_actions.policy import load_policy_text
 from tests._waiting import HANG_GUARD_SECS
 
 POLICY = 'version: 1\ntools:\n  book_table:\n    kind: mutation\n    resource: "table:{time}"\n'

@@ -22,8 +22,8 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 
 from pipecat_actions import ActionRuntime, SessionState, attach, tools_schema
 from pipecat_actions.actions import ActionContext, action
+from pipecat_actions.adapters import ActionResultGate, ActionTurnTracker
 from pipecat_actions.ledger.records import EventKind, Operation, OperationEvent
-from pipecat_actions.processors import ActionResultGate, ActionTurnTracker
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import (
     Call,

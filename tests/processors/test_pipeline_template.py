@@ -22,9 +22,9 @@ from pipecat_actions import (
     attach,
     instrument,
 )
-from pipecat_actions.pipeline import build_pipeline, check_placement
+from pipecat_actions.adapters import ActionResultGate, ActionStatusReporter, ActionTurnTracker
+from pipecat_actions.adapters.pipeline import build_pipeline, check_placement
 from pipecat_actions.policy import load_policy_text
-from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 from pipecat_actions.testing import ScriptedLLM
 
 

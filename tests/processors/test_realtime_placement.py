@@ -33,11 +33,11 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 from pipecat.workers.runner import WorkerRunner
 
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action, attach
+from pipecat_actions.adapters import ActionResultGate, ActionStatusReporter, ActionTurnTracker
+from pipecat_actions.adapters.pipeline import build_pipeline, check_placement
+from pipecat_actions.adapters.realtime import adapt_realtime, adapter_of, is_realtime_service
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.pipeline import build_pipeline, check_placement
 from pipecat_actions.policy import load_policy_text
-from pipecat_actions.processors import ActionResultGate, ActionStatusReporter, ActionTurnTracker
-from pipecat_actions.realtime import adapt_realtime, adapter_of, is_realtime_service
 from pipecat_actions.testing import ScriptedLLM
 from tests._waiting import eventually, guarded
 

@@ -24,9 +24,9 @@ from pipecat_actions import (
     action,
     tools_schema,
 )
+from pipecat_actions.adapters.pipeline import build_pipeline
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import ForwardingLedger, Ledger, SqlLedger
-from pipecat_actions.pipeline import build_pipeline
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import Say, ScriptedLLM, ToolCalls

@@ -47,12 +47,12 @@ from pipecat_actions import (
     action,
     tools_schema,
 )
+from pipecat_actions.adapters import ActionStatusReporter, rtvi_observer_params
+from pipecat_actions.adapters.pipeline import build_pipeline
+from pipecat_actions.adapters.status_reporter import MAX_MESSAGE_CHARS
 from pipecat_actions.approvals import Approver
 from pipecat_actions.execution.executor import ReconcileSchedule
-from pipecat_actions.pipeline import build_pipeline
 from pipecat_actions.policy import load_policy_text
-from pipecat_actions.processors import ActionStatusReporter, rtvi_observer_params
-from pipecat_actions.processors.status_reporter import MAX_MESSAGE_CHARS
 from pipecat_actions.status import ActionStatus
 from pipecat_actions.testing import FakeSystemOfRecord, Say, ScriptedLLM, ToolCalls
 from tests._waiting import HANG_GUARD_SECS, eventually

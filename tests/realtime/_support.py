@@ -30,8 +30,8 @@ from pipecat.services.llm_service import LLMService
 from pipecat.workers.runner import WorkerRunner
 
 from pipecat_actions import ActionRuntime, Decision, build_pipeline, tools_schema
+from pipecat_actions.adapters import ActionResultGate
 from pipecat_actions.ledger import Operation
-from pipecat_actions.processors import ActionResultGate
 from pipecat_actions.session import SessionState
 from pipecat_actions.testing import FakeSystemOfRecord
 from tests._waiting import guarded

@@ -173,7 +173,7 @@ async def test_a_late_outcome_waits_until_the_user_stops_speaking_then_reaches_t
         call_id = await _talked_over(agent, server, "book_table")
         agent.commit()
         await agent.settled("book_table", S.COMMITTED)
-        await until(lambda: agent.gate.delivery._state.held, what="the outcome to be held")
+        await until(lambda: agent.gate.delivery._state.held_outcomes, what="the outcome to be held")
         assert not any("committed" in text for text in server.messages())
         stopped_at = len(server.received)
         await server.speech_stopped()

@@ -319,9 +319,10 @@ async def test_a_requester_written_another_way_still_never_decides(
 
 
 def test_a_policy_asking_for_approval_must_say_who_approves() -> None:
+    # Version 2 refuses it; a version 1 file loads, warned (tests/policy/test_upgrades.py).
     with pytest.raises(PolicyError, match=r"confirmation\.approvers.*approval needs someone"):
         load_policy_text(
-            "version: 1\ntools:\n  refund:\n    kind: mutation\n"
+            "version: 2\ntools:\n  refund:\n    kind: mutation\n"
             "    confirmation: {mode: approval}\n"
         )
 

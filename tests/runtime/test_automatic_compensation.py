@@ -38,7 +38,7 @@ from pipecat_actions.ledger import (
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.testing import FakeSystemOfRecord, Say, ToolCalls
 from tests.processors._clocked import ScriptClock, until
-from tests.processors.test_result_gate import BOOK_2100, BOOK_2130, agent_on
+from tests.processors._gate import BOOK_2100, BOOK_2130, agent_on
 from tests.runtime._execution_support import (
     Bookings,
     booking,

@@ -18,6 +18,7 @@ from typing import Any
 from pipecat_actions.actions import ActionContext, CancelOutcome, action
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.execution.executor import ReconcileSchedule
+from pipecat_actions.ledger import NewOperation
 from pipecat_actions.ledger.records import OperationFilter
 from pipecat_actions.testing import FakeSystemOfRecord
 from tests._waiting import eventually, guarded
@@ -345,3 +346,80 @@ async def test_a_conflict_corrects_what_the_conversation_was_told_in_words(
     assert told["status"] == "committed"
     assert "told earlier" in told["correction"] and "did not happen" in told["correction"]
     assert told["correction"] in told["message"]
+
+
+def _cli(capsys: Any, *argv: str) -> tuple[str, str]:
+    from pipecat_actions.cli import main
+
+    assert main(list(argv)) == 0
+    captured = capsys.readouterr()
+    return captured.out, captured.err
+
+
+async def test_an_operator_lists_and_counts_the_conflicts_and_nothing_else(
+    ledger_url: str, clock: ManualClock, capsys: Any
+) -> None:
+    import json
+
+    sor = fake(clock)
+    sor.faults.set_latency(3.0, kind="book")
+    sor.faults.apply_when_abandoned("book")
+    bookings = Bookings(sor)
+    async with running(
+        horizon_policy(0.5),
+        [bookings.action(reconcile="lookup")],
+        ledger_url=ledger_url,
+        clock=clock,
+        schedule=SCHEDULE,
+        lease_secs=LONG_LEASE,
+    ) as runtime:
+        session = new_session()
+        op = await failed_by_a_horizon_too_short(runtime, clock, sor, session)
+        await runtime.reconcile_unknown(op.operation_id, actor="operator:bob")
+        # A booking another process ran and committed: no conflict.
+        other = NewOperation(
+            tool="book_table",
+            kind="mutation",
+            args=booking("22:00"),
+            idempotency_key="book|22:00",
+            session_id="call-2",
+            principal="alice",
+            status=Status.RUNNING,
+        )
+        admitted = (await runtime.ledger.admit(other)).operation
+        await runtime.ledger.transition(
+            admitted.operation_id,
+            expected=Status.RUNNING,
+            to=Status.COMMITTED,
+            fence=admitted.fence,
+            actor="worker:elsewhere",
+        )
+        fine = {"operation_id": admitted.operation_id}
+
+    listed, _ = await asyncio.to_thread(
+        _cli, capsys, "ledger", "list", "--conflicts", "--ledger", ledger_url, "--json"
+    )
+    text, _ = await asyncio.to_thread(
+        _cli, capsys, "ledger", "list", "--conflicts", "--ledger", ledger_url
+    )
+    everything, _ = await asyncio.to_thread(
+        _cli, capsys, "ledger", "list", "--ledger", ledger_url, "--json"
+    )
+    stats, _ = await asyncio.to_thread(_cli, capsys, "stats", "--ledger", ledger_url, "--json")
+    stats_text, _ = await asyncio.to_thread(_cli, capsys, "stats", "--ledger", ledger_url)
+
+    rows = json.loads(listed)
+    assert [(r["operation_id"], r["status"], r["escalated"]) for r in rows] == [
+        (op.operation_id, "COMMITTED", True)
+    ]
+    assert op.operation_id in text and fine["operation_id"] not in text
+    assert {r["operation_id"] for r in json.loads(everything)} == {
+        op.operation_id,
+        fine["operation_id"],
+    }
+    figures = json.loads(stats)
+    assert figures["conflicts"] == 1
+    assert figures["tools"]["book_table"]["conflicts"] == 1
+    assert figures["tools"]["book_table"]["by_status"] == {"COMMITTED": 2}
+    assert stats_text.splitlines()[1].startswith("CONFLICTS: 1 ")  # after the ledger line
+    assert "conflicts                  1" in stats_text

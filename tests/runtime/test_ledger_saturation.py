@@ -24,6 +24,7 @@ from pipecat_actions.errors import LedgerUnavailable
 from pipecat_actions.ledger import SqlLedger
 from pipecat_actions.ledger.engine import LedgerSettings
 from pipecat_actions.ledger.forwarding import ForwardingLedger
+from pipecat_actions.ledger.postgresql import PostgresLedger
 from pipecat_actions.ledger.records import (
     DUPLICATES_JOINED,
     EventKind,
@@ -290,8 +291,9 @@ class CheckedOut:
         pool_events = ledger._engine.sync_engine
         event.listen(pool_events, "checkout", self._out)
         event.listen(pool_events, "checkin", self._in)
-        fast = ledger._fast
-        if fast is not None:  # PostgreSQL's hot path runs on asyncpg connections of its own
+        if isinstance(ledger, PostgresLedger):
+            # PostgreSQL's hot path runs on asyncpg connections of its own.
+            fast = ledger._fast
             call = fast._call
 
             async def counted(run: Any, **kwargs: Any) -> Any:

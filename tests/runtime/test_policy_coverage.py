@@ -23,7 +23,7 @@ from pipecat_actions import (
     action,
     instrument,
 )
-from pipecat_actions.flows import flow_functions
+from pipecat_actions.adapters.flows import flow_functions
 from pipecat_actions.operator import OperatorApp, reconcile
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.session import SessionState
@@ -31,7 +31,7 @@ from pipecat_actions.testing import ScriptedLLM, capture_logs
 
 POLICY = load_policy_text(
     """
-version: 1
+version: 2
 tools:
   book_table:
     kind: mutation
@@ -83,7 +83,7 @@ async def test_a_policy_with_no_action_at_all_names_every_entry(tmp_path: Path) 
 
 async def test_an_entry_close_to_a_registered_action_is_suggested(tmp_path: Path) -> None:
     typo = load_policy_text(
-        "version: 1\ntools:\n  book_table:\n    kind: mutation\n"
+        "version: 2\ntools:\n  book_table:\n    kind: mutation\n"
         "  book_tables:\n    kind: mutation\n"
     )
     message = await _refused(tmp_path, typo, actions=[book_table])
@@ -93,7 +93,7 @@ async def test_an_entry_close_to_a_registered_action_is_suggested(tmp_path: Path
 async def test_an_action_whose_entry_is_misspelt_is_refused_with_the_entry_it_resembles(
     tmp_path: Path,
 ) -> None:
-    typo = load_policy_text("version: 1\ntools:\n  book_tabel:\n    kind: mutation\n")
+    typo = load_policy_text("version: 2\ntools:\n  book_tabel:\n    kind: mutation\n")
     message = await _refused(tmp_path, typo, actions=[book_table])
     assert "action book_table has no entry in the policy" in message
     assert "did you mean book_tabel?" in message
@@ -199,7 +199,7 @@ async def test_a_transition_only_flow_function_with_a_policy_entry_starts_with_o
     assert "transition_only" in line and "ignored" in line and "\n" not in line.strip()
     # An entry no function of the flow stands behind is still refused.
     others = load_policy_text(
-        "version: 1\ntools:\n  book_table:\n    kind: mutation\n  pay:\n    kind: mutation\n"
+        "version: 2\ntools:\n  book_table:\n    kind: mutation\n  pay:\n    kind: mutation\n"
     )
     refused = await _refused(tmp_path, others, routed=flow_functions(config))
     assert "pay" in refused and "no action" in refused

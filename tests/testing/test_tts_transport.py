@@ -48,6 +48,7 @@ from pipecat_actions.clock import ManualClock
 from pipecat_actions.testing.transport import (
     FakeOutputTransport,
     FakeTransport,
+    HeardUtterance,
     PlaybackEvent,
     offline_user_params,
     user_says,
@@ -342,6 +343,29 @@ async def test_interruption_cuts_the_utterance_and_drops_unplayed_audio() -> Non
     after = down[interruption:]
     assert any(isinstance(f, BotStoppedSpeakingFrame) for f in after)
     assert [type(f) for f in after].count(TTSAudioRawFrame) <= 1  # the chunk being written
+
+
+async def test_heard_texts_saved_before_the_conversation_sees_what_was_heard_since() -> None:
+    clock = ManualClock(start=0.0)
+    tts = FakeTTS(secs_per_char=0.02)
+    transport = FakeTransport(clock=clock)
+    output = transport.output()
+    saved = transport.heard_texts  # taken before anything was said, and kept
+    assert saved == [] and len(saved) == 0
+    text = "Ready."
+
+    async with _running(Pipeline([tts, output])) as run:
+        await run.send(*_llm_says(text))
+        await _play_to_the_end(clock, run)
+
+    assert saved == [text] and saved == (text,) and list(saved) == [text]
+    assert saved[0] == text and saved[-1:] == [text] and text in saved
+    assert saved is output.heard_texts  # one view, read each time it is used
+    # A cut utterance reads as cut, in the saved view as in a new one.
+    output.heard[0] = HeardUtterance(text, True, 0.0, 0.1, 0.1)
+    assert saved == [f"{text} [interrupted]"] == transport.heard_texts
+    assert saved != [text]
+    assert repr(saved) == repr([f"{text} [interrupted]"])
 
 
 async def test_uninterruptible_speech_survives_an_interruption() -> None:

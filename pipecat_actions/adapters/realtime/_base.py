@@ -62,14 +62,13 @@ from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import LLMService
 
 from pipecat_actions._recent import remember
-from pipecat_actions.binding import CONFIRM_TOOL, owns_tool
+from pipecat_actions.adapters._closing import closing_frame
 from pipecat_actions.errors import ConfigurationError
-from pipecat_actions.processors._closing import closing_frame, truthful_close
-from pipecat_actions.runtime.deliveries import Told
+from pipecat_actions.runtime.calls import CONFIRM_TOOL, Told
 from pipecat_actions.session import SessionState
 
 if TYPE_CHECKING:
-    from pipecat_actions.processors import ActionResultGate
+    from pipecat_actions.adapters.result_gate import ActionResultGate
     from pipecat_actions.runtime import ActionRuntime
 
 ADAPTER_ATTRIBUTE = "_pipecat_actions_realtime"
@@ -83,7 +82,7 @@ _KEEP_ENDS = 64
 class RealtimeAdapter:
     """Gives a speech-to-speech service the cascade's guarantees; see the module docstring.
 
-    Built by `pipecat_actions.realtime.adapt_realtime`, which picks the subclass for the
+    Built by `pipecat_actions.adapters.realtime.adapt_realtime`, which picks the subclass for the
     service. It replaces methods on the one service instance it adapts (Pipecat offers no
     public seam at the service boundary), calling the originals for everything it leaves be.
 
@@ -104,6 +103,7 @@ class RealtimeAdapter:
         gate: ActionResultGate,
     ) -> None:
         self.runtime = runtime
+        self.calls = runtime.calls
         self.llm = llm
         self.session = session
         self.gate = gate
@@ -223,7 +223,7 @@ class RealtimeAdapter:
                 remember(self._played, frame.id, self._ending, keep=_KEEP_ENDS)
                 self._ending = None
             owned = isinstance(frame, (FunctionCallCancelFrame, FunctionCallResultFrame)) and (
-                owns_tool(self.runtime, frame.function_name)
+                self.calls.owns(frame.function_name)
             )
             if owned and isinstance(frame, FunctionCallCancelFrame):
                 self._spawn(self._close(frame))
@@ -258,10 +258,14 @@ class RealtimeAdapter:
 
     async def _close(self, cancel: FunctionCallCancelFrame) -> None:
         """Close a cancelled call with its operation's real state, through the service."""
-        call_id = cancel.tool_call_id
-        operation_id = self.runtime.operation_for_call(call_id) or self._confirms.get(call_id)
-        result, _, _ = await truthful_close(self.runtime, self.delivery, cancel, operation_id)
-        await self._closed(cancel, result)
+        closed = await self.calls.close_cancelled(
+            self.delivery,
+            cancel.function_name,
+            cancel.tool_call_id,
+            timed_out=bool(cancel.run_llm),  # Pipecat sets run_llm only after its timeout
+            about=self._confirms.get(cancel.tool_call_id),
+        )
+        await self._closed(cancel, closed.result)
 
     async def _closed(self, cancel: FunctionCallCancelFrame, result: dict[str, Any]) -> None:
         """Push the result that closes ``cancel``'s call (a subclass may route it)."""

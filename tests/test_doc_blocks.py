@@ -1,6 +1,10 @@
-"""README.md's blocks other than python (those run as tests themselves; see conftest.py).
+"""The code blocks of README.md and of the documentation site (docs/), checked.
 
-Every block says its language. YAML blocks are loaded as what they are (a policy, or a
+The ``python`` blocks run as tests of their own (pytest-markdown-docs; see conftest.py): each is
+a complete program, with no top-level ``await`` and nothing given to it, so it runs as written
+when pasted into a file. A block that only includes an example file (``--8<-- "examples/..."``,
+mkdocs' snippets) is not run as a block: the file it names is checked to exist and to be run by
+a test. Every block says its language. YAML blocks are loaded as what they are (a policy, or a
 scenario, which is played); JSON and text blocks that show an output are compared with what
 the code produces; every ``pipecat-actions`` command line names a real subcommand and real
 options, every ``make`` target exists, and every script or test path a command names exists.
@@ -9,6 +13,7 @@ options, every ``make`` target exists, and every script or test path a command n
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import shlex
@@ -30,9 +35,13 @@ from pipecat_actions.status import ActionStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 LANGUAGES = {"python", "yaml", "json", "shell", "text", "toml"}
 OP_ID = "op_…"
-"""How the README writes an operation id it cannot know."""
+"""How the documentation writes an operation id it cannot know."""
+SNIPPET = re.compile(r'^--8<-- "([^"]+)"$')
+"""A line that includes a file into the page (pymdownx.snippets)."""
 
 
 @dataclass(frozen=True)
@@ -41,27 +50,40 @@ class Block:
     options: tuple[str, ...]
     text: str
     line: int
+    path: Path
 
     def __str__(self) -> str:
-        return f"README.md:{self.line} ({self.language})"
+        return f"{self.path.relative_to(ROOT)}:{self.line} ({self.language})"
+
+    @property
+    def includes(self) -> list[str]:
+        """The files the block includes, if it is only includes."""
+        lines = [line.strip() for line in self.text.strip().splitlines()]
+        found = [SNIPPET.match(line) for line in lines]
+        return [m.group(1) for m in found if m] if lines and all(found) else []
 
 
 def _blocks() -> list[Block]:
-    tokens = MarkdownIt("commonmark").parse(README.read_text())
     blocks = []
-    for token in tokens:
-        if token.type == "fence" and token.map:
-            info = token.info.split()
-            language = info[0] if info else ""
-            blocks.append(Block(language, tuple(info[1:]), token.content, token.map[0] + 1))
+    for path in PAGES:
+        tokens = MarkdownIt("commonmark").parse(path.read_text())
+        for token in tokens:
+            if token.type == "fence" and token.map:
+                info = token.info.split()
+                language = info[0] if info else ""
+                blocks.append(
+                    Block(language, tuple(info[1:]), token.content, token.map[0] + 1, path)
+                )
     return blocks
 
 
 BLOCKS = _blocks()
+TEXT = "\n".join(path.read_text() for path in PAGES)
 
 
 def _of(language: str) -> list[Block]:
-    return [b for b in BLOCKS if b.language == language]
+    """The blocks of a language, less those that only include an example file."""
+    return [b for b in BLOCKS if b.language == language and not b.includes]
 
 
 def test_every_block_says_its_language() -> None:
@@ -69,10 +91,43 @@ def test_every_block_says_its_language() -> None:
     assert unknown == [], f"say python, yaml, json, shell, toml or text: {unknown}"
 
 
-def test_every_python_block_runs() -> None:
-    # pytest-markdown-docs skips a block marked `notest`; none is, so every one is a test.
-    assert [str(b) for b in _of("python") if "notest" in b.options] == []
-    assert len(_of("python")) >= 10
+def test_every_python_block_runs_as_written() -> None:
+    # pytest-markdown-docs skips a block marked `notest`, and gives a block marked `fixture:X`
+    # the fixture X: none is, so every block is a test of its own and needs nothing given.
+    assert [str(b) for b in BLOCKS if b.language == "python" and b.options] == []
+    programs = _of("python")
+    assert len(programs) >= 10
+    for block in programs:
+        # No top-level await: a pasted block runs with `python file.py`.
+        ast.parse(block.text, filename=str(block))  # SyntaxError: 'await' outside function
+        compile(block.text, str(block), "exec", dont_inherit=True)
+
+
+def test_every_python_block_imports_from_where_the_names_live_today() -> None:
+    import warnings
+
+    for block in _of("python"):
+        for node in ast.walk(ast.parse(block.text)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "pipecat_actions"
+            ):
+                module = __import__(node.module or "", fromlist=["_"])
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", DeprecationWarning)
+                    for alias in node.names:
+                        getattr(module, alias.name)  # a deprecated name warns: an error here
+
+
+def test_an_included_example_is_a_file_a_test_runs() -> None:
+    included = [(b, name) for b in BLOCKS for name in b.includes]
+    assert included, "docs/your-own-agent.md includes the example's files"
+    tests = "\n".join(p.read_text() for p in (ROOT / "tests" / "examples").glob("test_*.py"))
+    for block, name in included:
+        path = ROOT / name
+        assert path.is_file(), f"{block}: no {name}"
+        assert name.startswith("examples/"), f"{block}: include examples/ files only"
+        folder = path.relative_to(ROOT / "examples").parts[0]
+        assert f'"{folder}"' in tests, f"{block}: no test under tests/examples runs {folder}"
 
 
 # --- YAML ----------------------------------------------------------------------------------
@@ -107,7 +162,7 @@ tools:
 
 @pytest.fixture
 async def produced(tmp_path: Path) -> list[dict[str, Any]]:
-    """Results the runtime gives the model, for the README's examples to be compared with."""
+    """Results the runtime gives the model, for the documentation's examples to be compared with."""
 
     @action
     async def book_table(ctx: ActionContext, time: str) -> dict[str, Any]:
@@ -198,13 +253,13 @@ def test_every_json_block_parses() -> None:
 
 def test_the_result_envelope_shown_is_what_the_model_gets(produced: list[dict[str, Any]]) -> None:
     shown = list(_results_shown())
-    assert shown, "the README shows the result envelope"
+    assert shown, "the documentation shows the result envelope"
     for block, value in shown:
         assert value in [_without_id(r) for r in produced], str(block)
 
 
 def test_the_messages_quoted_are_what_the_model_gets(produced: list[dict[str, Any]]) -> None:
-    text = README.read_text()
+    text = TEXT
     first, joined, failed = produced
     assert joined["operation_id"] == first["operation_id"]
     assert (
@@ -221,7 +276,7 @@ async def test_the_late_outcome_shown_is_what_the_gate_tells(tmp_path: Path) -> 
 
 
 def test_the_rtvi_message_shown_is_what_a_client_is_sent() -> None:
-    from pipecat_actions.processors.status_reporter import ActionStatusReporter
+    from pipecat_actions.adapters.status_reporter import ActionStatusReporter
 
     (block,) = [b for b in _of("json") if '"action-status"' in b.text]
     value = json.loads(block.text)
@@ -370,3 +425,28 @@ def test_toml_blocks_are_pytest_settings_the_scenario_plugin_reads() -> None:
         assert set(settings) <= {"scenario_files"}, block
         assert all(isinstance(glob, str) for glob in settings["scenario_files"])
     assert "scenario_files" in pytest_plugin.pytest_addoption.__doc__
+
+
+# --- the landing page ----------------------------------------------------------------------
+
+
+def test_the_readme_starts_with_the_two_commands_of_a_fresh_machine() -> None:
+    first = BLOCKS[0]
+    assert first.path == README and first.language == "shell"
+    commands = [line.split("#")[0].strip() for line in first.text.splitlines()]
+    assert commands == ["make demo", "make test"]
+    assert README.read_text().startswith("# pipecat_actions\n\n```shell\nmake demo")
+
+
+def test_the_readme_links_to_files_that_exist() -> None:
+    # mkdocs checks the links of docs/ (--strict); README.md is outside the site.
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
+    local = [link for link in links if not link.startswith("http")]
+    assert "docs/your-own-agent.md" in local
+    assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+def test_every_page_of_docs_is_in_the_site_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = [p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")]
+    assert [page for page in pages if f" {page}" not in nav] == []
