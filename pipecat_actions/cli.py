@@ -663,7 +663,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
                 raise ConfigurationError("--polling-secs must be a positive number of seconds")
             if args.once:
                 raise ConfigurationError("--once is not for --dbos: DBOS hands a worker its work")
-            from pipecat_actions.durable.worker import run_dbos_worker
+            from pipecat_actions.dbos_worker import run_dbos_worker
 
             return await run_dbos_worker(
                 app,

@@ -7,7 +7,7 @@ connection: the row and the workflow commit together or not at all. The workflow
 derived from the operation id (`workflow_id_for`), and the queue deduplicates on the tenant
 and idempotency key, so a repeat never starts a second workflow. The bot process is only a
 DBOS client: it never launches executors; a ``pipecat-actions worker --dbos`` runs the
-workflow (`pipecat_actions.durable.worker`).
+workflow (`pipecat_actions.dbos_worker`).
 
 The operation's lease belongs to `DURABLE_OWNER` and never runs out: the lease-based recovery
 of bots and plain workers leaves it alone, and DBOS recovers its workflow instead.

@@ -525,7 +525,7 @@ class ActionRuntime:
     async def run_handed(self, operation_id: str) -> Operation:
         """Drive a durable operation handed to this runtime (a DBOS worker's) to its end.
 
-        See `pipecat_actions.durable.worker`: it is what a workflow's step runs, and safe to
+        See `pipecat_actions.dbos_worker`: it is what a workflow's step runs, and safe to
         run again after a worker died mid-step (what may have been sent is reconciled).
         """
         return await self._recovery.run_handed(operation_id)
