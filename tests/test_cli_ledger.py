@@ -393,7 +393,7 @@ def test_a_cursor_no_page_could_have_printed_is_a_usage_error(
 
 OPENING_COMMANDS = {
     "approvals list", "approvals show", "approvals approve", "approvals reject", "console",
-    "db status", "db upgrade", "ledger list", "ledger rotate-keys", "ledger show",
+    "db status", "db upgrade", "durable check", "ledger list", "ledger rotate-keys", "ledger show",
     "reconcile", "scenario run", "stats", "undelivered", "worker",
 }  # fmt: skip
 """The commands that open a ledger (or, for ``scenario run``, make their ledgers in one)."""
