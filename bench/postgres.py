@@ -120,7 +120,6 @@ class Floor:
             starts_attempt=True,
             match_status=True,
             match_fence=True,
-            notify=False,
             marks=False,
         )
 
@@ -279,15 +278,13 @@ async def _contender(args: argparse.Namespace) -> dict[str, Sample]:
 
 
 def _without_notices() -> None:
-    """``--without-notices``: build the ledger's update statements with no ``pg_notify``."""
-    from pipecat_actions.ledger import _postgres
+    """``--without-notices``: the ledger's notifier drops every notice (sends no ``pg_notify``)."""
+    from pipecat_actions.ledger._notices import PostgresNotifier
 
-    built = _postgres.update_sql
+    def send(self: PostgresNotifier, operation_id: str) -> None:
+        return None
 
-    def update_sql(columns: tuple[str, ...], **options: Any) -> str:
-        return built(columns, **{**options, "notify": False})
-
-    _postgres.update_sql = update_sql  # type: ignore[assignment]
+    PostgresNotifier.send = send  # type: ignore[method-assign]
 
 
 def _run_child(contender: str, args: argparse.Namespace) -> dict[str, Sample]:
