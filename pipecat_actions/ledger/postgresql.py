@@ -39,6 +39,7 @@ from pipecat_actions.ledger._opening import postgres_unreachable
 from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
 from pipecat_actions.ledger._rows import (
     EncodedOperation,
+    RowUpdate,
     creation_events,
     new_row,
     operation_from_row,
@@ -255,23 +256,22 @@ class PostgresLedger(SqlLedger):
         fence: int | None,
         notify: bool,
     ) -> Operation:
-        updated = await self._fast_write(self._updated(operation_id, change, notify=notify))
+        row_change = change(self._clock.now())
+        updated = await self._fast_write(self._updated(row_change, notify=notify))
         if updated is None:
             found = await self._fast_read(self._fast.status_and_fence(operation_id))
             raise refusal(found, operation_id, expected=expected, fence=fence)
         return operation_from_row(updated)
 
-    async def _updated(
-        self, operation_id: str, change: Change, *, notify: bool
-    ) -> asyncpg.Record | None:
+    async def _updated(self, change: RowUpdate, *, notify: bool) -> asyncpg.Record | None:
         """Run ``change``; once it committed, queue its notice (``notify``).
 
         It runs in the write's own task (`_fast_write`): a caller cancelled meanwhile does not
         keep the notice of a write that committed from being sent.
         """
-        updated = await self._fast.update(change(self._clock.now()))
+        updated = await self._fast.update(change)
         if notify and updated is not None:
-            self._notifier.send(operation_id)
+            self._notifier.send(change.operation_id)
         return updated
 
     async def _by_id(self, operation_id: str) -> Operation | None:
