@@ -216,6 +216,15 @@ class PostgresNotifier:
         """Notices dropped since `close` began (reported by it in one line)."""
         self._last_error: BaseException | None = None
 
+    def warm(self) -> None:
+        """Start the task and open its connection now, before the first notice is queued.
+
+        Called on a write that may be followed by a settle: the first notice then does not
+        wait for a connection to open (a waiter in another process would).
+        """
+        if self._task is None and not self._closing:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
     def send(self, operation_id: str) -> None:
         """Queue the notice of ``operation_id``, whose write has committed (never raises)."""
         if self._closing:
@@ -261,6 +270,11 @@ class PostgresNotifier:
             await close_connection(conn, within_secs=self._connect_timeout)
 
     async def _run(self) -> None:
+        if self._conn is None:
+            try:
+                await self._connect()
+            except Exception as exc:  # the first batch tries again, and logs its failure
+                logger.debug("ledger {}: notices' connection not opened: {}", self._url, exc)
         while True:
             if not self._pending:
                 if self._closing:
@@ -307,11 +321,15 @@ class PostgresNotifier:
 
         conn = self._conn
         if conn is None or conn.is_closed():
-            import asyncpg
-
-            conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
-            self._conn = conn
+            conn = await self._connect()
         await conn.execute(_NOTIFY, CHANNEL, batch)
+
+    async def _connect(self) -> asyncpg.Connection:
+        import asyncpg
+
+        conn: asyncpg.Connection = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
+        self._conn = conn
+        return conn
 
 
 def _said(error: BaseException | None) -> str:

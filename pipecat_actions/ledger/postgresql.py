@@ -256,6 +256,7 @@ class PostgresLedger(SqlLedger):
         fence: int | None,
         notify: bool,
     ) -> Operation:
+        self._notifier.warm()  # its connection opens while the operation runs
         row_change = change(self._clock.now())
         updated = await self._fast_write(self._updated(row_change, notify=notify))
         if updated is None:

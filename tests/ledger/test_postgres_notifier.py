@@ -234,3 +234,18 @@ async def test_a_notice_after_close_is_ignored_and_starts_nothing() -> None:
     notifier.send("op_late")
     assert notifier._task is None
     assert not notifier._pending
+
+
+async def test_the_notices_connection_opens_while_the_operation_runs_not_at_its_first_notice(
+    pg_fresh_url: str,
+) -> None:
+    async with await SqlLedger.create(pg_fresh_url, clock=ManualClock()) as runner:
+        notifier = _notifier(runner)
+        held = HeldBatches(notifier)
+        op_id = await _running(runner, "k1")
+        await eventually(lambda: notifier._conn is not None, what="the notices' connection")
+        opened = notifier._conn
+        assert held.batches == []  # nothing settled yet: opened ahead, nothing sent
+        await _commit(runner, op_id)
+        await eventually(lambda: held.outcomes == ["sent"], what="the first notice")
+        assert notifier._conn is opened
