@@ -31,13 +31,15 @@ kept, by median latency for one caller and by throughput for C callers):
    many callers is bounded by the two together, and they hold when the machine is busy.
 
 What bounds the 50-caller figure (docs/performance.md has the runs): on a machine of few cores
-shared with the server, throughput follows client + server CPU per call; and the ledger's
-settling write (COMMITTED) calls ``pg_notify``, and PostgreSQL (15 here) commits notifying
-transactions one at a time under a cluster-wide lock held through the commit's WAL flush, so
-they get no group commit. With ``--without-notices`` (an experiment) 50 callers ran 1.6-2.4x
-faster when the server was busy (load average near 5, other suites' ledgers notifying on the
-same server), and about as fast (0.98-1.03x) at a load near 3: the cost grows with the
-server's commit traffic. agent-ledger sends no notice. The earlier version of this script ran
+shared with the server, throughput follows client + server CPU per call. PostgreSQL (15 here)
+commits transactions that sent a notice one at a time, under a cluster-wide lock held through
+the commit's WAL flush (no group commit); the ledger's settling write (COMMITTED) used to call
+``pg_notify`` in its own statement, and with ``--without-notices`` (an experiment) 50 callers
+then ran 1.6-2.4x faster when the server was busy. The write now commits without it and the
+ledger's notifier sends the notices afterwards, in batches on a connection of its own
+(`_notices.PostgresNotifier`): about 1.6 settles per notifying commit with 50 writers on a quiet
+machine, none on a caller's path. ``--without-notices`` now drops them in the notifier, to show
+what the batches still cost. agent-ledger sends no notice. The earlier version of this script ran
 both contenders in one process and one database, agent-ledger last, after the floor's and the
 ledger's runs, with no warm-up but the sequential run; this one isolates each contender. On a
 busy machine the throughput ratio still spreads widely between runs: the ratio of CPU per call
@@ -120,7 +122,6 @@ class Floor:
             starts_attempt=True,
             match_status=True,
             match_fence=True,
-            notify=False,
             marks=False,
         )
 
@@ -279,15 +280,13 @@ async def _contender(args: argparse.Namespace) -> dict[str, Sample]:
 
 
 def _without_notices() -> None:
-    """``--without-notices``: build the ledger's update statements with no ``pg_notify``."""
-    from pipecat_actions.ledger import _postgres
+    """``--without-notices``: the ledger's notifier drops every notice (sends no ``pg_notify``)."""
+    from pipecat_actions.ledger._notices import PostgresNotifier
 
-    built = _postgres.update_sql
+    def send(self: PostgresNotifier, operation_id: str) -> None:
+        return None
 
-    def update_sql(columns: tuple[str, ...], **options: Any) -> str:
-        return built(columns, **{**options, "notify": False})
-
-    _postgres.update_sql = update_sql  # type: ignore[assignment]
+    PostgresNotifier.send = send  # type: ignore[method-assign]
 
 
 def _run_child(contender: str, args: argparse.Namespace) -> dict[str, Sample]:
@@ -422,7 +421,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--without-notices", action="store_true",
-        help="an experiment, never a setting: the ledger's settling write sends no pg_notify "
+        help="an experiment, never a setting: the ledger's notifier sends no pg_notify "
         "(waiters in other processes then hear of it only on their re-read pause)",
     )  # fmt: skip
     parser.add_argument("--child", choices=("propose", "agent-ledger"), help=argparse.SUPPRESS)

@@ -4,8 +4,14 @@ A caller waiting for an operation another process runs used to re-read the ledge
 200 ms...: the last of 200 joined callers heard a 50 ms booking after about a second. Here each
 ledger wakes its waiters when another process commits an outcome (`Ledger.notices`):
 
-* PostgreSQL: the write itself sends ``NOTIFY pa_operations, '<operation id>'`` (`_postgres`),
-  delivered at its commit; one connection per process ``LISTEN``s.
+* PostgreSQL: once a settling write has committed, the writing ledger hands the operation's id
+  to its `PostgresNotifier`, which sends ``NOTIFY pa_operations, '<operation id>'`` for every
+  id handed to it since its last batch, in one statement on a connection of its own; one
+  connection per process ``LISTEN``s. The notice is not sent in the write's own transaction:
+  PostgreSQL commits notifying transactions one at a time (a database-wide lock held through
+  the commit's WAL flush), so a notice in every settling write denied them group commit and
+  capped throughput with many callers (issue 34); the notifier's batches take that lock once
+  for many notices.
 * SQLite (one machine by construction): each process that waits binds a Unix datagram socket
   in a directory named for the ledger file's identity (device and inode, so every path to the
   same file meets there); a process that commits an outcome sends the operation's id to every
@@ -17,7 +23,7 @@ pause in case one is lost (a listener connection dropped, a full socket buffer).
 
 from __future__ import annotations
 
-__all__ = ["OPEN_WAIT_SECS", "Notices", "PostgresNotices", "SqliteNotices"]
+__all__ = ["OPEN_WAIT_SECS", "Notices", "PostgresNotices", "PostgresNotifier", "SqliteNotices"]
 
 import asyncio
 import contextlib
@@ -160,6 +166,176 @@ class PostgresNotices(Notices):
     def _lost(self, _conn: Any) -> None:
         self._conn = None
         self._wake_all()
+
+
+_NOTIFY = (
+    "SELECT pg_notify($1, n.id) FROM unnest($2::text[]) WITH ORDINALITY AS n(id, i) ORDER BY n.i"
+)
+"""One batch of notices, sent in the order given (one transaction: listeners get them in it)."""
+
+MAX_BATCH = 1000
+"""The most notices one statement sends."""
+
+MAX_PENDING = 100_000
+"""The most notices waiting for a batch; more are dropped (waiters re-read on their pause)."""
+
+CLOSE_WITHIN_SECS = 5.0
+"""How long `PostgresNotifier.close` may take to send what is pending (real time)."""
+
+
+class PostgresNotifier:
+    """Sends a PostgreSQL ledger's notices after their writes commit, in batches.
+
+    `send` queues an operation's id (once: an id already waiting is not queued twice, its one
+    notice is sent after every write that queued it); one long-lived task, started by the
+    first `send`, sends everything queued as one statement (`_NOTIFY`, in the order queued)
+    on a connection of its own, outside any transaction, and while that batch is in flight
+    the next ones gather. A batch that fails (the server unreachable, the connection lost) is
+    dropped: its notices are hints, and waiters re-read on their own pause. The first failure
+    of a run of them is logged as a warning, the rest at debug level, and a recovery at info.
+
+    Args:
+        dsn: Where the database is (asyncpg's form).
+        url: The URL to name in logs (password hidden).
+        connect_timeout: How long opening its connection may take.
+    """
+
+    def __init__(self, *, dsn: str, url: str, connect_timeout: float) -> None:
+        self._dsn = dsn
+        self._url = url
+        self._connect_timeout = connect_timeout
+        self._pending: dict[str, None] = {}
+        """The ids to send, in the order queued (a dict: each id once)."""
+        self._queued = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._conn: asyncpg.Connection | None = None
+        self._closing = False
+        self._failing = False
+        """The last batch failed (its failure was logged; the next ones log at debug level)."""
+        self._unsent = 0
+        """Notices dropped since `close` began (reported by it in one line)."""
+        self._last_error: BaseException | None = None
+
+    def warm(self) -> None:
+        """Start the task and open its connection now, before the first notice is queued.
+
+        Called on a write that may be followed by a settle: the first notice then does not
+        wait for a connection to open (a waiter in another process would).
+        """
+        if self._task is None and not self._closing:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def send(self, operation_id: str) -> None:
+        """Queue the notice of ``operation_id``, whose write has committed (never raises)."""
+        if self._closing:
+            return  # `close` waits for the writes first: only a write after it lands here
+        if len(self._pending) >= MAX_PENDING and operation_id not in self._pending:
+            logger.debug("ledger {}: notice dropped, too many queued: {}", self._url, operation_id)
+            return
+        self._pending[operation_id] = None
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._queued.set()
+
+    async def close(self, *, within_secs: float = CLOSE_WITHIN_SECS) -> None:
+        """Send what is queued (within ``within_secs``), then close the connection.
+
+        Notices that could not be sent are reported in one log line.
+        """
+        self._closing = True
+        self._queued.set()
+        task = self._task
+        if task is not None:
+            done, _ = await asyncio.wait({task}, timeout=within_secs)
+            if not done:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                self._last_error = TimeoutError(f"not sent within {within_secs:g} s")
+                if self._conn is not None:
+                    self._conn.terminate()  # cancelled mid-statement
+                    self._conn = None
+        self._unsent += len(self._pending)
+        self._pending.clear()
+        if self._unsent:
+            logger.warning(
+                "ledger {}: {} notice(s) not sent at close ({}); waiters re-read on their pause",
+                self._url,
+                self._unsent,
+                _said(self._last_error),
+            )
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            from pipecat_actions.ledger._postgres import close_connection
+
+            await close_connection(conn, within_secs=self._connect_timeout)
+
+    async def _run(self) -> None:
+        if self._conn is None:
+            try:
+                await self._connect()
+            except Exception as exc:  # the first batch tries again, and logs its failure
+                logger.debug("ledger {}: notices' connection not opened: {}", self._url, exc)
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._queued.clear()
+                await self._queued.wait()
+                continue
+            batch = list(self._pending)[:MAX_BATCH]
+            if len(batch) == len(self._pending):
+                self._pending.clear()
+            else:
+                for operation_id in batch:
+                    del self._pending[operation_id]
+            await self._send_batch(batch)
+
+    async def _send_batch(self, batch: list[str]) -> None:
+        try:
+            await self._deliver(batch)
+        except Exception as exc:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.terminate()
+            self._last_error = exc
+            if self._closing:
+                self._unsent += len(batch)
+            elif not self._failing:
+                logger.warning(
+                    "ledger {}: notices not sent ({}); dropped until it recovers, waiters "
+                    "re-read on their pause",
+                    self._url,
+                    _said(exc),
+                )
+            else:
+                logger.debug("ledger {}: {} notice(s) dropped: {}", self._url, len(batch), exc)
+            self._failing = True
+            return
+        if self._failing:
+            self._failing = False
+            logger.info("ledger {}: notices are sent again", self._url)
+
+    async def _deliver(self, batch: list[str]) -> None:
+        """Send ``batch`` as one statement, opening the connection first if needed."""
+        from pipecat_actions.ledger._postgres import CHANNEL
+
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            conn = await self._connect()
+        await conn.execute(_NOTIFY, CHANNEL, batch)
+
+    async def _connect(self) -> asyncpg.Connection:
+        import asyncpg
+
+        conn: asyncpg.Connection = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
+        self._conn = conn
+        return conn
+
+
+def _said(error: BaseException | None) -> str:
+    if error is None:
+        return "unknown cause"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 class SqliteNotices(Notices):

@@ -10,9 +10,11 @@ plain stack, see `PostgresFastPath`): the row change and its audit event are one
 its own, so a write is one round trip and is answered only once it committed.
 SQLAlchemy keeps the schema, the migrations, the operator queries and every rarer write.
 
-A transition that leaves the in-flight statuses also sends ``NOTIFY pa_operations`` with the
-operation's id, in the same statement (so at its commit, never before): `_notices`
-wakes the waiters of other processes (`Ledger.notices`).
+A transition that leaves the in-flight statuses is announced on ``NOTIFY pa_operations`` with
+the operation's id once it has committed, not in its own statement: the ledger hands the id to
+its `_notices.PostgresNotifier`, which sends notices in batches on a connection of its own
+(PostgreSQL commits notifying transactions one at a time, so a notice in each write cost
+group commit). `_notices` wakes the waiters of other processes (`Ledger.notices`).
 """
 
 from __future__ import annotations
@@ -107,7 +109,6 @@ def update_sql(
     starts_attempt: bool,
     match_status: bool,
     match_fence: bool,
-    notify: bool,
     marks: bool,
     firsts: tuple[str, ...] = (),
 ) -> str:
@@ -134,7 +135,6 @@ def update_sql(
     where = ["operation_id = $1"]
     where.append("status = $2::text" if match_status else "$2::text IS NULL")
     where.append("fence = $3::int" if match_fence else "$3::int IS NULL")
-    notice = f", pg_notify('{CHANNEL}', upd.operation_id)" if notify else ""
     return f"""
 WITH upd AS (
     UPDATE pa_operations SET {", ".join(sets)}
@@ -146,7 +146,7 @@ WITH upd AS (
            $6::text, $7::text
     FROM upd
 )
-SELECT upd.*{notice} FROM upd
+SELECT upd.* FROM upd
 """
 
 
@@ -297,7 +297,6 @@ class PostgresFastPath:
             starts_attempt=audit.starts_attempt,
             match_status=change.expected is not None,
             match_fence=change.fence is not None,
-            notify=audit.notify,
             marks=bool(audit.marks),
             firsts=change.firsts,
         )

@@ -6,7 +6,9 @@ write is a plain function of a SQLAlchemy `Connection`, run on the async engine 
 ``run_sync`` in a transaction of its own. Each write runs in a task of its own that a
 cancelled caller leaves running (`PostgresLedger._handed_over`): `close` waits for it. At most
 half of the pool's turns go to reads (DBOS caps its polling reads the same way). Waiters of
-other processes hear a settling write through ``LISTEN``/``NOTIFY`` (`_notices`).
+other processes hear a settling write through ``LISTEN``/``NOTIFY`` (`_notices`): once the
+write has committed, its notice goes to the ledger's `PostgresNotifier`, which sends notices in
+batches on a connection of its own (never in the write's transaction: see `_notices`).
 
 This module, and asyncpg with it, is imported for PostgreSQL ledgers only.
 """
@@ -21,6 +23,7 @@ import asyncio
 from collections.abc import Callable, Collection, Coroutine
 from typing import Any, TypeVar
 
+import asyncpg
 from loguru import logger
 from sqlalchemy import Connection, Select, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -31,11 +34,12 @@ from pipecat_actions.clock import Clock
 from pipecat_actions.errors import LedgerUnavailable
 from pipecat_actions.ledger import _owners
 from pipecat_actions.ledger._life import Life, PostgresLife
-from pipecat_actions.ledger._notices import PostgresNotices
+from pipecat_actions.ledger._notices import PostgresNotices, PostgresNotifier
 from pipecat_actions.ledger._opening import postgres_unreachable
 from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
 from pipecat_actions.ledger._rows import (
     EncodedOperation,
+    RowUpdate,
     creation_events,
     new_row,
     operation_from_row,
@@ -62,6 +66,7 @@ class PostgresLedger(SqlLedger):
         settings: LedgerSettings,
         fast: PostgresFastPath,
         notices: PostgresNotices,
+        notifier: PostgresNotifier,
         life: PostgresLife | None,
         read_only: bool = False,
     ) -> None:
@@ -77,6 +82,7 @@ class PostgresLedger(SqlLedger):
             read_only=read_only,
         )
         self._fast = fast
+        self._notifier = notifier
         self._postgres_life = life
         self._insert_operation = (
             postgresql_insert(operations)
@@ -115,6 +121,9 @@ class PostgresLedger(SqlLedger):
                 check_durability=not settings.allow_unsafe_postgres,
             ),
             notices=PostgresNotices(dsn=dsn, url=url),
+            notifier=PostgresNotifier(
+                dsn=dsn, url=url, connect_timeout=settings.connect_timeout_secs
+            ),
             life=None
             if read_only
             else PostgresLife(dsn=dsn, url=url, connect_timeout=settings.connect_timeout_secs),
@@ -140,6 +149,7 @@ class PostgresLedger(SqlLedger):
         if self._in_flight:
             # Handed over before the close: each lands (or fails, and is reported) first.
             await asyncio.wait(set(self._in_flight))
+        await self._notifier.close()  # sends the notices of the writes just landed
 
     async def _release_own(self) -> None:
         await self._fast.close()
@@ -246,12 +256,24 @@ class PostgresLedger(SqlLedger):
         fence: int | None,
         notify: bool,
     ) -> Operation:
-        # The statement sends its own notice (at its commit): `notify` needs nothing here.
-        updated = await self._fast_write(self._fast.update(change(self._clock.now())))
+        self._notifier.warm()  # its connection opens while the operation runs
+        row_change = change(self._clock.now())
+        updated = await self._fast_write(self._updated(row_change, notify=notify))
         if updated is None:
             found = await self._fast_read(self._fast.status_and_fence(operation_id))
             raise refusal(found, operation_id, expected=expected, fence=fence)
         return operation_from_row(updated)
+
+    async def _updated(self, change: RowUpdate, *, notify: bool) -> asyncpg.Record | None:
+        """Run ``change``; once it committed, queue its notice (``notify``).
+
+        It runs in the write's own task (`_fast_write`): a caller cancelled meanwhile does not
+        keep the notice of a write that committed from being sent.
+        """
+        updated = await self._fast.update(change)
+        if notify and updated is not None:
+            self._notifier.send(change.operation_id)
+        return updated
 
     async def _by_id(self, operation_id: str) -> Operation | None:
         found = await self._fast_read(self._fast.get(operation_id))
