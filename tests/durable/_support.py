@@ -9,13 +9,11 @@ hang guard of `tests._waiting`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ from pipecat_actions.durable import DurableLedger, install_dbos_schema
 from pipecat_actions.ledger import SqlLedger
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.session import SessionState
-from tests._waiting import HANG_GUARD_SECS, eventually, hung
+from tests._waiting import eventually
 from tests.durable import _app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,10 +133,12 @@ class Workers:
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        give_up = time.monotonic() + HANG_GUARD_SECS
         for executor_id, proc in self.procs.items():
-            while proc.poll() is None:
-                if time.monotonic() > give_up:
-                    proc.kill()
-                    raise hung(f"worker {executor_id} to stop on SIGTERM")
-                await asyncio.sleep(0.05)
+            try:
+                await eventually(
+                    lambda proc=proc: proc.poll() is not None,
+                    what=f"worker {executor_id} to stop on SIGTERM",
+                )
+            except AssertionError:
+                proc.kill()
+                raise
