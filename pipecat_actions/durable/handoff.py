@@ -46,9 +46,15 @@ if TYPE_CHECKING:
 
 S = ActionStatus
 
-_HANDED_STATUSES = frozenset({S.ADMITTED, S.RUNNING, S.AWAITING_APPROVAL})
+_HANDED_STATUSES = frozenset({S.ADMITTED, S.RUNNING, S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION})
 """What admission inserts that a workflow takes over: a call that may start now (a durable one
-is ADMITTED, never RUNNING), or one that waits for an approver (its workflow waits too)."""
+is ADMITTED, never RUNNING), or one that waits for an approver or for the user's spoken yes
+(its workflow waits too)."""
+
+_WAITING_REASONS = {
+    S.AWAITING_APPROVAL: "waiting for approval",
+    S.AWAITING_CONFIRMATION: "waiting for the user's yes",
+}
 
 
 def psycopg_url(url: str) -> str:
@@ -135,17 +141,18 @@ class DurableLedger(ForwardingLedger):
         if policy is None or not policy.is_durable or new.status not in _HANDED_STATUSES:
             return await super().admit(new)
         queue = queue_for(new.tool, policy)
+        waits = new.status in _WAITING_REASONS
         handed = dataclasses.replace(
             new,
-            status=S.AWAITING_APPROVAL if new.status is S.AWAITING_APPROVAL else S.ADMITTED,
+            status=new.status if waits else S.ADMITTED,
             lease_owner=DURABLE_OWNER,
             lease_secs=DURABLE_LEASE_SECS,
             detail={
                 **(new.detail or {}),
                 "reason": (
-                    (new.detail or {}).get("reason", "waiting for approval")
+                    (new.detail or {}).get("reason", _WAITING_REASONS.get(new.status, ""))
                     + "; handed to its DBOS workflow"
-                    if new.status is S.AWAITING_APPROVAL
+                    if waits
                     else "admission checks passed; handed to its DBOS workflow"
                 ),
                 "workflow_id": workflow_id_for(new.operation_id),
@@ -182,7 +189,8 @@ class DurableLedger(ForwardingLedger):
     ) -> Operation:
         """See `Ledger.transition`; a person's decision on a durable operation wakes its workflow.
 
-        The decision is recorded first (once: the transition is conditional); the message
+        A person's decision: an approver's, or the user's spoken yes or no in the call. It is
+        recorded first (once: the transition is conditional); the message
         only saves the waiting workflow the rest of its pause (`APPROVAL_POLL_SECS`), so a
         message that cannot be sent is logged, never raised.
         """

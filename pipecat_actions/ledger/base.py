@@ -233,10 +233,12 @@ class Ledger(ABC):
         """While open, an event set when another process may have settled ``operation_id``.
 
         Settled here means: a transition out of the in-flight statuses (an outcome, or a
-        wait for a person). Listening has started when the block is entered, so a caller
-        that reads the operation after entering misses nothing; the event may also be set
-        for nothing (a lost notification connection wakes everyone), so the caller re-reads
-        and clears it. None: this ledger cannot tell, and the caller polls.
+        wait for a person); a progress report of its running effect (an annotation with
+        `PROGRESS`) is noticed too, so that a durable call's bot hears it. Listening has
+        started when the block is entered, so a caller that reads the operation after
+        entering misses nothing; the event may also be set for nothing (a lost notification
+        connection wakes everyone), so the caller re-reads and clears it. None: this ledger
+        cannot tell, and the caller polls.
         """
         yield None
 

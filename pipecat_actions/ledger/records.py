@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "DUPLICATES_JOINED",
     "OWED_KIND",
+    "PROGRESS",
     "AdmitResult",
     "EventKind",
     "First",
@@ -110,6 +111,10 @@ class First:
 
 DUPLICATES_JOINED = "duplicates_joined"
 """Annotation key: the calls (tool call, turn, session each) that joined the operation."""
+PROGRESS = "progress"
+"""Annotation key: a running effect's progress report (``ctx.report``); the ledger notifies
+waiters of it, as of an outcome, so that a call in another process hears it."""
+
 _DUPLICATE_JOINED = "duplicate_joined"  # one call per annotation, as written by version 0.1.0
 
 

@@ -76,6 +76,7 @@ from pipecat_actions.ledger._writer import Work, guard_database_errors
 from pipecat_actions.ledger.base import Ledger
 from pipecat_actions.ledger.engine import LedgerSettings, default_ledger_url, normalize_url
 from pipecat_actions.ledger.records import (
+    PROGRESS,
     AdmitResult,
     EventKind,
     NewOperation,
@@ -548,6 +549,8 @@ class SqlLedger(Ledger):
             kind=EventKind.ANNOTATION,
             actor=actor,
             detail_json=detail_json,
+            # A progress report: the call that waits in another process hears it.
+            notify=detail is not None and PROGRESS in detail,
             marks=TrailMarks.of_event(
                 from_status=None, to_status=None, actor=actor, detail_json=detail_json
             ),

@@ -17,8 +17,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipecat_actions.policy._violations import Violation
-from pipecat_actions.policy.enums import AdmitWhen, ConfirmationMode, OnDuplicate, ToolKind
-from pipecat_actions.policy.parts import ConfirmationPolicy
+from pipecat_actions.policy.enums import AdmitWhen, OnDuplicate, ToolKind
 
 
 class Execution(StrEnum):
@@ -78,8 +77,6 @@ class _Durable(Protocol):
     @property
     def admit_when(self) -> AdmitWhen: ...
     @property
-    def confirmation(self) -> ConfirmationPolicy: ...
-    @property
     def on_duplicate(self) -> OnDuplicate: ...
 
 
@@ -110,15 +107,6 @@ def durable_violations(policy: _Durable) -> list[Violation]:
                 ("admit_when",),
                 "turn_confirmed holds the operation in the call until the reply ends, but a "
                 "durable operation is handed to a worker when it is admitted; use immediately",
-            )
-        )
-    if policy.confirmation.mode is ConfirmationMode.VERBAL:
-        found.append(
-            Violation(
-                ("confirmation", "mode"),
-                "verbal is not supported with execution: durable yet (the user's yes is heard "
-                "in the call, and the operation is handed to a worker when it is admitted); use "
-                "approval or none, or execution: in_call",
             )
         )
     if policy.on_duplicate in (OnDuplicate.CONFIRM, OnDuplicate.REPLACE, OnDuplicate.ALLOW):

@@ -17,7 +17,7 @@ from __future__ import annotations
 __all__ = ["JOINS_PER_NOTE", "NOTICED_PAUSE_SECS", "JoinNotes", "SharedWaits", "nap"]
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from loguru import logger
@@ -147,16 +147,24 @@ class SharedWaits:
         """How many callers are waiting now, over every poller."""
         return self._waiting
 
-    async def wait(self, op: Operation, *, until_settled: bool = False) -> Operation:
+    async def wait(
+        self,
+        op: Operation,
+        *,
+        until_settled: bool = False,
+        follow: Callable[[Operation], Awaitable[None]] | None = None,
+    ) -> Operation:
         """Return ``op`` once it has an outcome (or its deadline is over); see the class.
 
         With ``until_settled``, the deadline is not waited out here: a durable operation's
         worker settles it (its deadline too), and its outcome is what is waited for, through
-        a wait for a person's decision too.
+        a wait for a person's decision too. ``follow`` is awaited with the operation after
+        each read that finds it still waiting (its progress, `Progress.follower`); given by
+        the first waiter of an operation only.
         """
         poll = self._polls.get(op.operation_id)
         if poll is None:
-            poll = self._spawn(self._poll(op, until_settled=until_settled))
+            poll = self._spawn(self._poll(op, until_settled=until_settled, follow=follow))
             self._polls[op.operation_id] = poll
             poll.add_done_callback(lambda _: self._polls.pop(op.operation_id, None))
         self._waiting += 1
@@ -165,7 +173,13 @@ class SharedWaits:
         finally:
             self._waiting -= 1
 
-    async def _poll(self, op: Operation, *, until_settled: bool = False) -> Operation:
+    async def _poll(
+        self,
+        op: Operation,
+        *,
+        until_settled: bool = False,
+        follow: Callable[[Operation], Awaitable[None]] | None = None,
+    ) -> Operation:
         failures = 0
         async with self._ledger.notices(op.operation_id) as changed:
             # Listening from here on: a first re-read at once sees an outcome that came before.
@@ -191,4 +205,7 @@ class SharedWaits:
                             op.operation_id,
                             exc,
                         )
+                    continue
+                if follow is not None and op.status in IN_FLIGHT_STATUSES:
+                    await follow(op)
         return op

@@ -148,7 +148,8 @@ def build_parts(
         limiter=limiter,
         watchdog=watchdog,
         hands_off=hands_off(ledger),
-        observe=lambda op: elsewhere.wait(op, until_settled=True),
+        # Its worker's progress reports are told here too, as they reach the ledger.
+        observe=lambda op: elsewhere.wait(op, until_settled=True, follow=progress.follower(op)),
     )
     decisions = Decisions(
         ledger=observed,

@@ -34,6 +34,9 @@ S = ActionStatus
 DEFAULT_DEADLINE_SECS = 30.0
 """The deadline of an operation whose tool has no policy loaded here."""
 
+_HANDED = frozenset({S.ADMITTED, S.AWAITING_APPROVAL, S.AWAITING_CONFIRMATION})
+"""What a durable operation is admitted as, handed to its workflow (`DurableLedger.admit`)."""
+
 
 class Runner:
     """Starts operations and drives each to an outcome with the executor.
@@ -94,8 +97,9 @@ class Runner:
         )
         self._operations.track(tracked, admission.slot)
         if self.handed_off(admission):
-            # Its workflow runs it on a DBOS worker (and keeps its deadline): its outcome is
-            # read from the ledger when the worker writes it, and told like one of ours.
+            # Its workflow runs it on a DBOS worker (and keeps its deadline): its progress and
+            # outcome are read from the ledger when the worker writes them, and told like ours.
+            self._handed_ids.add(op.operation_id)
             self._operations.spawn(self._handed(op, tracked))
             return tracked
         if op.deadline_at is not None:
@@ -125,7 +129,7 @@ class Runner:
         return (
             self._hands_off
             and admission.binding.policy.is_durable
-            and admission.operation.status in (S.ADMITTED, S.AWAITING_APPROVAL)
+            and admission.operation.status in _HANDED
         )
 
     def is_handed(self, operation_id: str) -> bool:
@@ -135,7 +139,6 @@ class Runner:
     async def _handed(self, op: Operation, tracked: Tracked) -> None:
         """Wait for the outcome of a handed-off ``op``; finish it here once it has one."""
         assert self._observe is not None
-        self._handed_ids.add(op.operation_id)
         try:
             final = await self._observe(op)
         finally:

@@ -268,8 +268,11 @@ class Decisions:
             )
         except TransitionRefused:
             return render_operation(await self._ledger.get(op.operation_id), reconcilable=checked)
-        self._watchdog.arm(op.operation_id, deadline_at)
-        self._operations.spawn(self._runner.execute(admitted, tracked, take_slot=True))
+        if not self._runner.is_handed(op.operation_id):
+            self._watchdog.arm(op.operation_id, deadline_at)
+            self._operations.spawn(self._runner.execute(admitted, tracked, take_slot=True))
+        # else its DBOS workflow runs it: the ledger's durable side woke it with the decision
+        # (or it reads it at its next look), and the outcome is awaited as before.
         if not wait:
             return render_operation(admitted, reconcilable=checked)
         # Answered (or the call stopped) when this ends: later outcomes are told as late ones.

@@ -8,6 +8,12 @@ known: it is dropped when it comes after the outcome, and again, by the listener
 outcome came while it waited to be told. Whether a report was told is not recorded, and a
 report is never owed to a later pipeline: it is news of a moment, and the outcome that follows
 is what the conversation owes the user.
+
+A durable operation's effect runs on a DBOS worker, whose runtime writes its reports; the call's
+process hears them through the ledger (`Progress.follower`): the write's notice wakes the
+bot's watcher of the operation (which re-reads on its pause too, in case a notice is lost), and
+each new report in the trail is handed to the session's listeners once, in order, and never
+once the outcome is known.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 __all__ = ["MAX_PROGRESS_CHARS", "Progress", "ProgressListener", "ProgressReport"]
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +30,14 @@ from loguru import logger
 from pipecat_actions.actions import Reporter
 from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.ledger import Ledger, Operation
+from pipecat_actions.ledger.records import PROGRESS, EventKind
 from pipecat_actions.runtime._operations import Operations
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
 MAX_PROGRESS_CHARS = 500
 """The longest progress message kept and told; longer text is cut and ends with an ellipsis."""
+
+_OUTCOMES = TERMINAL_STATUSES | {ActionStatus.UNKNOWN}
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,7 @@ class ProgressReport:
         operation: The operation as its attempt started (RUNNING).
         message: What the effect said, at most `MAX_PROGRESS_CHARS`.
         details: The plain data it gave with it.
-        at: When it was reported, on the runtime's clock.
+        at: When it was reported, on the clock of the runtime that runs the effect.
     """
 
     operation: Operation
@@ -98,7 +108,7 @@ class Progress:
             else message[: MAX_PROGRESS_CHARS - 1] + "…"
         )
         plain = _plain(details)
-        detail: dict[str, Any] = {"progress": text, "attempt": op.attempt}
+        detail: dict[str, Any] = {PROGRESS: text, "attempt": op.attempt}
         if plain:
             detail["details"] = plain
         try:
@@ -109,8 +119,57 @@ class Progress:
             )
         if tracked.done.done():
             return  # the outcome came while the report was being written
-        report = ProgressReport(operation=op, message=text, details=plain, at=self._now())
-        for listener in list(self._listeners.get(op.session_id, ())):
+        self._tell(ProgressReport(operation=op, message=text, details=plain, at=self._now()))
+
+    def follower(self, op: Operation) -> Callable[[Operation], Awaitable[None]]:
+        """What tells ``op``'s progress as another process records it (a DBOS worker's).
+
+        Call it with the operation each time it is re-read without an outcome: when its trail
+        grew, the new events are read and each new progress report among them is handed to
+        the session's listeners, once and in order. A report that comes after an outcome in
+        the trail is never told, nor is any once the outcome is known here (`has_outcome`).
+        A trail that cannot be read is read again at the next call.
+        """
+        seen = op.event_seq
+        ended = False
+
+        async def follow(current: Operation) -> None:
+            nonlocal seen, ended
+            if ended or current.event_seq <= seen or self.has_outcome(current.operation_id):
+                return
+            try:
+                trail = await self._ledger.events(current.operation_id)
+            except Exception as exc:  # read again at the next look
+                logger.bind(operation_id=current.operation_id).debug(
+                    "operation {}: progress not read: {}", current.operation_id, exc
+                )
+                return
+            for event in trail:
+                if event.seq <= seen:
+                    continue
+                seen = event.seq
+                if event.to_status in _OUTCOMES:
+                    ended = True  # what follows an outcome in the trail is not told
+                    return
+                detail = event.detail if event.kind is EventKind.ANNOTATION else None
+                if not isinstance(detail, dict) or not isinstance(detail.get(PROGRESS), str):
+                    continue
+                if self.has_outcome(current.operation_id):
+                    return
+                details = detail.get("details")
+                self._tell(
+                    ProgressReport(
+                        operation=current,
+                        message=detail[PROGRESS],
+                        details=details if isinstance(details, dict) else {},
+                        at=event.at,
+                    )
+                )
+
+        return follow
+
+    def _tell(self, report: ProgressReport) -> None:
+        for listener in list(self._listeners.get(report.operation.session_id, ())):
             listener(report)
 
     def listen(self, session_id: str, listener: ProgressListener) -> None:

@@ -52,8 +52,40 @@ tools:
     confirmation: {mode: approval, approvers: [maria], expires_after_secs: 1}
     deadline_secs: 3600
     reconciliation: {commit_horizon_secs: 0}
+  transfer_tracked:
+    kind: mutation
+    mode: background
+    execution: durable
+    deadline_secs: 3600
+    delivery: {intermediate: in_place}
+    reconciliation: {commit_horizon_secs: 0}
+  refund_spoken:
+    kind: mutation
+    mode: background
+    execution: durable
+    risk: high
+    confirmation: {mode: verbal, expires_after_secs: 3600}
+    deadline_secs: 3600
+    reconciliation: {commit_horizon_secs: 0}
+  refund_spoken_now:
+    kind: mutation
+    mode: background
+    execution: durable
+    risk: high
+    confirmation: {mode: verbal, expires_after_secs: 1}
+    deadline_secs: 3600
+    reconciliation: {commit_horizon_secs: 0}
 """
 POLICY = load_policy_text(POLICY_TEXT)
+
+GATES_TABLE = """
+CREATE TABLE IF NOT EXISTS provider_gates (
+    operation_id text NOT NULL,
+    gate integer NOT NULL,
+    PRIMARY KEY (operation_id, gate)
+)
+"""
+"""Gates a tracked transfer waits behind, one row each, opened by the test."""
 
 PROVIDER_TABLE = """
 CREATE TABLE IF NOT EXISTS provider_effects (
@@ -100,6 +132,43 @@ async def _effect(ctx: ActionContext) -> dict[str, Any]:
     return {"done": ctx.operation_id}
 
 
+async def _gate(ctx: ActionContext, gate: int) -> None:
+    """Wait until the test opens ``gate`` of this operation (a row in ``provider_gates``)."""
+    pool = await _provider()
+    while not await pool.fetchval(
+        "SELECT count(*) FROM provider_gates WHERE operation_id = $1 AND gate = $2",
+        ctx.operation_id,
+        gate,
+    ):
+        await asyncio.sleep(0.01)  # a wait for the test's cause, guarded by the test
+
+
+TRACKED_REPORTS = ("checking the account", "sending the transfer")
+"""What a tracked transfer reports, each behind a gate (1, then 2) the test opens."""
+
+
+@action(reconcile=find_by_key)
+async def transfer_tracked(ctx: ActionContext, account: str, amount_cents: int) -> dict[str, Any]:
+    """Move money between accounts, reporting how far it got."""
+    await ctx.report(TRACKED_REPORTS[0], step=1)
+    await _gate(ctx, 1)
+    await ctx.report(TRACKED_REPORTS[1], step=2)
+    await _gate(ctx, 2)
+    return await _effect(ctx)
+
+
+@action(reconcile=find_by_key)
+async def refund_spoken(ctx: ActionContext, order: str, amount_cents: int) -> dict[str, Any]:
+    """Refund an order, once the user says yes."""
+    return await _effect(ctx)
+
+
+@action(reconcile=find_by_key)
+async def refund_spoken_now(ctx: ActionContext, order: str, amount_cents: int) -> dict[str, Any]:
+    """Refund an order, if the user says yes within a second (its window)."""
+    return await _effect(ctx)
+
+
 @action(reconcile=find_by_key)
 async def transfer(ctx: ActionContext, account: str, amount_cents: int) -> dict[str, Any]:
     """Move money between accounts."""
@@ -124,7 +193,15 @@ async def refund_today(ctx: ActionContext, order: str, amount_cents: int) -> dic
     return await _effect(ctx)
 
 
-ACTIONS = [transfer, settle_invoice, refund, refund_today]
+ACTIONS = [
+    transfer,
+    settle_invoice,
+    refund,
+    refund_today,
+    transfer_tracked,
+    refund_spoken,
+    refund_spoken_now,
+]
 
 
 def app() -> OperatorApp:

@@ -39,14 +39,26 @@ async def prepare_database(url: str) -> None:
     conn = await asyncpg.connect(url)
     try:
         await conn.execute(_app.PROVIDER_TABLE)
+        await conn.execute(_app.GATES_TABLE)
     finally:
         await conn.close()
 
 
 @contextlib.asynccontextmanager
-async def bot(url: str, **create: Any) -> AsyncIterator[ActionRuntime]:
-    """A bot process's runtime: a DBOS client that hands the durable tools to workers."""
-    ledger = await DurableLedger.open(url, _app.POLICY)
+async def bot(
+    url: str, *, durable: type[DurableLedger] = DurableLedger, **create: Any
+) -> AsyncIterator[ActionRuntime]:
+    """A bot process's runtime: a DBOS client that hands the durable tools to workers.
+
+    ``durable``: the kind of durable ledger (a test's subclass); a ``clock`` given for the
+    runtime is its ledger's too.
+    """
+    clock = create.get("clock")
+    ledger = await durable.open(
+        url,
+        _app.POLICY,
+        ledger=None if clock is None else await SqlLedger.create(url, clock=clock),
+    )
     try:
         runtime = await ActionRuntime.create(
             _app.POLICY,

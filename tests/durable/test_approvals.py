@@ -10,11 +10,13 @@ next look.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from pipecat_actions.approvals import ApprovalRefused, Approver, approve_operation, reject_operation
+from pipecat_actions.clock import ManualClock
 from pipecat_actions.durable.handoff import workflow_state
 from pipecat_actions.ledger import SqlLedger
 from pipecat_actions.status import ActionStatus
@@ -25,6 +27,8 @@ pytestmark = pytest.mark.postgres
 S = ActionStatus
 MARIA = Approver("maria", tenants={"default"})
 REFUND = {"order": "ord-1", "amount_cents": 2500}
+LATER_SECS = 600.0
+"""How long after the call ended an approver decides (on the injected clock)."""
 
 
 async def _status_is(ledger: SqlLedger, operation_id: str, status: ActionStatus) -> bool:
@@ -34,36 +38,48 @@ async def _status_is(ledger: SqlLedger, operation_id: str, status: ActionStatus)
 async def test_an_approval_decided_after_the_call_ended_reaches_its_workflow_and_runs_once(
     durable_url: str, tmp_path: Path
 ) -> None:
-    async with bot(durable_url) as call:
+    # The bot's and the operator's time is the test's clock, anchored at the real time (the
+    # worker's): 10 minutes pass on it between the call's end and the decision, within the
+    # hour the refund's approval window allows. The workflow's own wait (DBOS's recv, and
+    # the worker's look at the window) runs on real time.
+    clock = ManualClock(time.time())
+    async with bot(durable_url, clock=clock) as call:
         asked = await call.propose("refund", REFUND, session(), wait=False)
     assert asked["status"] == "awaiting_approval"  # the call ends here
+    call_ended_at = clock.now()
     op_id = asked["operation_id"]
     workers = Workers(durable_url, tmp_path)
     await workers.start("w1")
     try:
-        async with await SqlLedger.create(durable_url) as ledger:
+        async with await SqlLedger.create(durable_url, clock=clock) as ledger:
             await eventually(
                 lambda: _workflow_is(ledger, durable_url, op_id, "PENDING"),
                 what="the workflow to wait for the decision",
             )
+            clock.advance(LATER_SECS)
             # An operator's process decides (as the console and the CLI do): the ledger only.
             waiting = await ledger.get(op_id)
+            assert waiting.status is S.AWAITING_APPROVAL and waiting.deadline_at is not None
+            assert clock.now() < waiting.deadline_at  # still open, 10 minutes on
             await approve_operation(
                 ledger, op_id, approver=MARIA, reason="customer is right",
-                now=waiting.created_at + 1, args_hash=waiting.args_hash,
+                now=clock.now(), args_hash=waiting.args_hash,
             )  # fmt: skip
             with pytest.raises(ApprovalRefused):  # decided once: a second decision is refused
                 await approve_operation(
                     ledger, op_id, approver=MARIA, reason="again",
-                    now=waiting.created_at + 2, args_hash=waiting.args_hash,
+                    now=clock.now() + 1, args_hash=waiting.args_hash,
                 )  # fmt: skip
             await eventually(
                 lambda: _status_is(ledger, op_id, S.COMMITTED), what="the approved refund"
             )
-            trail = [(e.from_status, e.to_status) for e in await ledger.events(op_id)]
+            events = await ledger.events(op_id)
     finally:
         await workers.stop()
+    trail = [(e.from_status, e.to_status) for e in events]
     assert trail.count((S.AWAITING_APPROVAL, S.ADMITTED)) == 1
+    (approved,) = [e for e in events if e.from_status is S.AWAITING_APPROVAL]
+    assert approved.at - call_ended_at >= LATER_SECS  # decided 10 minutes after the call
     effects = await rows(durable_url, "SELECT operation_id FROM provider_effects")
     assert [r["operation_id"] for r in effects] == [op_id]
 

@@ -22,7 +22,7 @@ from pipecat_actions.durable import (
 )
 from pipecat_actions.errors import ConfigurationError, LedgerConfigurationError, PolicyError
 from pipecat_actions.ledger import NewOperation, SqlLedger
-from pipecat_actions.policy import load_policy_text
+from pipecat_actions.policy import ConfirmationMode, load_policy_text
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.status import ActionStatus
 from tests.conftest import create_pg_database, drop_pg_database
@@ -202,11 +202,6 @@ async def test_a_database_without_dbos_tables_says_how_to_create_them() -> None:
             "admit_when: turn_confirmed holds the operation",
         ),
         (
-            "    kind: mutation\n    execution: durable\n    risk: high\n"
-            "    confirmation: {mode: verbal}\n",
-            "confirmation.mode: verbal is not supported with execution: durable",
-        ),
-        (
             "    kind: mutation\n    execution: durable\n    on_duplicate: replace\n",
             "on_duplicate: replace is not supported with execution: durable",
         ),
@@ -225,3 +220,12 @@ def test_a_policy_that_cannot_run_durably_is_refused_when_it_loads(
 ) -> None:
     with pytest.raises(PolicyError, match=refused.replace("(", r"\(")):
         load_policy_text("version: 1\ntools:\n  pay:\n" + extra)
+
+
+def test_a_durable_tool_may_ask_for_the_users_spoken_yes() -> None:
+    policy = load_policy_text(
+        "version: 1\ntools:\n  pay:\n    kind: mutation\n    execution: durable\n"
+        "    risk: high\n    confirmation: {mode: verbal, expires_after_secs: 30}\n"
+    )
+    assert policy["pay"].is_durable
+    assert policy["pay"].confirmation.mode is ConfirmationMode.VERBAL
