@@ -16,6 +16,7 @@ from pipecat_actions.approvals import (
     reject_operation,
 )
 from pipecat_actions.clock import Clock
+from pipecat_actions.durable._names import DURABLE_OWNER
 from pipecat_actions.errors import PipecatActionsError, TransitionRefused
 from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.execution.watchdog import Watchdog
@@ -268,11 +269,12 @@ class Decisions:
             )
         except TransitionRefused:
             return render_operation(await self._ledger.get(op.operation_id), reconcilable=checked)
-        if not self._runner.is_handed(op.operation_id):
+        # A durable one's DBOS workflow runs it: the durable ledger woke it with the decision
+        # (else it reads it at its next look); its outcome is awaited here as before.
+        handed = admitted.lease_owner == DURABLE_OWNER or self._runner.is_handed(op.operation_id)
+        if not handed:
             self._watchdog.arm(op.operation_id, deadline_at)
             self._operations.spawn(self._runner.execute(admitted, tracked, take_slot=True))
-        # else its DBOS workflow runs it: the ledger's durable side woke it with the decision
-        # (or it reads it at its next look), and the outcome is awaited as before.
         if not wait:
             return render_operation(admitted, reconcilable=checked)
         # Answered (or the call stopped) when this ends: later outcomes are told as late ones.

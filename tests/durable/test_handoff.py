@@ -168,7 +168,10 @@ async def test_the_ledger_stays_a_plain_ledger_for_tools_that_run_in_the_call(
 
 async def test_a_runtime_with_durable_tools_and_no_hand_off_is_refused(durable_url: str) -> None:
     async with await SqlLedger.create(durable_url) as ledger:
-        refused = r"^refund, refund_today, settle_invoice, transfer: execution"
+        refused = (
+            r"^refund, refund_spoken, refund_spoken_now, refund_today, settle_invoice, transfer, "
+            r"transfer_tracked: execution"
+        )
         with pytest.raises(ConfigurationError, match=refused):
             await ActionRuntime.create(
                 _app.POLICY, authorizer=AllowAll(), actions=_app.ACTIONS,
