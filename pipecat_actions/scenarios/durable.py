@@ -79,7 +79,9 @@ def _asyncpg_dsn(url: URL) -> str:
 
 
 @contextlib.asynccontextmanager
-async def database_of_its_own(server_url: str) -> AsyncIterator[str]:
+async def database_of_its_own(
+    server_url: str, *, prefix: str = "pa_scenario"
+) -> AsyncIterator[str]:
     """A new empty database on the server of ``server_url``; dropped when the block ends.
 
     The URL's own database is only where the ``CREATE DATABASE`` and ``DROP DATABASE`` run
@@ -91,7 +93,7 @@ async def database_of_its_own(server_url: str) -> AsyncIterator[str]:
     import asyncpg
 
     server = make_url(server_url)
-    name = f"pa_scenario_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(_asyncpg_dsn(server))
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
