@@ -156,3 +156,44 @@ def test_the_command_refuses_a_durable_scenario_on_sqlite_in_one_line(
     assert line.startswith(f"pipecat-actions: {SCENARIOS[0]}: policy: ")
     assert "--fresh-database" in line
     assert not (tmp_path / "x.db").exists()
+
+
+async def test_a_scenario_without_durable_tools_runs_on_a_database_of_its_own_too() -> None:
+    if SKIP_PG:
+        pytest.skip("PIPECAT_ACTIONS_SKIP_PG=1")
+    path = ROOT / "tests" / "scenarios" / "reconnect_while_running.yaml"
+    report = await run_scenario(path, ledger_url=PG_ADMIN_URL, fresh_database=True)
+    _passed(report)
+    assert not any(e.what.startswith("worker: ") for e in report.run.timeline)
+
+
+def test_a_projects_durable_scenario_files_run_in_its_pytest_on_a_database_each(
+    tmp_path: Path,
+) -> None:
+    if SKIP_PG:
+        pytest.skip("PIPECAT_ACTIONS_SKIP_PG=1")
+    from tests.scenario_format.test_scenario_pytest_plugin import _plugin_args
+
+    (tmp_path / "scenarios").mkdir()
+    for path in SCENARIOS:
+        (tmp_path / "scenarios" / path.name).write_text(path.read_text())
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\nscenario_files = ["scenarios/*.yaml"]\n'
+    )
+
+    def pytest_run(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_plugin_args(),
+             *options],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True, text=True, timeout=200, check=False,
+        )  # fmt: skip
+
+    done = pytest_run("--scenario-ledger", PG_ADMIN_URL, "--scenario-fresh-database")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"{len(SCENARIOS)} passed" in done.stdout
+    refused = pytest_run()
+    assert refused.returncode == 1
+    assert f"{len(SCENARIOS)} failed" in refused.stdout
+    assert "which needs PostgreSQL, not SQLite" in refused.stdout
+    assert "Traceback" not in refused.stdout
