@@ -71,10 +71,12 @@ test-stress: $(STAMP)
 
 # make demo REALTIME=openai (or gemini): the story on a real speech-to-speech service against
 # a fake provider on 127.0.0.1, offline. make demo FLOW=1: the reservation as a Pipecat Flows
-# conversation (configs/flows/restaurant.yaml), offline.
+# conversation (configs/flows/restaurant.yaml), offline. make demo DURABLE=1: the booking and the
+# refund run by a DBOS worker process on the machine's PostgreSQL ($PIPECAT_ACTIONS_PG_ADMIN_URL,
+# default postgresql://postgres@127.0.0.1:5432/postgres), in a database the demo makes and drops.
 demo: $(STAMP)
-	$(if $(and $(FLOW),$(REALTIME)),$(error FLOW=1 and REALTIME=... are separate demos; give one))
-	$(if $(REALTIME),$(BIN)/python -m bots.realtime_demo $(REALTIME),$(if $(FLOW),$(BIN)/python -m bots.flow_demo,$(BIN)/python -m bots.demo))
+	$(if $(word 2,$(FLOW) $(REALTIME) $(DURABLE)),$(error FLOW=1, REALTIME=... and DURABLE=1 are separate demos; give one))
+	$(if $(REALTIME),$(BIN)/python -m bots.realtime_demo $(REALTIME),$(if $(FLOW),$(BIN)/python -m bots.flow_demo,$(if $(DURABLE),$(BIN)/python -m bots.durable_demo,$(BIN)/python -m bots.demo)))
 
 # make bot FLOW=1: the Daily bot runs the Pipecat Flows reservation (cascade only).
 .PHONY: bot

@@ -278,6 +278,12 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="an empty database for the scenarios' ledgers (default: a temporary SQLite file)",
     )
+    scenario_run.add_argument(
+        "--fresh-database",
+        action="store_true",
+        help="--ledger names a PostgreSQL server: each scenario runs on a database of its own, "
+        "made there and dropped after it (a scenario with durable tools runs a DBOS worker)",
+    )
     # The option's older name: it still works, with a warning.
     scenario_run.add_argument("--ledger-url", default=None, help=argparse.SUPPRESS)
     scenario_run.add_argument("--json", action="store_true", help="machine-readable output")
@@ -413,6 +419,7 @@ def _run_command(args: argparse.Namespace) -> int:
                     as_json=args.json,
                     verbose=args.verbose,
                     ledger_url=args.ledger,
+                    fresh_database=args.fresh_database,
                 )
             )
         if args.command == "reconcile":

@@ -19,14 +19,15 @@ again under the id of one that died recovers that one's workflows when it launch
 
 from __future__ import annotations
 
-__all__ = ["run_dbos_worker"]
+__all__ = ["dbos_worker", "run_dbos_worker"]
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -38,8 +39,9 @@ from pipecat_actions.clock import Clock, SystemClock
 from pipecat_actions.durable._names import DECISION_TOPIC, DEFAULT_QUEUE, WORKFLOW_NAME, queue_for
 from pipecat_actions.durable.handoff import psycopg_url
 from pipecat_actions.errors import ConfigurationError, LedgerError
-from pipecat_actions.ledger import Operation, SqlLedger
+from pipecat_actions.ledger import Ledger, Operation, SqlLedger
 from pipecat_actions.ledger.engine import default_ledger_url
+from pipecat_actions.ledger.keys import LedgerKeys
 from pipecat_actions.operator import OperatorApp
 from pipecat_actions.policy import PolicySet, load_policy
 from pipecat_actions.runtime import ActionRuntime
@@ -153,10 +155,10 @@ def _launch(url: str, executor_id: str, policy: PolicySet, polling_secs: float) 
         )
 
 
-def _destroy() -> None:
+def _destroy(drain_secs: int) -> None:
     from dbos import DBOS
 
-    DBOS.destroy(workflow_completion_timeout_sec=0)
+    DBOS.destroy(workflow_completion_timeout_sec=drain_secs)
 
 
 async def run_dbos_worker(
@@ -190,6 +192,62 @@ async def run_dbos_worker(
         LedgerError: The ledger cannot be opened.
         ConfigurationError: A worker already runs in this process.
     """
+    async with dbos_worker(
+        app,
+        ledger_url=ledger_url,
+        out=out,
+        executor_id=executor_id,
+        polling_secs=polling_secs,
+        as_json=as_json,
+        clock=clock,
+    ):
+        await stop.wait()
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def dbos_worker(
+    app: OperatorApp,
+    *,
+    ledger_url: str | None,
+    out: TextIO,
+    executor_id: str | None = None,
+    polling_secs: float = 1.0,
+    as_json: bool = False,
+    clock: Clock | None = None,
+    drain_secs: int = 0,
+    ledger_keys: LedgerKeys | None = None,
+    seen_through: Callable[[Ledger], Ledger] | None = None,
+) -> AsyncIterator[str]:
+    """A DBOS worker running in this process while the block runs; it yields its executor id.
+
+    DBOS is one instance per process: one worker at a time here (a second is refused), and
+    once the block has ended another can be started in the same process (DBOS is destroyed
+    and launched again; the workflow stays registered). `run_dbos_worker` is this block
+    held open until it is told to stop; a scenario runs its story inside one.
+
+    Args:
+        app: The application's policy, actions (with ``reconcile`` hooks) and authorizer.
+        ledger_url: The shared PostgreSQL ledger; it must exist.
+        out: Where each finished operation is told (one line, or JSON lines).
+        executor_id: Its DBOS executor id (default ``DBOS__VMID``, else host and pid).
+        polling_secs: How often each queue is polled for work.
+        as_json: JSON lines instead of text.
+        clock: The runtime's time source (a scenario's manual clock, tests).
+        drain_secs: On leaving, how long DBOS waits for the workflows running in this
+            process to end (0: none; a step under way is left to DBOS's recovery). A
+            process that starts another worker afterwards drains, so that no thread of
+            this one runs a step on the next one's runtime.
+        ledger_keys: The keys that open the values the policy marks ``sensitive`` (default:
+            the environment's, as the bots use).
+        seen_through: Wraps the worker's ledger (a scenario notes its writes on its
+            timeline); the worker closes what it returns.
+
+    Raises:
+        LedgerConfigurationError: The ledger is not PostgreSQL.
+        LedgerError: The ledger cannot be opened.
+        ConfigurationError: A worker already runs in this process.
+    """
     global _host
     url = ledger_url or default_ledger_url()
     psycopg_url(url)  # PostgreSQL only: said before anything is opened
@@ -200,7 +258,8 @@ async def run_dbos_worker(
     )
     policy = app.policy if isinstance(app.policy, PolicySet) else load_policy(Path(app.policy))
     clock = clock or SystemClock()
-    ledger = await SqlLedger.create(url, clock=clock, must_exist=True)
+    stored = await SqlLedger.create(url, clock=clock, must_exist=True)
+    ledger = seen_through(stored) if seen_through is not None else stored
     try:
         runtime = await ActionRuntime.create(
             policy,
@@ -212,6 +271,7 @@ async def run_dbos_worker(
             owner=f"dbos-worker:{executor}",
             recover=False,
             admits_calls=False,
+            ledger_keys=ledger_keys,
         )
         try:
             loop = asyncio.get_running_loop()
@@ -236,20 +296,19 @@ async def run_dbos_worker(
 
             _host = _Host(runtime, loop, say)
             _register()
-            await asyncio.to_thread(_launch, url, executor, policy, polling_secs)
             try:
+                await asyncio.to_thread(_launch, url, executor, policy, polling_secs)
                 if as_json:
                     print(json.dumps({"event": "started", "executor_id": executor}), file=out)
                 else:
-                    print(ledger_line(ledger.url), file=out)
+                    print(ledger_line(stored.url), file=out)
                     print(f"dbos worker {printable(executor)} runs durable operations", file=out)
                 out.flush()
-                await stop.wait()
+                yield executor
             finally:
-                await asyncio.to_thread(_destroy)
+                await asyncio.to_thread(_destroy, drain_secs)
         finally:
             _host = None
             await runtime.close()
     finally:
         await ledger.close()
-    return 0

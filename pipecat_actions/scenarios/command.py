@@ -13,6 +13,7 @@ from typing import TextIO
 from loguru import logger
 
 from pipecat_actions._printable import printable
+from pipecat_actions.scenarios.durable import refuse_on_sqlite
 from pipecat_actions.scenarios.loader import LoadedScenario, ScenarioError, load_scenario
 from pipecat_actions.scenarios.report import ScenarioReport, render_reports, run_scenario
 from pipecat_actions.scenarios.runner import check_app
@@ -26,8 +27,12 @@ async def run_scenario_files(
     as_json: bool = False,
     verbose: bool = False,
     ledger_url: str | None = None,
+    fresh_database: bool = False,
 ) -> int:
     """Check every file and its app first (a malformed one stops the run), then run them.
+
+    A file whose policy has durable tools is refused here, with the others, when
+    ``ledger_url`` is not PostgreSQL (see `pipecat_actions.scenarios.durable`).
 
     Returns:
         0 when every expectation of every scenario holds, 1 otherwise, 2 when a file is
@@ -39,6 +44,7 @@ async def run_scenario_files(
         try:
             scenario = load_scenario(path)
             check_app(scenario)
+            refuse_on_sqlite(scenario, ledger_url, fresh_database=fresh_database)
             loaded.append(scenario)
         except ScenarioError as exc:
             broken = True
@@ -54,7 +60,9 @@ async def run_scenario_files(
         if not as_json:
             print(printable(f"... {scenario.spec.name}"), file=err, flush=True)
         try:
-            reports.append(await run_scenario(scenario, ledger_url=ledger_url))
+            reports.append(
+                await run_scenario(scenario, ledger_url=ledger_url, fresh_database=fresh_database)
+            )
         except ScenarioError as exc:  # a factory that built once and then would not
             for problem in exc.problems:
                 print(printable(f"pipecat-actions: {problem}"), file=err)

@@ -10,7 +10,9 @@ project names its scenario files, by glob relative to pytest's rootdir::
 Then ``pytest`` collects each matching file as a test that loads it (a file that cannot be
 loaded fails with its problems, one line each), plays it on a real pipeline and fails with
 every expectation that did not hold. ``pytest --scenario-ledger URL`` runs them on another
-ledger (a PostgreSQL database, say). Nothing heavy is imported until a scenario runs.
+ledger (a PostgreSQL database, say); with ``--scenario-fresh-database`` the URL names a
+PostgreSQL server and each file runs on a database of its own, made there and dropped after
+(what a file with durable tools needs). Nothing heavy is imported until a scenario runs.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="URL",
         help="run scenario files on this ledger (default: a new SQLite file per scenario)",
+    )
+    parser.addoption(
+        "--scenario-fresh-database",
+        action="store_true",
+        default=False,
+        help="--scenario-ledger names a PostgreSQL server: a database of its own per file",
     )
 
 
@@ -74,9 +82,10 @@ class ScenarioItem(pytest.Item):
         from pipecat_actions.scenarios import ScenarioError, load_scenario, run_scenario
 
         ledger_url = self.config.getoption("--scenario-ledger")
+        fresh = bool(self.config.getoption("--scenario-fresh-database"))
         try:
             loaded = load_scenario(self.path)
-            report = asyncio.run(run_scenario(loaded, ledger_url=ledger_url))
+            report = asyncio.run(run_scenario(loaded, ledger_url=ledger_url, fresh_database=fresh))
         except ScenarioError as exc:  # the file or its app cannot be loaded: nothing ran
             raise ScenarioFailed("\n".join(str(p) for p in exc.problems)) from None
         if not report.passed:

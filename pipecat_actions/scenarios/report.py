@@ -79,16 +79,23 @@ class ScenarioReport:
 
 
 async def run_scenario(
-    scenario: str | os.PathLike[str] | LoadedScenario, *, ledger_url: str | None = None
+    scenario: str | os.PathLike[str] | LoadedScenario,
+    *,
+    ledger_url: str | None = None,
+    fresh_database: bool = False,
 ) -> ScenarioReport:
     """Load (if given a path), play and check one scenario.
 
+    ``ledger_url`` and ``fresh_database`` are as for `run_loaded` (a scenario with durable
+    tools needs PostgreSQL).
+
     Raises:
-        ScenarioError: The file is not a valid scenario (nothing was run).
+        ScenarioError: The file is not a valid scenario, or a durable one was given no
+            PostgreSQL URL (nothing was run).
     """
     loaded = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario)
     started = time.monotonic()
-    run = await run_loaded(loaded, ledger_url=ledger_url)
+    run = await run_loaded(loaded, ledger_url=ledger_url, fresh_database=fresh_database)
     return ScenarioReport(
         loaded.spec.name, loaded.source, check_run(loaded, run), run, time.monotonic() - started
     )

@@ -2,10 +2,12 @@
 
 Each scenario gets its own ledger (a SQLite file in a temporary directory unless a URL is
 given), its own `FakeSystemOfRecord` and a `ManualClock` shared by the runtime and the
-provider. The conversation is played by `run_conversation` with `ScriptedLLM`, `FakeTTS`
-and the offline transport; ``crash`` and ``reconnect`` steps end one pipeline and start the
-next on the same session. What happened is gathered into a `Run` for the expectations
-(`pipecat_actions.scenarios.checks`).
+provider. A scenario whose policy has ``execution: durable`` tools runs on PostgreSQL only,
+its bot a DBOS client and a DBOS worker in the same process
+(`pipecat_actions.scenarios.durable`). The conversation is played by `run_conversation` with
+`ScriptedLLM`, `FakeTTS` and the offline transport; ``crash`` and ``reconnect`` steps end one
+pipeline and start the next on the same session. What happened is gathered into a `Run` for
+the expectations (`pipecat_actions.scenarios.checks`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ __all__ = [
 ]
 
 import asyncio
+import contextlib
 import difflib
+import io
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,10 +43,18 @@ from pipecat_actions.adapters.tools import tools_schema
 from pipecat_actions.admission.authorization import AllowAll, Authorizer
 from pipecat_actions.approvals import Approver
 from pipecat_actions.clock import ManualClock
+from pipecat_actions.durable import DURABLE_OWNER, DurableLedger, workflow_id_for
 from pipecat_actions.errors import OperationNotFound, PolicyProblem
-from pipecat_actions.ledger import Operation, OperationEvent, OperationFilter, SqlLedger
+from pipecat_actions.ledger import Ledger, Operation, OperationEvent, OperationFilter, SqlLedger
 from pipecat_actions.ledger.keys import LedgerKeys
+from pipecat_actions.operator import OperatorApp
 from pipecat_actions.runtime import ActionRuntime
+from pipecat_actions.scenarios.durable import (
+    database_of_its_own,
+    durable_tools,
+    prepare_database,
+    refuse_on_sqlite,
+)
 from pipecat_actions.scenarios.faults import FaultLayer
 from pipecat_actions.scenarios.loader import LoadedScenario, ScenarioError, flat_steps
 from pipecat_actions.scenarios.model import (
@@ -75,7 +87,7 @@ from pipecat_actions.scenarios.timeline import (
     told_outcomes,
 )
 from pipecat_actions.session import SessionState
-from pipecat_actions.status import ActionStatus
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 from pipecat_actions.testing import (
     BargeIn,
     Call,
@@ -104,6 +116,12 @@ _SETTLE_HANG_SECS = 60.0
 _HANG_GUARD_SECS = 60.0
 """How long a wait of the story's order (`_Scene.calls_made`) lasts before it is called stuck:
 a hang guard, never a budget a healthy story has to meet."""
+_WORKER_POLLING_SECS = 0.1
+"""How often the in-process DBOS worker polls its queues (real seconds)."""
+_WORKER_DRAIN_SECS = 10
+"""How long, at the end, the in-process worker waits for its workflows to end, so that none
+of their threads runs a step on the next scenario's worker (a hang guard: the run's open
+workflows are cancelled first, and a cancelled one ends at its next look, within seconds)."""
 
 
 @dataclass
@@ -271,11 +289,15 @@ class StepFailed(Exception):
 class _Scene:
     """The world of one scenario run: clock, provider, ledger, runtime, session, pipeline."""
 
-    def __init__(self, loaded: LoadedScenario, ledger_url: str, run: Run) -> None:
+    def __init__(
+        self, loaded: LoadedScenario, ledger_url: str, run: Run, *, durable: bool = False
+    ) -> None:
         self.loaded = loaded
         self.spec = loaded.spec
         self.ledger_url = ledger_url
         self.run = run
+        self.durable = durable
+        """The policy has durable tools: the bot is a DBOS client, a worker runs them."""
         # A scenario's ledger is its own, thrown away after it: a policy that marks values
         # sensitive seals them with the environment's keys, or with keys made for this run.
         configured = LedgerKeys.from_environment()
@@ -360,7 +382,10 @@ class _Scene:
 
     async def open_runtime(self, *, recover: bool) -> None:
         self.generation += 1
-        stored = await SqlLedger.create(self.ledger_url, clock=self.clock)
+        stored: Ledger = await SqlLedger.create(self.ledger_url, clock=self.clock)
+        if self.durable:
+            assert isinstance(stored, SqlLedger)
+            stored = await DurableLedger.open(self.ledger_url, self.loaded.policy, ledger=stored)
         self.ledger = TimelineLedger(stored, self.run.timeline)
         self.runtime = await ActionRuntime.create(
             self.loaded.policy,
@@ -380,6 +405,51 @@ class _Scene:
         if self.ledger is not None:
             await self.ledger.close()
         self.runtime = self.ledger = None
+
+    @contextlib.asynccontextmanager
+    async def worker(self) -> AsyncIterator[None]:
+        """A DBOS worker in this process for the story's durable tools, as a host would run.
+
+        It runs the scenario's own actions (the fault layer and the fake system of record
+        included) on the scenario's manual clock, so ``fault``, ``advance`` and the counts of
+        effects hold for durable tools as for in-call ones. What it finishes is noted on the
+        timeline (``worker: op_… tool: STATUS``).
+        """
+        from pipecat_actions.dbos_worker import dbos_worker
+
+        app = OperatorApp(
+            policy=self.loaded.policy,
+            actions=self.actions,
+            authorizer=self.app.authorizer or AllowAll(),
+        )
+        async with dbos_worker(
+            app,
+            ledger_url=self.ledger_url,
+            out=_TimelineLines(self),
+            executor_id=f"scenario-{self.run_id}",
+            polling_secs=_WORKER_POLLING_SECS,
+            clock=self.clock,
+            drain_secs=_WORKER_DRAIN_SECS,
+            ledger_keys=self.ledger_keys,
+            seen_through=lambda stored: TimelineLedger(stored, self.run.timeline),
+        ):
+            self.note("a DBOS worker runs the durable tools in this process")
+            yield
+
+    async def cancel_open_workflows(self) -> None:
+        """Cancel the workflows of the run's operations that are still open (ledger untouched).
+
+        The story is over: a workflow left waiting for a decision or queued must not be run
+        by a later worker on the same database, nor keep a thread of this one.
+        """
+        ledger = self.ledger
+        found = ledger.inner if ledger is not None else None
+        if not isinstance(found, DurableLedger):
+            return
+        client = found.client
+        for op in self.run.operations:
+            if op.lease_owner == DURABLE_OWNER and op.status not in TERMINAL_STATUSES:
+                await asyncio.to_thread(client.cancel_workflow, workflow_id_for(op.operation_id))
 
     # --- steps -----------------------------------------------------------------------------
 
@@ -930,44 +1000,93 @@ def _describe(step: Step) -> str:
     return f"{kind} {fields}" if fields else kind
 
 
-async def run_loaded(loaded: LoadedScenario, *, ledger_url: str | None = None) -> Run:
+class _TimelineLines(io.StringIO):
+    """The in-process worker's output, each line noted on the scenario's timeline."""
+
+    def __init__(self, scene: _Scene) -> None:
+        super().__init__()
+        self._scene = scene
+
+    def write(self, text: str) -> int:
+        """Note each line (the worker's DBOS threads write here too: a list append)."""
+        for line in text.splitlines():
+            if line.strip():
+                self._scene.note(f"worker: {line}")
+        return len(text)
+
+
+async def run_loaded(
+    loaded: LoadedScenario, *, ledger_url: str | None = None, fresh_database: bool = False
+) -> Run:
     """Play a loaded scenario and return what happened (expectations are not checked here).
 
     Args:
         loaded: The scenario.
         ledger_url: Where the ledger lives; a fresh SQLite file if omitted. A shared database
             must be empty of this scenario's session (use a new database or schema per run).
+            A scenario whose policy has ``execution: durable`` tools needs PostgreSQL: its
+            bot is a DBOS client and a DBOS worker runs in this process.
+        fresh_database: ``ledger_url`` names a PostgreSQL server (and a database to connect
+            to): the scenario runs on a database of its own made there, dropped after it.
 
     Raises:
-        ScenarioError: The app cannot be built (see `check_app`); nothing ran.
+        ScenarioError: The app cannot be built (see `check_app`), or the scenario has durable
+            tools and no PostgreSQL URL; nothing ran.
     """
+    refuse_on_sqlite(loaded, ledger_url, fresh_database=fresh_database)
+    if fresh_database:
+        assert ledger_url is not None  # refuse_on_sqlite
+        async with database_of_its_own(ledger_url) as url:
+            return await _run_loaded(loaded, url)
+    return await _run_loaded(loaded, ledger_url)
+
+
+async def _run_loaded(loaded: LoadedScenario, ledger_url: str | None) -> Run:
     run = Run()
     with tempfile.TemporaryDirectory(prefix="pipecat-actions-scenario-") as workdir:
         url = ledger_url or f"sqlite:///{Path(workdir) / 'ledger.db'}"
+        durable = bool(durable_tools(loaded.policy))
         try:
-            scene = _Scene(loaded, url, run)
+            scene = _Scene(loaded, url, run, durable=durable)
         except ScenarioError:
             raise  # the app cannot be built: a problem of the file, nothing ran
         except Exception as exc:
             run.error = f"the scenario cannot start: {type(exc).__name__}: {exc}"
             return run
         try:
-            try:
-                await scene.play()
-            except StepFailed as exc:
-                run.error = str(exc)  # file:line: the step, and why it failed
-            except TimeoutError as exc:
-                run.error = (
-                    f"TimeoutError: {exc}"
-                    if str(exc)
-                    else (
-                        f"TimeoutError: the scenario did not end within its timeout_secs "
-                        f"({loaded.spec.timeout_secs:g} s)"
-                    )
-                )
-            except Exception as exc:
-                run.error = f"{type(exc).__name__}: {exc}"
-            await scene.gather()
+            async with contextlib.AsyncExitStack() as stack:
+                if durable:
+                    try:
+                        await prepare_database(url)
+                        await stack.enter_async_context(scene.worker())
+                    except Exception as exc:
+                        run.error = (
+                            f"the scenario's DBOS worker cannot start: {type(exc).__name__}: {exc}"
+                        )
+                        return run
+                await _play(scene, loaded, run)
         finally:
             await scene.close_runtime(grace_secs=0)
     return run
+
+
+async def _play(scene: _Scene, loaded: LoadedScenario, run: Run) -> None:
+    """Play the story, note why it stopped early if it did, and gather the end state."""
+    try:
+        await scene.play()
+    except StepFailed as exc:
+        run.error = str(exc)  # file:line: the step, and why it failed
+    except TimeoutError as exc:
+        run.error = (
+            f"TimeoutError: {exc}"
+            if str(exc)
+            else (
+                f"TimeoutError: the scenario did not end within its timeout_secs "
+                f"({loaded.spec.timeout_secs:g} s)"
+            )
+        )
+    except Exception as exc:
+        run.error = f"{type(exc).__name__}: {exc}"
+    await scene.gather()
+    if scene.durable:
+        await scene.cancel_open_workflows()
