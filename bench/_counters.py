@@ -374,3 +374,27 @@ def page_size(database: Path) -> int:
         header = file.read(18)
     size = int.from_bytes(header[16:18], "big")
     return 65_536 if size == 1 else size
+
+
+def wal_frames_by_btree(database: Path, start: int, end: int) -> Counter[str]:
+    """The frames ``database``'s ``-wal`` file holds between byte offsets ``start`` and ``end``,
+    counted by the table or index (B-tree) that owns each frame's page.
+
+    A frame is a 24-byte header (its page number first, big-endian) and a page; the owner of a
+    page is read from SQLite's ``dbstat`` table after the writes (a page freed meanwhile shows
+    as ``page N``). Page 1 (the header, written when the file grows) is ``sqlite_schema``'s.
+    """
+    size = page_size(database) + 24
+    with open(f"{database}-wal", "rb") as file:
+        file.seek(start)
+        frames = file.read(end - start)
+    conn = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+    try:
+        owner = {page: name for name, page in conn.execute("SELECT name, pageno FROM dbstat")}
+    finally:
+        conn.close()
+    counts: Counter[str] = Counter()
+    for at in range(0, len(frames) - size + 1, size):
+        page = int.from_bytes(frames[at : at + 4], "big")
+        counts[owner.get(page, f"page {page}")] += 1
+    return counts

@@ -39,6 +39,7 @@ from _counters import (
     page_size,
     statement_label,
     wal_bytes,
+    wal_frames_by_btree,
 )
 
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
@@ -108,6 +109,8 @@ class Work:
     top_functions: list[tuple[str, float]] = field(default_factory=list)
     wal_frames: float | None = None
     wal_bytes: float | None = None
+    wal_by_btree: dict[str, float] = field(default_factory=dict)
+    """SQLite WAL frames per call by the table or index whose page each is."""
     sent: list[list[Statement]] = field(default_factory=list, repr=False)
     """The statements of each call (warm-up included), in order: for a floor to replay."""
 
@@ -136,6 +139,7 @@ async def count_proposes(url: str, *, proposes: int, warmup: int) -> Work:
                         await propose(runtime, i)
                         per_call.append(_taken(statements, database))
                 after = wal_bytes(database) if database else 0
+                by_btree = wal_frames_by_btree(database, before, after) if database else None
             profiled = min(proposes, PROFILED)
             python_calls = CallCounter()
             with python_calls.counting():
@@ -159,6 +163,8 @@ async def count_proposes(url: str, *, proposes: int, warmup: int) -> Work:
     if database is not None:
         work.wal_bytes = (after - before) / proposes
         work.wal_frames = work.wal_bytes / (page_size(database) + 24)
+        assert by_btree is not None
+        work.wal_by_btree = {name: n / proposes for name, n in by_btree.most_common()}
     return work
 
 

@@ -176,6 +176,10 @@ def _where(report: Report, backend: str, ours: Work, floor: Work | None) -> None
     if floor is not None:
         kinds = ", ".join(f"{n:.0f} {kind}" for kind, n in floor.statement_kinds.items())
         lines.append(f"    floor: {kinds}")
+    if ours.wal_by_btree:
+        lines.append("  WAL frames, by the table or index whose page each is:")
+        for name, n in ours.wal_by_btree.items():
+            lines.append(f"    {n:5.2f}  {name}")
     lines.append("  tasks (coroutine, created at):")
     for name, site, n in ours.task_sites:
         lines.append(f"    {n:5.2f}  {name:<40} {site}")

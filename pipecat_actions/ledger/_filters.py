@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["OWED_UNTOLD", "filter_conditions"]
 
-from sqlalchemy import ColumnElement, and_, tuple_
+from sqlalchemy import ColumnElement, and_, literal, tuple_
 
 from pipecat_actions.ledger._trail import Mark
 from pipecat_actions.ledger.records import OWED_KIND, OperationFilter
@@ -12,10 +12,13 @@ from pipecat_actions.ledger.schema import operations
 from pipecat_actions.status import ActionStatus
 
 OWED_UNTOLD: ColumnElement[bool] = and_(
-    operations.c.delivered_at.is_(None), operations.c.kind == OWED_KIND
+    operations.c.delivered_at.is_(None),
+    operations.c.kind == literal(OWED_KIND, literal_execute=True),
 )
 """Owed to someone (`may_be_owed`) and never told: `OperationFilter.undelivered`, and what
-`stats` counts as ``committed_undelivered`` (``ix_pa_operations_undelivered`` finds them)."""
+`stats` counts as ``committed_undelivered``. With ``status = 'COMMITTED'`` these are the terms
+of the partial ``ix_pa_operations_undelivered`` (`schema.UNDELIVERED_WHERE`); the kind is
+written into the SQL, not bound, so that PostgreSQL's generic plans may use it too."""
 
 
 def filter_conditions(f: OperationFilter) -> list[ColumnElement[bool]]:
@@ -23,7 +26,14 @@ def filter_conditions(f: OperationFilter) -> list[ColumnElement[bool]]:
     c = operations.c
     conditions: list[ColumnElement[bool]] = []
     if f.status is not None:
-        conditions.append(c.status.in_([ActionStatus(s).value for s in f.status]))
+        values = [ActionStatus(s).value for s in f.status]
+        # One status is written ``status = '...'``: the term a partial index's condition names
+        # (a one-value IN is not one for SQLite's planner).
+        conditions.append(
+            c.status == literal(values[0], literal_execute=True)
+            if len(values) == 1
+            else c.status.in_(values)
+        )
     for column, value in (
         (c.session_id, f.session_id),
         (c.tool, f.tool),

@@ -10,7 +10,15 @@ stable across backends.
 
 from __future__ import annotations
 
-__all__ = ["STATS_COLUMNS", "events", "metadata", "operations", "owners"]
+__all__ = [
+    "STATS_COLUMNS",
+    "UNDELIVERED_INDEX",
+    "UNDELIVERED_WHERE",
+    "events",
+    "metadata",
+    "operations",
+    "owners",
+]
 
 from sqlalchemy import (
     BigInteger,
@@ -24,6 +32,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 
 metadata = MetaData()
@@ -48,6 +57,11 @@ STATS_COLUMNS = (
     "operation_id",
 )
 """The columns of ``ix_pa_operations_stats``, in its order."""
+
+UNDELIVERED_INDEX = "ix_pa_operations_undelivered"
+UNDELIVERED_WHERE = "status = 'COMMITTED' AND delivered_at IS NULL AND kind = 'mutation'"
+"""The rows ``ix_pa_operations_undelivered`` holds: committed, owed and never told (the query
+repeats these terms, see `_filters.OWED_UNTOLD`, so that both planners use the index)."""
 
 operations = Table(
     "pa_operations",
@@ -114,16 +128,19 @@ operations = Table(
     Index("ix_pa_operations_session", "session_id", "created_at", "operation_id"),
     Index("ix_pa_operations_tool_created", "tool", "created_at", "operation_id"),
     Index("ix_pa_operations_principal", "principal", "created_at", "operation_id"),
-    # Keyset pages of `ledger list` and `undelivered`, in (created_at, operation_id) order
-    # (see migration 0003); `undelivered` names the kind owed (migration 0008).
+    # Keyset pages of `ledger list` in (created_at, operation_id) order (migration 0003).
     Index("ix_pa_operations_created", "created_at", "operation_id"),
+    # Keyset pages of what is committed, owed and never told (`undelivered`, recovery, the
+    # console), in (created_at, operation_id) order. Partial (migration 0009): an operation
+    # enters it when it commits untold and leaves it when told, and no other write touches it
+    # (it held every row before, keyed by status: a page at the insert, two at each change of
+    # status).
     Index(
-        "ix_pa_operations_undelivered",
-        "status",
-        "delivered_at",
-        "kind",
+        UNDELIVERED_INDEX,
         "created_at",
         "operation_id",
+        sqlite_where=text(UNDELIVERED_WHERE),
+        postgresql_where=text(UNDELIVERED_WHERE),
     ),
     # Everything `stats` reads of an operation, grouped as it groups them: on SQLite its one
     # pass is a scan of this index in order, with no sort and no read of the table (without

@@ -85,7 +85,7 @@ from pipecat_actions.ledger.records import (
     OperationFilter,
     canonical_json,
 )
-from pipecat_actions.ledger.schema import events, operations
+from pipecat_actions.ledger.schema import UNDELIVERED_INDEX, events, operations
 from pipecat_actions.status import (
     IN_FLIGHT_STATUSES,
     REPEATABLE_STATUSES,
@@ -858,6 +858,10 @@ class SqlLedger(Ledger):
         query = select(operations).where(*where)
         by = (operations.c.created_at, operations.c.operation_id)
         query = query.order_by(*(c.desc() for c in by) if f.newest_first else by).limit(f.limit)
+        if f.undelivered and f.status is not None and set(f.status) == {ActionStatus.COMMITTED}:
+            # Exactly the rows of the partial index, in page order: SQLite's planner, which
+            # cannot know how few they are, would rather read every COMMITTED row by status.
+            query = query.with_hint(operations, f"INDEXED BY {UNDELIVERED_INDEX}", "sqlite")
 
         def work(conn: Connection) -> builtins.list[Operation]:
             page = query

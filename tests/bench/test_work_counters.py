@@ -40,6 +40,11 @@ async def test_counting_proposes_on_sqlite_sees_tasks_statements_and_wal_frames(
     assert counted.statement_kinds["COMMIT"] >= 1
     assert counted.wal_frames is not None
     assert counted.wal_frames > 0
+    # Every frame is owned by a table or an index of the ledger; together, all of them.
+    assert sum(counted.wal_by_btree.values()) == pytest.approx(counted.wal_frames)
+    assert counted.wal_by_btree["pa_operations"] >= 2  # inserted, then updated: two commits
+    assert counted.wal_by_btree["pa_operation_events"] >= 2
+    assert not any(name.startswith("page ") for name in counted.wal_by_btree)
     assert all(name and site.startswith("pipecat_actions/") for name, site, _ in counted.task_sites)
     assert counted.python_calls > 0
     assert any(area.startswith("pipecat_actions/") for area in counted.calls_by_area)
