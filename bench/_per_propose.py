@@ -81,8 +81,13 @@ async def open_runtime(url: str) -> ActionRuntime:
 
 
 async def propose(runtime: ActionRuntime, i: int, prefix: str = "") -> None:
-    """The ``i``-th booking: a new session, new arguments, committed."""
-    session = SessionState(session_id=f"{prefix}s{i}", principal="p")
+    """The ``i``-th booking: a new session, new arguments, committed.
+
+    ``prefix`` makes the intent new too: the idempotency key is per principal (the policy's
+    default scope), so a principal of its own keeps a run's proposes from joining operations
+    an earlier run on the same database made (a join is not the path measured).
+    """
+    session = SessionState(session_id=f"{prefix}s{i}", principal=f"{prefix}p")
     told = await runtime.propose("book_table", {"restaurant_id": "r-17", "n": i}, session)
     if told.get("status") != "committed":
         raise RuntimeError(f"propose {i} was not committed: {told}")

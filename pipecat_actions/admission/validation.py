@@ -138,7 +138,7 @@ def validate_arguments(
         # silently dropped. An open one (a handler that takes any key) keeps its own rules.
         closed = action.args_model.model_config.get("extra") == "forbid"
         model = action.args_model.model_validate_json(
-            json.dumps(arguments, allow_nan=False),
+            _STRICT_JSON(arguments),
             strict=not coerce,
             extra="forbid" if closed else None,
         )
@@ -159,6 +159,10 @@ def validate_arguments(
     except (ValueError, TypeError, RecursionError):
         return _invalid("arguments: they hold values that are not plain data")
     return validated
+
+
+_STRICT_JSON = json.JSONEncoder(allow_nan=False).encode
+"""``json.dumps(value, allow_nan=False)``, its encoder made once rather than per call."""
 
 
 def json_problem(value: Any) -> str | None:

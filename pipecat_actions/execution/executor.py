@@ -255,7 +255,7 @@ class Executor:
         tracked.effect_task = task
         tracked.effect_ended_at = None
         task.add_done_callback(lambda _: _ended(tracked, self.clock.now()))
-        await asyncio.wait({task, tracked.takeover.future()}, return_when=asyncio.FIRST_COMPLETED)
+        await _first_of(task, tracked.takeover.future())
         if not task.done():
             # The watchdog or a confirmed cancel took the operation over; a late answer of the
             # effect is still recorded.
@@ -826,6 +826,28 @@ def _as_recorded(op: Operation, to: ActionStatus, changes: dict[str, Any]) -> Op
         result_json=op.result_json if result is None else canonical_json(result),
         error=changes.get("error", op.error),
     )
+
+
+async def _first_of(task: asyncio.Task[Any], takeover: asyncio.Future[None]) -> None:
+    """Wait until ``task`` or ``takeover`` is done; cancel neither (``asyncio.wait``, leaner).
+
+    On every propose: one future and two callbacks, no set of futures made and taken apart.
+    """
+    if task.done() or takeover.done():
+        return
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_: asyncio.Future[Any]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    task.add_done_callback(wake)
+    takeover.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        takeover.remove_done_callback(wake)  # shared by every wait of the operation
+        task.remove_done_callback(wake)
 
 
 def _ended(tracked: Tracked, at: float) -> None:

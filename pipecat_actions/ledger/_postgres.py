@@ -31,7 +31,7 @@ import asyncpg
 from pipecat_actions.errors import LedgerConfigurationError, LedgerUnavailable
 from pipecat_actions.ledger._rows import RowUpdate
 from pipecat_actions.ledger._trail import TRAIL_COLUMNS
-from pipecat_actions.ledger._writer import guard_database_errors
+from pipecat_actions.ledger._writer import as_ledger_error, guard_database_errors
 from pipecat_actions.ledger.schema import events, operations
 
 T = TypeVar("T")
@@ -221,23 +221,29 @@ class PostgresFastPath:
         return conn
 
     async def _call(
-        self, run: Callable[[asyncpg.Connection], Awaitable[T]], *, read: bool = False
+        self,
+        method: Callable[..., Awaitable[T]],
+        sql: str,
+        params: Sequence[Any],
+        *,
+        read: bool = False,
     ) -> T:
-        """Run ``run`` on an idle connection (or a new one).
+        """Run ``method(conn, sql, *params)`` on an idle connection (or a new one).
 
-        A lost connection means the server's others are likely lost too (a restart, a
-        failover): the idle ones are dropped with it. A read found a lost connection is tried
-        once more on a new one; a write never is (it may have been sent and committed: the
-        caller learns the ledger failed, and the runtime treats the write as not known).
+        ``method``: ``asyncpg.Connection.fetchrow`` or ``fetchval``. A lost connection means
+        the server's others are likely lost too (a restart, a failover): the idle ones are
+        dropped with it. A read found a lost connection is tried once more on a new one; a
+        write never is (it may have been sent and committed: the caller learns the ledger
+        failed, and the runtime treats the write as not known). Database failures become
+        ledger errors (`as_ledger_error`), in this one coroutine: it is on every statement.
         """
         if self._closed:
             raise LedgerUnavailable("the ledger is closed")
-
-        async def on_a_connection() -> T:
+        try:
             for attempt in (1, 2):
                 conn = self._idle.pop() if self._idle else await self._connect()
                 try:
-                    result = await run(conn)
+                    result = await method(conn, sql, *params)
                 except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                     # The server refused the statement (the connection is fine: a statement
                     # that fails outside a transaction leaves none open), or it was lost.
@@ -255,9 +261,12 @@ class PostgresFastPath:
                     raise
                 self._release(conn)
                 return result
-            raise AssertionError("unreachable")  # pragma: no cover
-
-        return await guard_database_errors(on_a_connection(), url=self.url)
+        except Exception as exc:
+            mapped = as_ledger_error(exc, url=self.url)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _drop_idle(self) -> None:
         idle, self._idle = self._idle, []
@@ -283,11 +292,8 @@ class PostgresFastPath:
         params = [row[name] for name in _OPERATION_COLUMNS] + _event_arrays(events_rows)
         sql = _ADMIT if bind_key else _INSERT
 
-        async def run(conn: asyncpg.Connection) -> bool:
-            inserted: int = await conn.fetchval(sql, *params)
-            return inserted == 1
-
-        return await self._call(run)
+        inserted: int = await self._call(asyncpg.Connection.fetchval, sql, params)
+        return inserted == 1
 
     async def update(self, change: RowUpdate) -> asyncpg.Record | None:
         """Run ``change`` (one statement); the updated row, or None when nothing matched."""
@@ -322,8 +328,7 @@ class PostgresFastPath:
         return await self._fetchrow(_STATUS_AND_FENCE, operation_id)
 
     async def _fetchrow(self, sql: str, *params: Any, read: bool = True) -> asyncpg.Record | None:
-        async def run(conn: asyncpg.Connection) -> asyncpg.Record | None:
-            row: asyncpg.Record | None = await conn.fetchrow(sql, *params)
-            return row
-
-        return await self._call(run, read=read)
+        row: asyncpg.Record | None = await self._call(
+            asyncpg.Connection.fetchrow, sql, params, read=read
+        )
+        return row

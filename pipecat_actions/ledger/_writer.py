@@ -25,7 +25,6 @@ __all__ = [
 ]
 
 import asyncio
-import contextlib
 import functools
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -38,6 +37,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from pipecat_actions._shelter import sheltered
 from pipecat_actions.errors import LedgerError, LedgerIntegrityError, LedgerLost, LedgerUnavailable
 
 T = TypeVar("T")
@@ -191,10 +191,20 @@ class SqliteWriter:
             LedgerError: What ``work`` raised (nothing of it was written), or
                 `LedgerUnavailable` when the commit failed.
         """
+        shelter = sheltered()
+        if shelter is not None:
+            shelter.writing()
         job = _Job(work, asyncio.get_running_loop().create_future())
         self._pending.append(job)
         self._drained.clear()
         self._wake.set()
+        if shelter is not None:
+            # Its cancel waits for this write (`Shelter`): nothing to shield it from.
+            try:
+                written: T = await job.future
+            finally:
+                shelter.wrote()
+            return written
         # Shielded: once queued, a write commits (or fails) whether or not its caller waits.
         try:
             result: T = await asyncio.shield(job.future)
@@ -244,18 +254,30 @@ class SqliteWriter:
             while self._pending:
                 group = self._pending[:_MAX_GROUP]
                 del self._pending[:_MAX_GROUP]
-                # The group runs in the thread; a callback answers its writes. Shielded (no
-                # task: a future), the commit finishes and answers even if this task stops.
-                committed = asyncio.get_running_loop().run_in_executor(
-                    self._thread, self._run_group, group
-                )
-                committed.add_done_callback(functools.partial(self._answer, group))
-                with contextlib.suppress(Exception):  # answered by `_answer`
-                    await asyncio.shield(committed)
+                # The group runs in the thread; a callback answers its writes, then wakes this
+                # task through ``answered``. This task waits for that future, never for the
+                # commit itself: if it stops, the commit still finishes and answers.
+                loop = asyncio.get_running_loop()
+                committed = loop.run_in_executor(self._thread, self._run_group, group)
+                answered: asyncio.Future[None] = loop.create_future()
+                committed.add_done_callback(functools.partial(self._answer, group, answered))
+                await answered
             self._drained.set()
 
-    def _answer(self, group: list[_Job], committed: asyncio.Future[list[Any]]) -> None:
+    def _answer(
+        self,
+        group: list[_Job],
+        answered: asyncio.Future[None],
+        committed: asyncio.Future[list[Any]],
+    ) -> None:
         """Settle each write of ``group`` with its outcome once its commit ended."""
+        try:
+            self._settle_group(group, committed)
+        finally:
+            if not answered.done():
+                answered.set_result(None)
+
+    def _settle_group(self, group: list[_Job], committed: asyncio.Future[list[Any]]) -> None:
         if committed.cancelled():
             error: Exception = LedgerUnavailable("the ledger was closed during this write")
         else:

@@ -4,7 +4,9 @@ The hot path (admit with a free key, transition, annotate, get, find_by_key) is 
 each on asyncpg connections of the ledger's own (`_postgres.PostgresFastPath`); every other
 write is a plain function of a SQLAlchemy `Connection`, run on the async engine through
 ``run_sync`` in a transaction of its own. Each write runs in a task of its own that a
-cancelled caller leaves running (`PostgresLedger._handed_over`): `close` waits for it. At most
+cancelled caller leaves running (`PostgresLedger._handed_over`): `close` waits for it; a
+hot-path write of a sheltered task (`pipecat_actions._shelter`, whose cancel waits for the
+write) runs in that task itself, and `close` waits for it too. At most
 half of the pool's turns go to reads (DBOS caps its polling reads the same way). Waiters of
 other processes hear a settling write through ``LISTEN``/``NOTIFY`` (`_notices`): once the
 write has committed, its notice goes to the ledger's `PostgresNotifier`, which sends notices in
@@ -30,6 +32,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from pipecat_actions._shelter import sheltered
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import LedgerUnavailable
 from pipecat_actions.ledger import _owners
@@ -91,6 +94,10 @@ class PostgresLedger(SqlLedger):
         )
         self._in_flight: set[asyncio.Future[Any]] = set()
         """Writes handed to the database and not yet answered (`_handed_over`)."""
+        self._sheltered_writes = 0
+        """Writes sheltered tasks make themselves (`_fast_write`), not yet answered."""
+        self._sheltered_done: asyncio.Event | None = None
+        """Set when the last of them is answered, once `close` waits for them."""
 
     # --- construction ----------------------------------------------------------------------
 
@@ -149,6 +156,10 @@ class PostgresLedger(SqlLedger):
         if self._in_flight:
             # Handed over before the close: each lands (or fails, and is reported) first.
             await asyncio.wait(set(self._in_flight))
+        if self._sheltered_writes:
+            # Made by sheltered tasks (`_fast_write`): they land, and their tasks hear how.
+            self._sheltered_done = asyncio.Event()
+            await self._sheltered_done.wait()
         await self._notifier.close()  # sends the notices of the writes just landed
 
     async def _release_own(self) -> None:
@@ -172,11 +183,26 @@ class PostgresLedger(SqlLedger):
                 raise LedgerUnavailable("the ledger is closed")
             self._refuse_writes()
 
-        async def run() -> T:
+        shelter = sheltered()
+        if shelter is None:
+
+            async def run() -> T:
+                async with self._turns:
+                    return await write
+
+            return await self._handed_over(run())
+        # The runtime's own task, whose cancel waits for this write (`Shelter`): it runs the
+        # write itself, no task or shield needed. `close` waits for it all the same.
+        shelter.writing()
+        self._sheltered_writes += 1
+        try:
             async with self._turns:
                 return await write
-
-        return await self._handed_over(run())
+        finally:
+            self._sheltered_writes -= 1
+            if not self._sheltered_writes and self._sheltered_done is not None:
+                self._sheltered_done.set()
+            shelter.wrote()
 
     async def _handed_over(self, write: Coroutine[Any, Any, T]) -> T:
         """Run ``write`` in a task of its own that a cancelled caller leaves running.

@@ -44,9 +44,13 @@ def canonical_json(value: Any) -> str:
         TypeError: ``value`` holds something JSON cannot represent.
         ValueError: ``value`` holds NaN or infinity, or a circular reference.
     """
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    )
+    return _CANONICAL(value)
+
+
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+).encode
+"""`canonical_json`'s encoder, made once (``json.dumps`` with options makes one per call)."""
 
 
 def hash_arguments(args: Mapping[str, Any]) -> str:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pipecat_actions._recent import remember
+from pipecat_actions._shelter import Shelter
 from pipecat_actions.admission.limits import Slot
 from pipecat_actions.errors import TransitionRefused
 from pipecat_actions.execution.tracked import Tracked
@@ -61,6 +62,7 @@ class Operations:
         self._watchers: list[Listener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._audits: set[asyncio.Task[Any]] = set()
+        self._shelters: dict[asyncio.Task[Any], Shelter] = {}
         self._closing = False
 
     # --- tracking --------------------------------------------------------------------------
@@ -275,6 +277,21 @@ class Operations:
         task.add_done_callback(tasks.discard)
         return task
 
+    def own(self, shelter: Shelter) -> None:
+        """Stop ``shelter``'s task with the runtime's own tasks (its cancel waits for writes).
+
+        For a task that was not spawned here: admission's, which goes on to run what it
+        admitted (`Runner.prepare`).
+        """
+        task = shelter.task
+        self._tasks.add(task)
+        self._shelters[task] = shelter
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        self._shelters.pop(task, None)
+
     async def flush_audits(self) -> None:
         """Wait for the audit writes started so far."""
         if self._audits:
@@ -295,7 +312,11 @@ class Operations:
         The effects' operations keep their ledger status; the next owner recovers them.
         """
         for task in list(self._tasks):
-            task.cancel()
+            shelter = self._shelters.get(task)
+            if shelter is not None:
+                shelter.cancel()  # once the write it is making, if any, has landed
+            else:
+                task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for tracked in self._tracked.values():
             if tracked.effect_task is not None and not tracked.effect_task.done():

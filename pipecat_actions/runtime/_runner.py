@@ -11,7 +11,7 @@ __all__ = ["DEFAULT_DEADLINE_SECS", "Runner"]
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from loguru import logger
@@ -88,6 +88,22 @@ class Runner:
 
     def start(self, admission: Admission, session: SessionState) -> Tracked:
         """Track an admitted operation, arm its deadline and, unless it waits, start it."""
+        tracked, execution = self.prepare(admission, session)
+        if execution is not None:
+            with logger.contextualize(operation_id=admission.operation.operation_id):
+                # The execution task copies this context: its lines name the operation.
+                self._operations.spawn(execution)
+        return tracked
+
+    def prepare(
+        self, admission: Admission, session: SessionState
+    ) -> tuple[Tracked, Coroutine[Any, Any, None] | None]:
+        """Track an admitted operation and arm its deadline; return its execution to run.
+
+        The execution (`execute`) is for the caller to run in a task `Operations` stops
+        (`start` spawns one; admission runs it in its own task, `Operations.own`); None when
+        the operation waits (for a person) or runs on a DBOS worker.
+        """
         op = admission.operation
         tracked = Tracked(
             operation_id=op.operation_id,
@@ -101,7 +117,7 @@ class Runner:
             # outcome are read from the ledger when the worker writes them, and told like ours.
             self._handed_ids.add(op.operation_id)
             self._operations.spawn(self._handed(op, tracked))
-            return tracked
+            return tracked, None
         if op.deadline_at is not None:
             self._watchdog.arm(op.operation_id, op.deadline_at)
         if op.status in (S.RUNNING, S.ADMITTED):
@@ -111,18 +127,14 @@ class Runner:
                 and admission.binding.policy.admit_when is AdmitWhen.TURN_CONFIRMED
                 else None
             )
-            with logger.contextualize(operation_id=op.operation_id):
-                # The execution task copies this context: its lines name the operation.
-                self._operations.spawn(
-                    self.execute(
-                        op,
-                        tracked,
-                        session=session,
-                        wait_generation=wait_for,
-                        take_slot=admission.waits_for_slot,
-                    )
-                )
-        return tracked
+            return tracked, self.execute(
+                op,
+                tracked,
+                session=session,
+                wait_generation=wait_for,
+                take_slot=admission.waits_for_slot,
+            )
+        return tracked, None
 
     def handed_off(self, admission: Admission) -> bool:
         """Whether ``admission``'s operation was handed to a DBOS workflow, not run here."""

@@ -14,12 +14,13 @@ __all__ = ["Proposals"]
 import asyncio
 import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from loguru import logger
 
 from pipecat_actions._printable import bounded
+from pipecat_actions._shelter import Shelter
 from pipecat_actions.actions import Binding
 from pipecat_actions.admission.admitter import Admitter
 from pipecat_actions.admission.decisions import Admission, Joined, ReadAdmission, Refusal, Shared
@@ -98,6 +99,8 @@ class Proposals:
         self._adopt = adopt
         self._admitting: dict[str, asyncio.Future[_Started]] = {}
         """tool_call_id → its admission, while it runs (it outlives a cancelled caller)."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        """The tasks of admissions under way (`_admit_and_run`)."""
 
     def admitting(self, tool_call_id: str) -> bool:
         """Whether an admission of ``tool_call_id`` is under way."""
@@ -206,10 +209,14 @@ class Proposals:
             if isinstance(read, Shared):
                 return await self._reads.shared(read)
         # Admission runs to its end even when the caller is cancelled meanwhile (a barge-in):
-        # an operation it inserted must be started and bounded, never left behind.
-        admitting = asyncio.ensure_future(
-            self._admit_and_start(tool, arguments, session, tool_call_id)
+        # an operation it inserted must be started and bounded, never left behind. Its task
+        # then runs the operation itself (one task for both, `_admit_and_run`).
+        loop = asyncio.get_running_loop()
+        admitting: asyncio.Future[_Started] = loop.create_future()
+        task = loop.create_task(
+            self._admit_and_run(tool, arguments, session, tool_call_id, admitting)
         )
+        self._tasks.add(task)  # until it answers `admitting` (then `Operations.own` keeps it)
         if tool_call_id:
             self._admitting[tool_call_id] = admitting
             admitting.add_done_callback(lambda _: self._admitting.pop(tool_call_id, None))
@@ -239,13 +246,49 @@ class Proposals:
             raise
         return await self._told(self._render(final), final, session)
 
+    async def _admit_and_run(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | str,
+        session: SessionState,
+        tool_call_id: str | None,
+        admitting: asyncio.Future[_Started],
+    ) -> None:
+        """Admit a call, answer ``admitting``, then run the operation admitted, if any.
+
+        No caller can cancel this task (they wait for ``admitting``, shielded); the runtime
+        stops it through its `Shelter` once it runs an operation, so that its ledger writes
+        need no task or shield of their own.
+        """
+        shelter = Shelter.enter()
+        try:
+            try:
+                started, execution = await self._admit_and_start(
+                    tool, arguments, session, tool_call_id
+                )
+            except asyncio.CancelledError:
+                admitting.cancel()
+                raise
+            except BaseException as exc:
+                admitting.set_exception(exc)
+                return
+            admitting.set_result(started)
+        finally:
+            self._tasks.discard(shelter.task)
+        if execution is None:
+            return
+        self._operations.own(shelter)
+        assert isinstance(started, Tracked)
+        with logger.contextualize(operation_id=started.operation_id):
+            await execution
+
     async def _admit_and_start(
         self,
         tool: str,
         arguments: Mapping[str, Any] | str,
         session: SessionState,
         tool_call_id: str | None,
-    ) -> _Started:
+    ) -> tuple[_Started, Coroutine[Any, Any, None] | None]:
         # Metrics and spans are per tool: a name the model made up is counted under one label,
         # never kept (one series per made-up name would grow without end).
         label = tool if tool in self._bindings else UNKNOWN_TOOL_LABEL
@@ -255,7 +298,7 @@ class Proposals:
             )
             scope.decided(admitted)
         if isinstance(admitted, Refusal):
-            return admitted.result
+            return admitted.result, None
         if isinstance(admitted, Joined):
             # Recorded so that an operator can tell a repeated request from a retry of ours;
             # in batches, off the caller's path (a burst of duplicates is one write or a few).
@@ -270,13 +313,14 @@ class Proposals:
             # Until this call is answered (`_joined`), its outcome is told there, in place.
             self._operations.begin_answer(session.session_id, admitted.operation.operation_id)
         if not isinstance(admitted, Admission):
-            return admitted
+            return admitted, None
         if tool_call_id:
             self._operations.note_call(tool_call_id, admitted.operation.operation_id)
-        tracked = self._runner.start(admitted, session)
+        tracked, execution = self._runner.prepare(admitted, session)
         if admitted.operation.status in AWAITING_PERSON_STATUSES:
-            return self._asking(self._render(admitted.operation), admitted.operation)
-        return tracked
+            # Nothing runs until a person answers (`prepare` returns no execution for it).
+            return self._asking(self._render(admitted.operation), admitted.operation), None
+        return tracked, execution
 
     async def _joined(self, joined: Joined, session: SessionState, *, wait: bool) -> dict[str, Any]:
         """The answer of a call admission joined to an operation: the operation's outcome.

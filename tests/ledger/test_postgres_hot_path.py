@@ -43,11 +43,11 @@ class Statements:
         assert fast is not None
         call = fast._call
 
-        async def counted(run: Any, **kwargs: Any) -> Any:
-            async def counting(conn: asyncpg.Connection) -> Any:
-                return await run(_Counting(conn, self.sent))
+        async def counted(method: Any, sql: str, params: Any, **kwargs: Any) -> Any:
+            async def counting(conn: asyncpg.Connection, *args: Any) -> Any:
+                return await getattr(_Counting(conn, self.sent), method.__name__)(*args)
 
-            return await call(counting, **kwargs)
+            return await call(counting, sql, params, **kwargs)
 
         fast._call = counted  # type: ignore[method-assign]
 
@@ -127,10 +127,9 @@ async def test_a_read_cancelled_mid_statement_never_hands_its_connection_to_the_
         op = (await ledger.admit(new_op("k1"))).operation
         used = fast._idle[-1]
 
-        async def slow(conn: asyncpg.Connection) -> Any:
-            return await conn.fetchval("SELECT pg_sleep(30)")
-
-        reading = asyncio.ensure_future(fast._call(slow, read=True))
+        reading = asyncio.ensure_future(
+            fast._call(asyncpg.Connection.fetchval, "SELECT pg_sleep(30)", (), read=True)
+        )
         watcher = await asyncpg.connect(pg_fresh_url)
         try:
 

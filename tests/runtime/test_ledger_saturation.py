@@ -296,10 +296,10 @@ class CheckedOut:
             fast = ledger._fast
             call = fast._call
 
-            async def counted(run: Any, **kwargs: Any) -> Any:
+            async def counted(*args: Any, **kwargs: Any) -> Any:
                 self._out()
                 try:
-                    return await call(run, **kwargs)
+                    return await call(*args, **kwargs)
                 finally:
                     self._in()
 
