@@ -3,6 +3,7 @@
     .venv/bin/python bench/work.py [--proposes N] [--warmup W] [--cpu-proposes N] [--rows R]
                                    [--latency-ops N] [--latency-rounds R] [--no-postgres]
                                    [--no-syscalls] [--no-cpu] [--no-stats] [--no-latency]
+                                   [--many S] [--many-processes 4,8] [--scale-rows N]
 
 ``make bench`` runs it. Each row of issue 34's table, for ``propose`` of a mutation whose effect
 returns at once (0 ms), measured now and beside its floor in the same run:
@@ -24,8 +25,17 @@ returns at once (0 ms), measured now and beside its floor in the same run:
 * **stats** at ``--rows`` operations (default ``$BENCH_ROWS`` or 100,000; issue 34's goal is at
   1,000,000: ``BENCH_ROWS=1000000 make bench``): seconds, beside one indexed aggregate.
 * **latency ratios** (durations, noisy on a shared machine): ``bench/postgres.py`` (propose
-  against agent-ledger's ``run()``, 50 callers) and ``bench/ledger.py`` (ledger writes against
-  raw aiosqlite), their own reports printed after the table.
+  against agent-ledger's ``run()``, 50 callers, each contender in a fresh process on a fresh
+  database: the table's "50 callers" row, goal >= 1.5x) and ``bench/ledger.py`` (ledger writes
+  against raw aiosqlite), their own reports printed after the table.
+* with ``--many S`` (``make bench BENCH_MANY=1``; ``$BENCH_MANY_SESSIONS``, default 200; issue
+  34's figure is 1,000): ``bench/many_processes.py``, S sessions of 5 chained calls over 4 and
+  then 8 processes on one PostgreSQL ledger against bare handlers in the same processes: a row
+  per process count (goal >= 0.8x bare, 0 errors, 0 unsettled), its report printed after.
+* with ``--scale-rows N`` (``make bench BENCH_SCALE_ROWS=10000000``): ``bench/ten_million.py``,
+  a PostgreSQL ledger of N operations beside the same one empty: propose p50 and buffers per
+  propose (goal: unchanged), ``stats`` (goal <= 2 s) and the slowest ``ledger list`` page
+  (goal <= 50 ms), its report (with the plans of what is over its goal) printed after.
 
 A part that cannot run here (no PostgreSQL server, no valgrind, no strace, agent-ledger not
 installed) prints its row as "not measured: ..." and the rest goes on. Figures, not pass/fail.
@@ -402,6 +412,61 @@ async def latency(args: argparse.Namespace, report: Report, pg: bool) -> None:
     report.latency.append(_printed(lambda: ledger_bench.report(results, options)))
 
 
+# --- many processes, and the ledger at 10M operations (when asked) ----------------------------
+
+
+async def many(args: argparse.Namespace, report: Report) -> None:
+    """Rows of ``bench/many_processes.py``: sessions over P processes against bare handlers."""
+    import many_processes
+
+    options = argparse.Namespace(
+        sessions=args.many, calls=5, rounds=args.many_rounds, processes=args.many_processes
+    )
+    results = await many_processes.measure(options)
+    report.latency.append(_printed(lambda: many_processes.report(results, options)))
+    load = os.getloadavg()[0]
+    for count, found in results.items():
+        ours, bare = found["chosen"]["template"], found["chosen"]["bare"]
+        report.figures[f"many {count}"] = found
+        errors = sum(found["errors"].values())
+        report.rows.append(
+            Row(f"{args.many} sessions x 5 calls, {count} processes, throughput / bare",
+                f"{ours['per_sec']:.0f} calls/s (p99 {ours['p99']:.0f} ms)",
+                f"bare {bare['per_sec']:.0f}", _x(ours["per_sec"], bare["per_sec"]),
+                f">= 0.8x; errors {errors}, unsettled {found['unsettled']} (goal 0)"
+                f" [load {load:.1f}]")
+        )  # fmt: skip
+
+
+async def scale(args: argparse.Namespace, report: Report) -> None:
+    """Rows of ``bench/ten_million.py``: a PostgreSQL ledger of N operations beside empty."""
+    import ten_million
+
+    options = argparse.Namespace(
+        rows=args.scale_rows, template=min(100_000, args.scale_rows), proposes=args.scale_proposes,
+        stats_times=3,
+    )  # fmt: skip
+    empty, full, built = await ten_million.measure(options)
+    report.latency.append(_printed(lambda: ten_million.report(empty, full, built, options)))
+    assert empty.admit is not None
+    assert full.admit is not None
+    report.figures["scale"] = {"empty": vars(empty), "full": vars(full), "built": built}
+    n = f"{args.scale_rows:,} operations, PostgreSQL"
+    hits = [
+        a.per_propose["blks_hit"] + a.per_propose["blks_read"] for a in (empty.admit, full.admit)
+    ]
+    slowest = max(full.pages_ms, key=full.pages_ms.__getitem__)
+    report.rows += [
+        Row(f"propose p50 at {n}", f"{full.admit.p50_ms:.2f} ms ({hits[1]:.0f} pages)",
+            f"empty {empty.admit.p50_ms:.2f} ms ({hits[0]:.0f} pages)",
+            _x(full.admit.p50_ms, empty.admit.p50_ms), "unchanged"),
+        Row(f"stats at {n}", f"{_duration(full.stats_secs)} (first {_duration(full.stats_first)})",
+            f"empty {_duration(empty.stats_secs)}", "-", "<= 2 s"),
+        Row(f"slowest ledger list page at {n}", f"{full.pages_ms[slowest]:.1f} ms ({slowest})",
+            f"empty {empty.pages_ms[slowest]:.1f} ms", "-", "<= 50 ms"),
+    ]  # fmt: skip
+
+
 def _printed(call: Callable[[], None]) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -475,6 +540,14 @@ async def measure(args: argparse.Namespace) -> Report:
                 report.skip("stats, PostgreSQL", no_pg)
     if not args.no_latency:
         await part("latency ratios", lambda: latency(args, report, no_pg is None))
+    for asked, what, run in (
+        (args.many, "many processes", lambda: many(args, report)),
+        (args.scale_rows, "ledger at scale", lambda: scale(args, report)),
+    ):
+        if asked and no_pg is not None:
+            report.skip(what, no_pg)
+        elif asked:
+            await part(what, run)
     gc.collect()  # tasks whose exception nobody retrieved say so when collected
     for message, times in unretrieved.items():
         report.where.append(f"asyncio reported {times} time(s): {message}")
@@ -520,6 +593,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-cpu", action="store_true")
     parser.add_argument("--no-stats", action="store_true")
     parser.add_argument("--no-latency", action="store_true")
+    many_default = (
+        int(os.environ.get("BENCH_MANY_SESSIONS", 200)) if os.environ.get("BENCH_MANY") else 0
+    )
+    parser.add_argument(
+        "--many",
+        type=int,
+        default=many_default,
+        metavar="SESSIONS",
+        help="bench/many_processes.py with SESSIONS sessions (0: not run)",
+    )
+    parser.add_argument(
+        "--many-processes", type=lambda s: [int(p) for p in s.split(",")], default=[4, 8]
+    )
+    parser.add_argument("--many-rounds", type=int, default=3)
+    parser.add_argument(
+        "--scale-rows",
+        type=int,
+        default=int(os.environ.get("BENCH_SCALE_ROWS", 0)),
+        help="bench/ten_million.py at this many operations (0: not run)",
+    )
+    parser.add_argument("--scale-proposes", type=int, default=200)
     return parser.parse_args(argv)
 
 

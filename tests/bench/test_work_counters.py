@@ -172,3 +172,33 @@ async def test_the_work_report_has_every_row_at_tiny_sizes(
     printed = capsys.readouterr().out
     assert "where the work goes" in printed
     assert "SqliteWriter" in printed or "tasks (coroutine, created at)" in printed
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(SKIP_PG, reason="no PostgreSQL server")
+async def test_many_processes_and_the_ledger_at_scale_are_rows_of_the_table_when_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    options = ["--proposes", str(PROPOSES), "--warmup", str(WARMUP), "--no-cpu", "--no-stats"]
+    options += ["--no-latency", "--no-syscalls", "--many", "2", "--many-processes", "1"]
+    options += ["--many-rounds", "1", "--scale-rows", "60", "--scale-proposes", "2"]
+    args = work.parse_args(options)
+
+    report = await work.measure(args)
+    work.print_report(report, args)
+
+    rows = {r.what: r for r in report.rows}
+    many = rows["2 sessions x 5 calls, 1 processes, throughput / bare"]
+    assert many.goal.startswith(">= 0.8x; errors 0, unsettled 0")
+    assert report.figures["many 1"]["operations"] == 2 * 5  # every call made one operation
+    scale = rows["stats at 60 operations, PostgreSQL"]
+    assert scale.goal == "<= 2 s"
+    assert "propose p50 at 60 operations, PostgreSQL" in rows
+    assert "slowest ledger list page at 60 operations, PostgreSQL" in rows
+    full = report.figures["scale"]["full"]
+    # 60 built, and the 4 x 2 proposes of each of the two measurements (empty, then full)
+    assert full["operations"] == 60 + 16
+    assert full["admit"].per_propose["tup_inserted"] > 0  # the server counted their rows
+    printed = capsys.readouterr().out
+    assert "1 processes: template" in printed
+    assert "beside the same database empty" in printed
