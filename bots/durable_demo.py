@@ -41,6 +41,8 @@ from loguru import logger
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":
+    logger.remove()  # before Pipecat is imported: its banner is no line of this demo's
 
 from bots.demo import DATE, Story  # noqa: E402
 from bots.restaurant_api import RESTAURANT, RestaurantAPI, build_actions  # noqa: E402
