@@ -5,11 +5,12 @@
 Every index is a page more for SQLite to write when a row is inserted, and when a change moves
 its entry (issue 34: WAL frames per ``propose``); migration 0007 dropped the two that no
 query read, and 0009 made ``ix_pa_operations_undelivered`` a partial index of the rows its one
-query reads (committed, owed, never told). This builds a ledger of ``--rows`` operations (``operator_queries``' mix, default
-20,000) on each backend, runs each query the product makes through the ledger itself, records
-the SQL it sent, and prints the database's own plan of it (SQLite ``EXPLAIN QUERY PLAN``,
-PostgreSQL ``EXPLAIN``) under the index it is there for. A query whose plan names no index of
-its own is marked ``!``. ``make bench`` runs it after ``bench/work.py``.
+query reads (committed, owed, never told). This builds a ledger of ``--rows`` operations
+(``operator_queries``' mix, default 20,000) on each backend, runs each query the product
+makes through the ledger itself, records the SQL it sent, and prints the database's own plan
+of it (SQLite ``EXPLAIN QUERY PLAN``, PostgreSQL ``EXPLAIN``) under the index it is there for.
+A query whose plan names no index of its own is marked ``!``. ``make bench`` runs it after
+``bench/work.py``.
 
 The hot path's one-statement reads on PostgreSQL (``get``, ``find_by_key``) go to asyncpg,
 not SQLAlchemy: their SQL is `_postgres`' own and explained the same way.

@@ -17,7 +17,13 @@ from pipecat_actions.cli import main
 from pipecat_actions.ledger import OperationFilter, SqlLedger, migrate
 from pipecat_actions.ledger.engine import normalize_url
 from pipecat_actions.ledger.records import OWED_KIND
-from pipecat_actions.ledger.schema import UNDELIVERED_INDEX, UNDELIVERED_WHERE, events, operations
+from pipecat_actions.ledger.schema import (
+    STATS_COLUMNS,
+    UNDELIVERED_INDEX,
+    UNDELIVERED_WHERE,
+    events,
+    operations,
+)
 from pipecat_actions.status import ActionStatus
 from tests.conftest import BACKENDS
 from tests.ledger._support import record_selects, sqlite_plans
@@ -48,16 +54,18 @@ async def _alembic(url: str, verb: str, revision: str) -> None:
         await engine.dispose()
 
 
-async def _read(url: str) -> tuple[list[Any], list[Any], list[str]]:
-    """Every operation row and event row, in order, and the undelivered index's columns."""
+async def _read(url: str) -> tuple[list[Any], list[Any], dict[str, list[str]]]:
+    """Every operation row and event row, in order, and the columns of the indexes 0009 makes."""
 
-    def read(conn: Connection) -> tuple[list[Any], list[Any], list[str]]:
+    def read(conn: Connection) -> tuple[list[Any], list[Any], dict[str, list[str]]]:
         ops = conn.execute(select(operations).order_by(operations.c.operation_id)).all()
         trail = conn.execute(select(events).order_by(events.c.operation_id, events.c.seq)).all()
-        index = next(
-            i for i in inspect(conn).get_indexes("pa_operations") if i["name"] == UNDELIVERED_INDEX
-        )
-        return ops, trail, list(index["column_names"])
+        indexes = {
+            str(i["name"]): [str(c) for c in i["column_names"]]
+            for i in inspect(conn).get_indexes("pa_operations")
+            if i["name"] in (UNDELIVERED_INDEX, "ix_pa_operations_stats")
+        }
+        return ops, trail, indexes
 
     engine = create_async_engine(normalize_url(url))
     try:
@@ -92,7 +100,15 @@ async def test_a_0008_ledger_with_rows_and_events_upgrades_losing_nothing(
             row["status"] = S.FAILED_FINAL.value if i % 8 == 3 else S.RUNNING.value
     await _bulk_insert(url, ops, trail)
     before_ops, before_trail, old_columns = await _read(url)
-    assert old_columns == ["status", "delivered_at", "kind", "created_at", "operation_id"]
+    assert old_columns[UNDELIVERED_INDEX] == [
+        "status",
+        "delivered_at",
+        "kind",
+        "created_at",
+        "operation_id",
+    ]
+    sqlite = url.startswith("sqlite")
+    assert ("ix_pa_operations_stats" in old_columns) is sqlite  # on SQLite only
 
     assert await asyncio.to_thread(main, ["db", "upgrade", "--ledger", url]) == 0
     assert "from 0008 to 0009" in capsys.readouterr().out
@@ -100,11 +116,18 @@ async def test_a_0008_ledger_with_rows_and_events_upgrades_losing_nothing(
     after_ops, after_trail, columns = await _read(url)
     assert (after_ops, after_trail) == (before_ops, before_trail)
     assert len(after_trail) == len(trail) == 3 * 60
-    assert columns == ["created_at", "operation_id"]
+    assert columns[UNDELIVERED_INDEX] == ["created_at", "operation_id"]
+    if sqlite:
+        assert columns["ix_pa_operations_stats"] == list(STATS_COLUMNS)
+        assert columns["ix_pa_operations_stats"] != old_columns["ix_pa_operations_stats"]
+        # The same columns, the operation's place moved up to follow what is grouped by.
+        assert sorted(columns["ix_pa_operations_stats"]) == sorted(
+            old_columns["ix_pa_operations_stats"]
+        )
 
     owed = sorted(r["operation_id"] for i, r in enumerate(ops) if i % 4 == 0)
     ledger = await SqlLedger.create(url)
-    issued = record_selects(ledger) if url.startswith("sqlite") else []
+    issued = record_selects(ledger) if sqlite else []
     try:
         undelivered = OperationFilter(status=[S.COMMITTED], undelivered=True, limit=10)
         first = await ledger.list(undelivered)
@@ -128,7 +151,7 @@ async def test_a_0008_ledger_with_rows_and_events_upgrades_losing_nothing(
         assert [e.to_status for e in trail_of][-1] is S.COMMITTED
     finally:
         await ledger.close()
-    if url.startswith("sqlite"):
+    if sqlite:
         plans = sqlite_plans(url.removeprefix("sqlite:///"), issued[:2])
         assert all(f"USING INDEX {UNDELIVERED_INDEX}" in p for p in plans), plans
 
