@@ -78,7 +78,7 @@ STATS_GOAL_SECS = 2.0
 PAGE_GOAL_MS = 50.0
 PAGE = 201
 BYTES_PER_OPERATION = 1600
-"""Disk per operation with its events and indexes, as measured at 1M (for the disk check)."""
+"""Disk per operation with its events and indexes (15 GB at 10M; for the disk check)."""
 TIMES = (
     "key_expires_at", "deadline_at", "lease_expires_at", "escalated_at", "created_at",
     "updated_at", "admitted_at", "started_at", "sent_at", "committed_at", "finished_at",
