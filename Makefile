@@ -88,8 +88,11 @@ bot: $(STAMP)
 # BENCH_ROWS=1000000 for issue 34's figure), then the latency ratios of bench/postgres.py and
 # bench/ledger.py. BENCH_ARGS passes more options to bench/work.py (--help lists them).
 # Then the query plan of each query that reads a kept index of pa_operations (bench/index_plans.py).
-# BENCH_MANY=1 adds bench/many_processes.py (sessions over 4 and 8 processes on one PostgreSQL
-# ledger, a few minutes; BENCH_MANY_ARGS="--sessions 1000" for issue 34's figure).
+# BENCH_MANY=1 adds rows of bench/many_processes.py to the table (sessions over 4 and 8 processes
+# on one PostgreSQL ledger against bare handlers, a few minutes; BENCH_MANY_SESSIONS=1000 for
+# issue 34's figure, default 200). BENCH_SCALE_ROWS=10000000 adds rows of bench/ten_million.py
+# (a PostgreSQL ledger of that many operations beside the same one empty: about 15 GB of disk
+# and 15 minutes at 10M, the database dropped after).
 # agent-ledger (the `bench` extra) is installed for the comparison; without it that row says so.
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): pyproject.toml | $(STAMP)
@@ -97,9 +100,10 @@ $(BENCH_STAMP): pyproject.toml | $(STAMP)
 	  echo "could not install the bench extra: the agent-ledger rows will say not measured"
 
 bench: $(STAMP) $(BENCH_STAMP)
-	$(BIN)/python bench/work.py $(if $(BENCH_ROWS),--rows $(BENCH_ROWS)) $(BENCH_ARGS)
+	$(BIN)/python bench/work.py $(if $(BENCH_ROWS),--rows $(BENCH_ROWS)) \
+	  $(if $(BENCH_MANY),--many $(or $(BENCH_MANY_SESSIONS),200)) \
+	  $(if $(BENCH_SCALE_ROWS),--scale-rows $(BENCH_SCALE_ROWS)) $(BENCH_ARGS)
 	$(BIN)/python bench/index_plans.py
-	$(if $(BENCH_MANY),$(BIN)/python bench/many_processes.py $(BENCH_MANY_ARGS))
 
 clean:
 	rm -rf $(VENV) .pipecat_actions .mypy_cache .ruff_cache .pytest_cache site

@@ -26,7 +26,8 @@ operations not in a terminal status (must be 0), and operations written against 
 
 Issue 34's goal: 1,000 sessions of 5 calls over 4 processes, template >= 0.8x bare throughput,
 0 errors, 0 unsettled (``--sessions 1000``). The default of 200 sessions finishes in a few
-minutes on a small shared machine; ``make bench BENCH_MANY=1`` runs it after bench/work.py.
+minutes on a small shared machine; ``make bench BENCH_MANY=1`` runs it from bench/work.py, as
+rows of its table (``BENCH_MANY_SESSIONS=1000`` for issue 34's figure).
 """
 
 from __future__ import annotations

@@ -21,6 +21,11 @@ empty ledger and then again once it holds ``--rows`` operations (default 10,000,
   a rare one), principal, conflicts and ``undelivered``; the median of 5 reads after one.
   Goal <= 50 ms each.
 
+* **recovery**: how many operations there are in a status a runtime's recovery claims (not
+  terminal: the UNKNOWN ones of the mix), and the seconds of one ``claim_stale`` batch of 50 as
+  recovery sends it, leaving out no operation and then 5,000 (the measured runtimes open with
+  ``recover=False``: the admit path alone).
+
 A query over its goal has its plan printed (``EXPLAIN (ANALYZE, BUFFERS)`` of each statement
 the ledger sent for it, recorded as ``bench/index_plans.py`` records them).
 
@@ -57,21 +62,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncpg
 from _measure import PG_ADMIN_URL, drop_pg, fresh_pg
-from _per_propose import open_runtime, propose
+from _per_propose import POLICY, booking_action, propose
 from index_plans import _recorder
 from loguru import logger
 from operator_queries import SPAN_SECS, START, _operation_rows
 
+from pipecat_actions import ActionRuntime, AllowAll
 from pipecat_actions.ledger import OperationFilter, SqlLedger
 from pipecat_actions.ledger._trail import Mark
-from pipecat_actions.status import ActionStatus
+from pipecat_actions.policy import load_policy_text
+from pipecat_actions.status import TERMINAL_STATUSES, ActionStatus
 
 S = ActionStatus
 STATS_GOAL_SECS = 2.0
 PAGE_GOAL_MS = 50.0
 PAGE = 201
 BYTES_PER_OPERATION = 1600
-"""Disk per operation with its events and indexes, as measured at 1M (for the disk check)."""
+"""Disk per operation with its events and indexes (15 GB at 10M; for the disk check)."""
 TIMES = (
     "key_expires_at", "deadline_at", "lease_expires_at", "escalated_at", "created_at",
     "updated_at", "admitted_at", "started_at", "sent_at", "committed_at", "finished_at",
@@ -100,6 +107,9 @@ class State:
     stats_secs: float = 0.0
     pages_ms: dict[str, float] = field(default_factory=dict)
     plans: list[str] = field(default_factory=list)
+    recovery_secs: dict[str, float] = field(default_factory=dict)
+    stale: int = 0
+    """Operations in a status that recovery claims (not terminal)."""
 
 
 # --- admit ----------------------------------------------------------------------------------
@@ -129,7 +139,15 @@ async def _propose_run(
 ) -> tuple[list[float], dict[str, int]]:
     """Proposes number ``first`` to ``first + count - 1`` (new arguments each: none joins)."""
     before = await _server_counters(admin, name)
-    runtime = await open_runtime(url)
+    # recover=False: the admit path alone. With it, a runtime opened on the built ledger first
+    # claims every UNKNOWN operation there (2 % of them; see `measure_recovery`).
+    runtime = await ActionRuntime.create(
+        load_policy_text(POLICY),
+        authorizer=AllowAll(),
+        actions=[booking_action()],
+        ledger_url=url,
+        recover=False,
+    )
     latencies = []
     try:
         for i in range(first, first + count):
@@ -156,6 +174,23 @@ async def measure_admit(url: str, name: str, proposes: int, first: int) -> Admit
         p99_ms=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
         per_propose={k: (twice[k] - once[k]) / proposes for k in COUNTERS},
     )
+
+
+async def measure_recovery(url: str) -> dict[str, float]:
+    """Seconds of one `claim_stale` batch (50) as a runtime's recovery makes it, when it leaves
+    out no operation and when it leaves out 5,000 (the operations of tools it does not serve,
+    already claimed and let go, grow that list batch by batch)."""
+    ledger = await SqlLedger.create(url)
+    try:
+        secs = {}
+        for left in (0, 5_000):
+            leave = [f"op_not_here_{n}" for n in range(left)]
+            started = time.perf_counter()
+            await ledger.claim_stale("bench-recovery", lease_secs=30, limit=50, except_ids=leave)
+            secs[f"claim_stale, 50, leaving out {left:,}"] = time.perf_counter() - started
+        return secs
+    finally:
+        await ledger.close()
 
 
 # --- reads ----------------------------------------------------------------------------------
@@ -388,14 +423,17 @@ async def build(url: str, rows: int, template: int) -> tuple[int, str]:
                 done = (j + 1) * template
                 print(f"  {done:,} operations in {time.perf_counter() - started:.0f} s", flush=True)
         await conn.execute("DROP TABLE stage_ops; DROP TABLE stage_events")
+        print(f"  rows in: {time.perf_counter() - started:.0f} s; indexes...", flush=True)
         for table, name, definition in constraints:
             await conn.execute(f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {definition}')
         for definition in indexes:
             await conn.execute(definition)
         if await _definitions(conn) != (constraints, indexes):
             raise RuntimeError("the indexes and constraints made again differ from the schema's")
+        print(f"  indexes made: {time.perf_counter() - started:.0f} s; vacuum...", flush=True)
         await conn.execute("VACUUM ANALYZE pa_operations")
         await conn.execute("VACUUM ANALYZE pa_operation_events")
+        print(f"  vacuumed: {time.perf_counter() - started:.0f} s", flush=True)
         events = await conn.fetchval("SELECT count(*) FROM pa_operation_events")
         size = await conn.fetchval("SELECT pg_size_pretty(pg_database_size(current_database()))")
     finally:
@@ -440,6 +478,15 @@ async def measure(args: argparse.Namespace) -> tuple[State, State, dict[str, Any
         full.admit = await measure_admit(url, name, args.proposes, 4 * args.proposes)
         full.operations += args.proposes * 4
         await measure_reads(url, full, args.rows, args.stats_times)
+        conn = await asyncpg.connect(url)
+        try:
+            full.stale = await conn.fetchval(
+                "SELECT count(*) FROM pa_operations WHERE status = ANY($1::text[])",
+                [s.value for s in S if s not in TERMINAL_STATUSES],
+            )
+        finally:
+            await conn.close()
+        full.recovery_secs = await measure_recovery(url)
     finally:
         await drop_pg(name)
     return empty, full, built
@@ -469,6 +516,9 @@ def report(empty: State, full: State, built: dict[str, Any], args: argparse.Name
     for what, ms in full.pages_ms.items():
         mark = "" if ms <= PAGE_GOAL_MS else "  OVER"
         line(f"list: {what}", empty.pages_ms[what], ms, "ms", f"<= {PAGE_GOAL_MS:.0f} ms{mark}")
+    print(f"\nrecovery at full size: {full.stale:,} operations not terminal (claimable)")
+    for what, secs in full.recovery_secs.items():
+        print(f"  {what:<38}{secs * 1000:10.1f} ms")
     if full.plans:
         print("\nplans of what is over its goal at full size")
         print("\n".join(full.plans))
