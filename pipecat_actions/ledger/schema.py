@@ -143,7 +143,9 @@ operations = Table(
         "created_at",
         "operation_id",
         sqlite_where=text(UNDELIVERED_WHERE),
-        postgresql_where=text(UNDELIVERED_WHERE),
+        # PostgreSQL's copy has the same condition (migration 0009 creates it). Naming it here
+        # (`postgresql_where`) would make SQLAlchemy import its PostgreSQL dialect in every
+        # process that imports the schema, SQLite commands included (tests/test_cli_startup).
     ),
     # Everything `stats` reads of an operation, grouped as it groups them: on SQLite its one
     # pass is a scan of this index in order, with no sort and no read of the table (without
