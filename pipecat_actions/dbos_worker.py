@@ -39,7 +39,7 @@ from pipecat_actions.durable._names import DECISION_TOPIC, DEFAULT_QUEUE, WORKFL
 from pipecat_actions.durable.handoff import psycopg_url
 from pipecat_actions.errors import ConfigurationError, LedgerError
 from pipecat_actions.ledger import Operation, SqlLedger
-from pipecat_actions.ledger.engine import default_ledger_url
+from pipecat_actions.ledger.engine import LedgerSettings, default_ledger_url
 from pipecat_actions.operator import OperatorApp
 from pipecat_actions.policy import PolicySet, load_policy
 from pipecat_actions.runtime import ActionRuntime
@@ -118,18 +118,21 @@ def _register() -> None:
         _workflow = DBOS.workflow(name=WORKFLOW_NAME)(run_operation)
 
 
-def _launch(url: str, executor_id: str, policy: PolicySet, polling_secs: float) -> None:
-    from dbos import DBOS
+def _launch(
+    url: str, executor_id: str, policy: PolicySet, polling_secs: float, pool_size: int | None
+) -> None:
+    from dbos import DBOS, DBOSConfig
 
-    DBOS(
-        config={
-            "name": "pipecat_actions",
-            "system_database_url": psycopg_url(url),
-            "executor_id": executor_id,
-            "application_version": APPLICATION_VERSION,
-            "log_level": os.environ.get("PIPECAT_ACTIONS_DBOS_LOG_LEVEL", "WARNING"),
-        }
-    )
+    config: DBOSConfig = {
+        "name": "pipecat_actions",
+        "system_database_url": psycopg_url(url),
+        "executor_id": executor_id,
+        "application_version": APPLICATION_VERSION,
+        "log_level": os.environ.get("PIPECAT_ACTIONS_DBOS_LOG_LEVEL", "WARNING"),
+    }
+    if pool_size is not None:
+        config["sys_db_pool_size"] = pool_size
+    DBOS(config=config)
     DBOS.launch()
     DBOS.register_queue(
         DEFAULT_QUEUE, polling_interval_sec=polling_secs, on_conflict="always_update"
@@ -167,6 +170,7 @@ async def run_dbos_worker(
     out: TextIO,
     executor_id: str | None = None,
     polling_secs: float = 1.0,
+    pool_size: int | None = None,
     as_json: bool = False,
     clock: Clock | None = None,
 ) -> int:
@@ -179,6 +183,8 @@ async def run_dbos_worker(
         out: Where each finished operation is told (one line, or JSON lines).
         executor_id: Its DBOS executor id (default ``DBOS__VMID``, else host and pid).
         polling_secs: How often each queue is polled for work.
+        pool_size: The most connections each of its pools opens: the ledger's (default 5)
+            and DBOS's system database's (default DBOS's, 20).
         as_json: JSON lines instead of text.
         clock: The runtime's time source (tests).
 
@@ -200,7 +206,12 @@ async def run_dbos_worker(
     )
     policy = app.policy if isinstance(app.policy, PolicySet) else load_policy(Path(app.policy))
     clock = clock or SystemClock()
-    ledger = await SqlLedger.create(url, clock=clock, must_exist=True)
+    settings = (
+        LedgerSettings()
+        if pool_size is None
+        else LedgerSettings(pool_size=pool_size, max_overflow=0)
+    )
+    ledger = await SqlLedger.create(url, clock=clock, must_exist=True, settings=settings)
     try:
         runtime = await ActionRuntime.create(
             policy,
@@ -236,7 +247,7 @@ async def run_dbos_worker(
 
             _host = _Host(runtime, loop, say)
             _register()
-            await asyncio.to_thread(_launch, url, executor, policy, polling_secs)
+            await asyncio.to_thread(_launch, url, executor, policy, polling_secs, pool_size)
             try:
                 if as_json:
                     print(json.dumps({"event": "started", "executor_id": executor}), file=out)
