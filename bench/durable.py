@@ -55,6 +55,10 @@ POLLING_SECS = 0.1
 WORKER_CONCURRENCY = 8
 """``worker_concurrency`` of the durable tool in ``_durable_app`` (operations in flight)."""
 
+POOL_SIZE = 6
+"""Each worker's ``--pool-size`` (ledger and DBOS): 4 workers stay well under the server's
+100 connections (DBOS's default pool alone is 20 a worker)."""
+
 PG_ADMIN_URL = os.environ.get(
     "PIPECAT_ACTIONS_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
@@ -138,9 +142,10 @@ async def _drain(
 ) -> tuple[float, float, float]:
     """Operations per second, and CPU seconds per operation of the workers and of PostgreSQL.
 
-    CPU is counted from the moment every worker is ready (its imports and start are not the
-    operations' cost) to the last outcome; PostgreSQL's is its backends' on this database
-    (sessions that end meanwhile are not counted: the pools keep theirs open).
+    Both are counted from the moment every worker is ready (their imports and start are not
+    the operations' cost) to the last outcome, over the outcomes written meanwhile;
+    PostgreSQL's CPU is its backends' on this database (sessions that end meanwhile are not
+    counted: the pools keep theirs open).
     """
     env = dict(
         os.environ,
@@ -154,26 +159,32 @@ async def _drain(
             sys.executable, "-m", "pipecat_actions.cli", "worker", "--dbos",
             "--app", "_durable_app:app", "--ledger", url,
             "--executor-id", f"bench-{workers}-{n}", "--polling-secs", str(POLLING_SECS),
+            "--pool-size", str(POOL_SIZE),
         ]  # fmt: skip
         with out.open("wb") as log:
             procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
     conn = await asyncpg.connect(url)
     try:
-        cpu_start: dict[int, float] = {}
-        while len(cpu_start) < workers:  # each worker's CPU from when it is ready
+        started: set[int] = set()
+        while len(started) < workers:  # until every worker is ready
             for proc, out in zip(procs, outs, strict=True):
-                if proc.pid not in cpu_start and b"runs durable" in out.read_bytes():
-                    cpu_start[proc.pid] = _cpu_secs(proc.pid)
+                if b"runs durable" in out.read_bytes():
+                    started.add(proc.pid)
                 if proc.poll() is not None:
                     raise SystemExit(f"a worker exited: {out.read_text()[-2000:]}")
             await asyncio.sleep(0.01)
+        cpu_start = {p.pid: _cpu_secs(p.pid) for p in procs}
         pg_start = await _backends(conn)
-        while True:  # the first start to the last outcome, read from the ledger's own times
+        # Workers start one after the other (seconds apart on a busy machine): the rate is
+        # counted from when the last one is ready, over the outcomes written since.
+        ready = time.time()
+        while True:
             row = await conn.fetchrow(
                 "SELECT count(*) FILTER (WHERE finished_at IS NOT NULL) AS done, "
-                "min(started_at) AS first, max(finished_at) AS last "
+                "count(*) FILTER (WHERE finished_at > $2) AS since, max(finished_at) AS last "
                 "FROM pa_operations WHERE operation_id = ANY($1::text[])",
                 ids,
+                ready,
             )
             if row["done"] == len(ids):
                 break
@@ -186,7 +197,7 @@ async def _drain(
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             proc.wait()
-    return len(ids) / (row["last"] - row["first"]), worker_cpu / len(ids), pg_cpu / len(ids)
+    return row["since"] / (row["last"] - ready), worker_cpu / row["since"], pg_cpu / row["since"]
 
 
 async def _workers(url: str, queued: int, effect_secs: float, logs: Path) -> None:
@@ -199,7 +210,8 @@ async def _workers(url: str, queued: int, effect_secs: float, logs: Path) -> Non
     print(
         f"workers   regime: each worker {WORKER_CONCURRENCY} operations in flight "
         f"(worker_concurrency), {effect_secs * 1000:.0f} ms each at the provider, polled every "
-        f"{POLLING_SECS} s: at most {min(in_flight, polled):.0f} operations/s per worker; "
+        f"{POLLING_SECS} s, --pool-size {POOL_SIZE}: at most {min(in_flight, polled):.0f} "
+        "operations/s per worker; "
         f"{cores} cores shared by the workers and PostgreSQL"
     )
     rates = {}
@@ -215,6 +227,8 @@ async def _workers(url: str, queued: int, effect_secs: float, logs: Path) -> Non
             f"{pg_cpu * 1000:.2f} ms; {busy:.2f} of {cores} cores busy with them"
         )
     print(f"workers   4 : 1 = {rates[4] / rates[1]:.2f}x (goal >= 3x)")
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    print(f"workers   load average at the end: {' '.join(load)} (other work on the cores)")
 
 
 async def main() -> None:

@@ -53,6 +53,9 @@ _WAITS = frozenset({ActionStatus.AWAITING_APPROVAL.value, ActionStatus.AWAITING_
 _AGAIN = frozenset({ActionStatus.ADMITTED.value, ActionStatus.FAILED_RETRYABLE.value})
 """Statuses a step can leave when a decision raced its expiry: the step runs again."""
 
+IDLE_QUEUE_POLL_SECS = 10.0
+"""How often the shared queue is polled when no durable tool of the policy runs on it."""
+
 APPLICATION_VERSION = "pipecat_actions.durable/1"
 """The DBOS application version of every worker: a worker of a newer build recovers the
 workflows of an older one (the workflow is one step whose meaning the ledger carries)."""
@@ -134,12 +137,18 @@ def _launch(
         config["sys_db_pool_size"] = pool_size
     DBOS(config=config)
     DBOS.launch()
+    tools = [(name, policy[name]) for name in policy.names() if policy[name].is_durable]
+    # The shared queue is polled as often as the tools' own queues only when a tool runs on
+    # it; otherwise seldom, for what an earlier policy left there (each poll is a few
+    # queries on every worker, whether or not there is work).
+    shared = any(tool.durable is None for _, tool in tools)
     DBOS.register_queue(
-        DEFAULT_QUEUE, polling_interval_sec=polling_secs, on_conflict="always_update"
+        DEFAULT_QUEUE,
+        polling_interval_sec=polling_secs if shared else max(polling_secs, IDLE_QUEUE_POLL_SECS),
+        on_conflict="always_update",
     )
-    for name in policy.names():
-        tool = policy[name]
-        if not tool.is_durable or tool.durable is None:
+    for name, tool in tools:
+        if tool.durable is None:
             continue
         limits = tool.durable
         DBOS.register_queue(
