@@ -179,10 +179,12 @@ async def _drain(
         # counted from when the last one is ready, over the outcomes written since.
         ready = time.time()
         while True:
+            # Every durable outcome since counts (the hand-off's own are queued too).
             row = await conn.fetchrow(
-                "SELECT count(*) FILTER (WHERE finished_at IS NOT NULL) AS done, "
+                "SELECT count(*) FILTER (WHERE operation_id = ANY($1::text[]) "
+                "AND finished_at IS NOT NULL) AS done, "
                 "count(*) FILTER (WHERE finished_at > $2) AS since, max(finished_at) AS last "
-                "FROM pa_operations WHERE operation_id = ANY($1::text[])",
+                "FROM pa_operations WHERE tool = 'pay_durably'",
                 ids,
                 ready,
             )
