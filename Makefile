@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-stress lint imports typecheck pytest bench demo docs clean
+.PHONY: install test test-stress test-durable-kills lint imports typecheck pytest bench demo docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,15 @@ docs: $(STAMP)
 STRESS_ARGS ?= --rounds 3
 test-stress: $(STAMP)
 	$(BIN)/python -m tests.stress $(STRESS_ARGS)
+
+# Issue 33's full kill test: 3 DBOS workers, 200 durable operations, 20 SIGKILLs at points of
+# a step drawn at random (make test runs the same test at 60:6, each point once). A minute or
+# more. DURABLE_KILLS=OPERATIONS:KILLS changes the scale, DURABLE_KILL_SEED=N replays a run.
+DURABLE_KILLS ?= 200:20
+test-durable-kills: $(STAMP)
+	PIPECAT_ACTIONS_DURABLE_KILLS=$(DURABLE_KILLS) \
+	  PIPECAT_ACTIONS_DURABLE_KILL_SEED=$(DURABLE_KILL_SEED) \
+	  $(BIN)/python -m pytest -p no:randomly -q tests/durable/test_kills.py
 
 # make demo REALTIME=openai (or gemini): the story on a real speech-to-speech service against
 # a fake provider on 127.0.0.1, offline. make demo FLOW=1: the reservation as a Pipecat Flows

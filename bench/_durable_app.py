@@ -1,6 +1,6 @@
 """The application of bench/durable.py: one in-call tool and one durable tool, same effect.
 
-The effect is the provider's latency (``BENCH_EFFECT_SECS``, real seconds, default 0.02): what
+The effect is the provider's latency (``BENCH_EFFECT_SECS``, real seconds, default 0.2): what
 a worker waits on, so that workers add throughput the way they would against a real API.
 """
 
@@ -31,7 +31,7 @@ tools:
 
 
 async def _effect(ctx: ActionContext) -> dict[str, Any]:
-    await asyncio.sleep(float(os.environ.get("BENCH_EFFECT_SECS", "0.02")))
+    await asyncio.sleep(float(os.environ.get("BENCH_EFFECT_SECS", "0.2")))
     return {"paid": ctx.operation_id}
 
 

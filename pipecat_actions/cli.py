@@ -341,6 +341,14 @@ def _build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="with --dbos: how often each DBOS queue is polled for work (default 1)",
     )
+    worker.add_argument(
+        "--pool-size",
+        type=int,
+        default=None,
+        help="with --dbos: the most PostgreSQL connections each of its pools opens, the "
+        "ledger's and DBOS's (default: 5 and 20); see docs/durable.md for the sum to keep under "
+        "the server's max_connections",
+    )
     worker.add_argument("--owner", default=None, help="its name in leases")
     worker.add_argument(
         "--lease-secs", type=float, default=30.0, help="its lease (default 30; claims every third)"
@@ -670,6 +678,8 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
                 raise ConfigurationError("--polling-secs must be a positive number of seconds")
             if args.once:
                 raise ConfigurationError("--once is not for --dbos: DBOS hands a worker its work")
+            if args.pool_size is not None and args.pool_size < 1:
+                raise ConfigurationError("--pool-size must be at least 1")
             from pipecat_actions.dbos_worker import run_dbos_worker
 
             return await run_dbos_worker(
@@ -679,8 +689,11 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
                 out=out,
                 executor_id=args.executor_id,
                 polling_secs=args.polling_secs,
+                pool_size=args.pool_size,
                 as_json=args.json,
             )
+        if args.pool_size is not None:
+            raise ConfigurationError("--pool-size is for --dbos")
         return await run_worker(
             app,
             ledger_url=args.ledger,

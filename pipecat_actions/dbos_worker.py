@@ -40,7 +40,7 @@ from pipecat_actions.durable._names import DECISION_TOPIC, DEFAULT_QUEUE, WORKFL
 from pipecat_actions.durable.handoff import psycopg_url
 from pipecat_actions.errors import ConfigurationError, LedgerError
 from pipecat_actions.ledger import Ledger, Operation, SqlLedger
-from pipecat_actions.ledger.engine import default_ledger_url
+from pipecat_actions.ledger.engine import LedgerSettings, default_ledger_url
 from pipecat_actions.ledger.keys import LedgerKeys
 from pipecat_actions.operator import OperatorApp
 from pipecat_actions.policy import PolicySet, load_policy
@@ -54,6 +54,9 @@ the ledger again (a decision recorded where no DBOS client sends one, e.g. the c
 _WAITS = frozenset({ActionStatus.AWAITING_APPROVAL.value, ActionStatus.AWAITING_CONFIRMATION.value})
 _AGAIN = frozenset({ActionStatus.ADMITTED.value, ActionStatus.FAILED_RETRYABLE.value})
 """Statuses a step can leave when a decision raced its expiry: the step runs again."""
+
+IDLE_QUEUE_POLL_SECS = 10.0
+"""How often the shared queue is polled when no durable tool of the policy runs on it."""
 
 APPLICATION_VERSION = "pipecat_actions.durable/1"
 """The DBOS application version of every worker: a worker of a newer build recovers the
@@ -120,25 +123,34 @@ def _register() -> None:
         _workflow = DBOS.workflow(name=WORKFLOW_NAME)(run_operation)
 
 
-def _launch(url: str, executor_id: str, policy: PolicySet, polling_secs: float) -> None:
-    from dbos import DBOS
+def _launch(
+    url: str, executor_id: str, policy: PolicySet, polling_secs: float, pool_size: int | None
+) -> None:
+    from dbos import DBOS, DBOSConfig
 
-    DBOS(
-        config={
-            "name": "pipecat_actions",
-            "system_database_url": psycopg_url(url),
-            "executor_id": executor_id,
-            "application_version": APPLICATION_VERSION,
-            "log_level": os.environ.get("PIPECAT_ACTIONS_DBOS_LOG_LEVEL", "WARNING"),
-        }
-    )
+    config: DBOSConfig = {
+        "name": "pipecat_actions",
+        "system_database_url": psycopg_url(url),
+        "executor_id": executor_id,
+        "application_version": APPLICATION_VERSION,
+        "log_level": os.environ.get("PIPECAT_ACTIONS_DBOS_LOG_LEVEL", "WARNING"),
+    }
+    if pool_size is not None:
+        config["sys_db_pool_size"] = pool_size
+    DBOS(config=config)
     DBOS.launch()
+    tools = [(name, policy[name]) for name in policy.names() if policy[name].is_durable]
+    # The shared queue is polled as often as the tools' own queues only when a tool runs on
+    # it; otherwise seldom, for what an earlier policy left there (each poll is a few
+    # queries on every worker, whether or not there is work).
+    shared = any(tool.durable is None for _, tool in tools)
     DBOS.register_queue(
-        DEFAULT_QUEUE, polling_interval_sec=polling_secs, on_conflict="always_update"
+        DEFAULT_QUEUE,
+        polling_interval_sec=polling_secs if shared else max(polling_secs, IDLE_QUEUE_POLL_SECS),
+        on_conflict="always_update",
     )
-    for name in policy.names():
-        tool = policy[name]
-        if not tool.is_durable or tool.durable is None:
+    for name, tool in tools:
+        if tool.durable is None:
             continue
         limits = tool.durable
         DBOS.register_queue(
@@ -169,6 +181,7 @@ async def run_dbos_worker(
     out: TextIO,
     executor_id: str | None = None,
     polling_secs: float = 1.0,
+    pool_size: int | None = None,
     as_json: bool = False,
     clock: Clock | None = None,
 ) -> int:
@@ -181,6 +194,8 @@ async def run_dbos_worker(
         out: Where each finished operation is told (one line, or JSON lines).
         executor_id: Its DBOS executor id (default ``DBOS__VMID``, else host and pid).
         polling_secs: How often each queue is polled for work.
+        pool_size: The most connections each of its pools opens: the ledger's (default 5)
+            and DBOS's system database's (default DBOS's, 20).
         as_json: JSON lines instead of text.
         clock: The runtime's time source (tests).
 
@@ -198,6 +213,7 @@ async def run_dbos_worker(
         out=out,
         executor_id=executor_id,
         polling_secs=polling_secs,
+        pool_size=pool_size,
         as_json=as_json,
         clock=clock,
     ):
@@ -213,6 +229,7 @@ async def dbos_worker(
     out: TextIO,
     executor_id: str | None = None,
     polling_secs: float = 1.0,
+    pool_size: int | None = None,
     as_json: bool = False,
     clock: Clock | None = None,
     drain_secs: int = 0,
@@ -232,6 +249,8 @@ async def dbos_worker(
         out: Where each finished operation is told (one line, or JSON lines).
         executor_id: Its DBOS executor id (default ``DBOS__VMID``, else host and pid).
         polling_secs: How often each queue is polled for work.
+        pool_size: The most connections each of its pools opens: the ledger's (default 5)
+            and DBOS's system database's (default DBOS's, 20).
         as_json: JSON lines instead of text.
         clock: The runtime's time source (a scenario's manual clock, tests).
         drain_secs: On leaving, how long DBOS waits for the workflows running in this
@@ -258,7 +277,12 @@ async def dbos_worker(
     )
     policy = app.policy if isinstance(app.policy, PolicySet) else load_policy(Path(app.policy))
     clock = clock or SystemClock()
-    stored = await SqlLedger.create(url, clock=clock, must_exist=True)
+    settings = (
+        LedgerSettings()
+        if pool_size is None
+        else LedgerSettings(pool_size=pool_size, max_overflow=0)
+    )
+    stored = await SqlLedger.create(url, clock=clock, must_exist=True, settings=settings)
     ledger = seen_through(stored) if seen_through is not None else stored
     try:
         runtime = await ActionRuntime.create(
@@ -297,7 +321,7 @@ async def dbos_worker(
             _host = _Host(runtime, loop, say)
             _register()
             try:
-                await asyncio.to_thread(_launch, url, executor, policy, polling_secs)
+                await asyncio.to_thread(_launch, url, executor, policy, polling_secs, pool_size)
                 if as_json:
                     print(json.dumps({"event": "started", "executor_id": executor}), file=out)
                 else:

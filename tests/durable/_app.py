@@ -7,6 +7,15 @@ effect and answering (real seconds, in the worker): the window in which a killed
 an effect done and not recorded, which only reconciliation may settle. The provider applies
 a request in the effect's own statement and never later: its commit horizon is 0, so "no
 trace" of a request whose worker died is proof that it did not happen.
+
+With ``PA_TEST_GATES=1`` a worker passes four gates on the way through each operation that
+has an ``amount_cents``, in order: `GATE_STEP_BEGUN` (its step has begun, the write-ahead
+record not written: the authorizer asked again before a handed operation runs),
+`GATE_REQUEST_UNSENT` (the effect's request about to leave), `GATE_IN_FLIGHT` (inside the
+provider's own statement: the request has left and the provider holds it) and
+`GATE_EFFECT_DONE` (the effect done, its answer not back). A gate is a shared PostgreSQL
+advisory lock on (gate, amount_cents): open unless a test holds that lock, so a test stops one
+chosen operation at one chosen point, sees it there in ``pg_locks``, and kills its worker.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from typing import Any
 import asyncpg
 
 from pipecat_actions import ActionContext, Reconciliation, action
-from pipecat_actions.admission.authorization import AllowAll
+from pipecat_actions.admission.authorization import AuthorizationRequest, Decision
 from pipecat_actions.operator import OperatorApp
 from pipecat_actions.policy import load_policy_text
 
@@ -96,16 +105,48 @@ CREATE TABLE IF NOT EXISTS provider_effects (
 )
 """
 
+GATE_STEP_BEGUN = 1
+GATE_REQUEST_UNSENT = 2
+GATE_IN_FLIGHT = 3
+GATE_EFFECT_DONE = 4
+
 _pool: asyncpg.Pool | None = None
 
 
 async def _provider() -> asyncpg.Pool:
     global _pool
-    if _pool is None:
-        _pool = await asyncpg.create_pool(
-            os.environ["PA_TEST_PROVIDER_URL"], min_size=1, max_size=4
-        )
+    while _pool is None:
+        try:
+            # Both connections opened now and kept: the shared test server's 100 connections
+            # may all be taken for a moment by other tests, which the fake does not play.
+            _pool = await asyncpg.create_pool(
+                os.environ["PA_TEST_PROVIDER_URL"], min_size=2, max_size=2
+            )
+        except asyncpg.TooManyConnectionsError:
+            await asyncio.sleep(0.1)
     return _pool
+
+
+def _gated(args: dict[str, Any]) -> int | None:
+    """The gate key of an operation with these arguments, when gates are on."""
+    if os.environ.get("PA_TEST_GATES") != "1" or "amount_cents" not in args:
+        return None
+    return int(args["amount_cents"])
+
+
+async def _pass(gate: int, key: int | None) -> None:
+    if key is not None:
+        pool = await _provider()
+        await pool.execute("SELECT pg_advisory_xact_lock_shared($1, $2)", gate, key)
+
+
+class GatedAllowAll:
+    """Allows every call; a handed operation's step passes `GATE_STEP_BEGUN` first."""
+
+    async def authorize(self, request: AuthorizationRequest) -> Decision:
+        if request.stage != "admission":
+            await _pass(GATE_STEP_BEGUN, _gated(dict(request.args)))
+        return Decision.allow()
 
 
 async def find_by_key(ctx: ActionContext) -> Reconciliation:
@@ -120,12 +161,28 @@ async def find_by_key(ctx: ActionContext) -> Reconciliation:
 
 async def _effect(ctx: ActionContext) -> dict[str, Any]:
     pool = await _provider()
-    await pool.execute(
-        "INSERT INTO provider_effects (idem_key, operation_id, pid) VALUES ($1, $2, $3)",
-        ctx.idempotency_key,
-        ctx.operation_id,
-        os.getpid(),
-    )
+    key = _gated(dict(ctx.args))
+    await _pass(GATE_REQUEST_UNSENT, key)
+    if key is None:
+        await pool.execute(
+            "INSERT INTO provider_effects (idem_key, operation_id, pid) VALUES ($1, $2, $3)",
+            ctx.idempotency_key,
+            ctx.operation_id,
+            os.getpid(),
+        )
+    else:
+        # The gate is inside the provider's statement: held there, the request has left and
+        # the provider applies it even if its sender dies meanwhile.
+        await pool.execute(
+            "INSERT INTO provider_effects (idem_key, operation_id, pid) "
+            "SELECT $1, $2, $3 FROM pg_advisory_xact_lock_shared($4, $5) AS gate",
+            ctx.idempotency_key,
+            ctx.operation_id,
+            os.getpid(),
+            GATE_IN_FLIGHT,
+            key,
+        )
+    await _pass(GATE_EFFECT_DONE, key)
     delay = float(os.environ.get("PA_TEST_ANSWER_DELAY", "0"))
     if delay:
         await asyncio.sleep(delay)  # the provider's answer is on its way
@@ -205,4 +262,4 @@ ACTIONS = [
 
 
 def app() -> OperatorApp:
-    return OperatorApp(policy=POLICY, actions=ACTIONS, authorizer=AllowAll())
+    return OperatorApp(policy=POLICY, actions=ACTIONS, authorizer=GatedAllowAll())

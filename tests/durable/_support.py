@@ -29,6 +29,8 @@ from tests._waiting import eventually
 from tests.durable import _app
 
 ROOT = Path(__file__).resolve().parents[2]
+POOL_SIZE = 4
+"""Each test worker's pools (ledger, DBOS): the shared server's 100 connections go round."""
 
 
 async def prepare_database(url: str) -> None:
@@ -90,10 +92,13 @@ async def rows(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
 class Workers:
     """``pipecat-actions worker --dbos`` processes on one database, by executor id."""
 
-    def __init__(self, url: str, logs: Path, *, answer_delay: float = 0.0) -> None:
+    def __init__(
+        self, url: str, logs: Path, *, answer_delay: float = 0.0, gates: bool = False
+    ) -> None:
         self.url = url
         self.logs = logs
         self.answer_delay = answer_delay
+        self.gates = gates
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: dict[str, int] = {}
 
@@ -108,11 +113,13 @@ class Workers:
             PYTHONPATH=str(ROOT),
             PA_TEST_PROVIDER_URL=self.url,
             PA_TEST_ANSWER_DELAY=str(self.answer_delay),
+            PA_TEST_GATES="1" if self.gates else "0",
         )
         log = self._log(executor_id).open("wb")
         self.procs[executor_id] = subprocess.Popen(
             [sys.executable, "-m", "pipecat_actions.cli", "worker", "--dbos", "--app",
-             "tests.durable._app:app", "--ledger", self.url, "--executor-id", executor_id],
+             "tests.durable._app:app", "--ledger", self.url, "--executor-id", executor_id,
+             "--pool-size", str(POOL_SIZE)],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
         )  # fmt: skip
         log.close()

@@ -89,6 +89,23 @@ async def test_the_dbos_worker_refuses_a_polling_interval_that_is_not_positive(
     assert err == "pipecat-actions: --polling-secs must be a positive number of seconds\n"
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--dbos", "--pool-size", "0"], "--pool-size must be at least 1"),
+        (["--pool-size", "4"], "--pool-size is for --dbos"),
+    ],
+)
+async def test_the_worker_refuses_a_pool_size_below_one_or_without_dbos(
+    argv: list[str], said: str, durable_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["worker", "--app", "tests.durable._app:app", "--ledger", durable_url]
+    code = await asyncio.to_thread(main, [*base, *argv])
+    _, err = capsys.readouterr()
+    assert code == 1
+    assert err == f"pipecat-actions: {said}\n"
+
+
 async def test_the_lease_worker_and_reconcile_leave_a_durable_operation_to_dbos(
     durable_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
