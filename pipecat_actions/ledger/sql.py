@@ -30,6 +30,7 @@ from loguru import logger
 from sqlalchemy import (
     Connection,
     Select,
+    Update,
     bindparam,
     func,
     insert,
@@ -786,18 +787,26 @@ class SqlLedger(Ledger):
     ) -> int:
         left = list(except_ids)
 
+        # (status, owner) sought once per open status in ix_pa_operations_status_lease: the
+        # owner's own open rows, never the others' (migration 0010).
+        own = [
+            operations.c.lease_owner == owner,
+            operations.c.status.in_([s.value for s in NON_TERMINAL]),
+        ]
+        if left:
+            own.append(operations.c.operation_id.not_in(left))
+        query = self._renewal(own)
+
         def work(conn: Connection) -> int:
             now = self._clock.now()
-            query = update(operations).where(
-                operations.c.lease_owner == owner,
-                operations.c.status.in_([s.value for s in NON_TERMINAL]),
-            )
-            if left:
-                query = query.where(operations.c.operation_id.not_in(left))
             result = conn.execute(query.values(lease_expires_at=now + lease_secs))
             return int(result.rowcount)
 
         return await self._write(work)
+
+    def _renewal(self, own: builtins.list[Any]) -> Update:
+        """The heartbeat's UPDATE of the rows ``own`` selects (an owner's open operations)."""
+        return update(operations).where(*own)
 
     # --- notices ---------------------------------------------------------------------------
 
