@@ -440,6 +440,7 @@ def create_sqlite_writer_engine(url: URL, settings: LedgerSettings) -> Engine:
     It opens the same file with the same checked settings as the async engine.
     """
     engine = create_engine(url.set(drivername="sqlite+pysqlite"), poolclass=NullPool)
+    allow_table_hints(engine)  # the heartbeat's UPDATE names its index (`SqliteLedger`)
     _install_sqlite_checks(engine, settings)
     return engine
 

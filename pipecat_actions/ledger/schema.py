@@ -11,6 +11,8 @@ stable across backends.
 from __future__ import annotations
 
 __all__ = [
+    "LEASE_COLUMNS",
+    "LEASE_INDEX",
     "STATS_COLUMNS",
     "UNDELIVERED_INDEX",
     "UNDELIVERED_WHERE",
@@ -60,6 +62,10 @@ STATS_COLUMNS = (
 operation's own place (created_at, operation_id), then the rest it reads. A change of a column
 after the place (telling, an escalation, a joined call) rewrites the entry where it is, one page;
 only a change of status or marks moves it (migration 0009)."""
+
+LEASE_INDEX = "ix_pa_operations_status_lease"
+LEASE_COLUMNS = ("status", "lease_owner", "lease_expires_at")
+"""``ix_pa_operations_status_lease``'s columns (migration 0010 put the owner second)."""
 
 UNDELIVERED_INDEX = "ix_pa_operations_undelivered"
 UNDELIVERED_WHERE = "status = 'COMMITTED' AND delivered_at IS NULL AND kind = 'mutation'"
@@ -125,7 +131,12 @@ operations = Table(
     # Each index below is a page more to write when a row is inserted (and when a change
     # moves its entry): only those a query plan reads are kept (migration 0007;
     # ``bench/index_plans.py`` prints the plans).
-    Index("ix_pa_operations_status_lease", "status", "lease_expires_at"),
+    # A status's rows (operators, approvals), the stale leases `claim_stale` takes over and,
+    # with the owner second, one owner's own open operations: the heartbeat (`renew_lease`)
+    # seeks (status, owner) for each open status instead of reading every open row's owner
+    # from the table (migration 0010). The same one entry per row as before: no page more
+    # per write; a change of owner always changes the lease too, so it moved anyway.
+    Index(LEASE_INDEX, *LEASE_COLUMNS),
     # A session's, a tool's or a principal's keyset pages: ranges in (created_at,
     # operation_id) order, never a sort of all its rows (migration 0005).
     Index("ix_pa_operations_session", "session_id", "created_at", "operation_id"),

@@ -30,12 +30,14 @@ from loguru import logger
 from sqlalchemy import (
     Connection,
     Select,
+    Update,
     bindparam,
     func,
     insert,
     literal,
     or_,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.engine import URL
@@ -640,6 +642,7 @@ class SqlLedger(Ledger):
         limit: int,
         except_ids: Collection[str] = (),
         gone: Collection[str] = (),
+        after: tuple[float, str] | None = None,
     ) -> list[Operation]:
         left = list(except_ids)
         dead = list(gone)
@@ -656,11 +659,12 @@ class SqlLedger(Ledger):
             )
             if left:
                 stale = stale.where(operations.c.operation_id.not_in(left))
-            candidates = (
-                stale.order_by(operations.c.created_at)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
+            place = (operations.c.created_at, operations.c.operation_id)
+            if after is not None:
+                # A row-value range of ix_pa_operations_created (see `_filters`): the pass
+                # walks on from its last batch, never again over what it claimed.
+                stale = stale.where(tuple_(*place) > tuple_(*after))
+            candidates = stale.order_by(*place).limit(limit).with_for_update(skip_locked=True)
             previous = {r.operation_id: r.lease_owner for r in conn.execute(candidates)}
             if not previous:
                 return []
@@ -681,7 +685,9 @@ class SqlLedger(Ledger):
                 )
                 .returning(*operations.c)
             )
-            claimed = sorted((to_operation(r) for r in rows), key=lambda o: o.created_at)
+            claimed = sorted(
+                (to_operation(r) for r in rows), key=lambda o: (o.created_at, o.operation_id)
+            )
             conn.execute(
                 self._insert_events,
                 [
@@ -786,18 +792,26 @@ class SqlLedger(Ledger):
     ) -> int:
         left = list(except_ids)
 
+        # (status, owner) sought once per open status in ix_pa_operations_status_lease: the
+        # owner's own open rows, never the others' (migration 0010).
+        own = [
+            operations.c.lease_owner == owner,
+            operations.c.status.in_([s.value for s in NON_TERMINAL]),
+        ]
+        if left:
+            own.append(operations.c.operation_id.not_in(left))
+        query = self._renewal(own)
+
         def work(conn: Connection) -> int:
             now = self._clock.now()
-            query = update(operations).where(
-                operations.c.lease_owner == owner,
-                operations.c.status.in_([s.value for s in NON_TERMINAL]),
-            )
-            if left:
-                query = query.where(operations.c.operation_id.not_in(left))
             result = conn.execute(query.values(lease_expires_at=now + lease_secs))
             return int(result.rowcount)
 
         return await self._write(work)
+
+    def _renewal(self, own: builtins.list[Any]) -> Update:
+        """The heartbeat's UPDATE of the rows ``own`` selects (an owner's open operations)."""
+        return update(operations).where(*own)
 
     # --- notices ---------------------------------------------------------------------------
 

@@ -1,0 +1,167 @@
+"""The heartbeat's and recovery's plans on PostgreSQL before and after migration 0010.
+
+    .venv/bin/python bench/heartbeat_plans.py [--rows N] [--held H]
+
+On a database created for the run (dropped after it, whatever happens): a ledger at migration
+0009 filled with ``--rows`` operations (default 1,000,000) by ``bench/ten_million.py``'s build
+(1 % of them UNKNOWN: open, never reconciled, held by nobody), then ``--held`` of those
+(default 100) given to one runtime, ``runtime-held``, with a live lease. Then, at 0009 and
+again after ``alembic upgrade`` to 0010 on the same rows (``ANALYZE`` after each),
+``EXPLAIN (ANALYZE, BUFFERS)`` of each statement the ledger sends for:
+
+* `renew_lease` (the heartbeat, every ``lease_secs / 3``) of an owner that holds nothing and
+  of ``runtime-held``;
+* `claim_stale`'s select of a batch of 50 (recovery, the watchdog), leaving out no operation
+  and 5,000.
+
+Each statement is recorded as the ledger sends it and stopped before it runs (so none of them
+changes the rows between the two plans), then explained inside a transaction rolled back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import asyncpg
+from _measure import drop_pg, fresh_pg
+from alembic import command
+from loguru import logger
+from sqlalchemy import Connection, event
+from sqlalchemy.ext.asyncio import create_async_engine
+from ten_million import build
+
+from pipecat_actions.ledger import SqlLedger, migrate
+from pipecat_actions.ledger.engine import normalize_url
+
+HELD_BY = "runtime-held"
+
+
+class _Stop(Exception):
+    """Raised by the recorder once it has the statement: the ledger never runs it."""
+
+
+async def _alembic(url: str, revision: str) -> None:
+    def run(conn: Connection) -> None:
+        config = migrate._config()
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)
+
+    engine = create_async_engine(normalize_url(url))
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(run)
+    finally:
+        await engine.dispose()
+
+
+async def _statement(url: str, call: Callable[[SqlLedger], Awaitable[object]]) -> tuple[str, Any]:
+    """The first statement on ``pa_operations`` that ``call`` makes the ledger send."""
+    # At 0009 too: the statements are this code's, sent to the older index.
+    ledger = await SqlLedger.create(url, create_schema=False, check_schema=False)
+    issued: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        words = statement.lstrip().split(None, 1)
+        if words and words[0].upper() in ("SELECT", "UPDATE") and "pa_operations" in statement:
+            issued.append((statement, parameters))
+            raise _Stop
+
+    event.listen(ledger._engine.sync_engine, "before_cursor_execute", record)
+    try:
+        await call(ledger)
+    except Exception:  # the ledger wraps _Stop; the statement is what was wanted
+        if not issued:
+            raise
+    finally:
+        await ledger.close()
+    return issued[0]
+
+
+CALLS: list[tuple[str, Callable[[SqlLedger], Awaitable[object]]]] = [
+    ("renew_lease, an owner holding nothing",
+     lambda d: d.renew_lease("runtime-idle", lease_secs=30)),
+    (f"renew_lease, {HELD_BY}",
+     lambda d: d.renew_lease(HELD_BY, lease_secs=30)),
+    ("claim_stale, 50, leaving out none",
+     lambda d: d.claim_stale("bench-recovery", lease_secs=30, limit=50)),
+    ("claim_stale, 50, leaving out 5,000",
+     lambda d: d.claim_stale("bench-recovery", lease_secs=30, limit=50,
+                             except_ids=[f"op_not_here_{n}" for n in range(5_000)])),
+]  # fmt: skip
+
+
+async def explain(url: str) -> list[str]:
+    """``EXPLAIN (ANALYZE, BUFFERS)`` of each of `CALLS`' statements, each rolled back."""
+    out = []
+    raw = await asyncpg.connect(url)
+    try:
+        await raw.execute("ANALYZE pa_operations")
+        for what, call in CALLS:
+            sql, params = await _statement(url, call)
+            out.append(f"-- {what}")
+            out.append(f"   {' '.join(sql.split())[:300]}")
+            # An UPDATE explained with ANALYZE runs: its transaction is rolled back.
+            transaction = raw.transaction()
+            await transaction.start()
+            try:
+                rows = await raw.fetch(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", *(params or ()))
+            finally:
+                await transaction.rollback()
+            # A long list left out is printed by its start (the plan shows it whole).
+            out += [f"     {_cut(row[0])}" for row in rows]
+    finally:
+        await raw.close()
+    return out
+
+
+def _cut(line: str, width: int = 200) -> str:
+    return line if len(line) <= width else f"{line[:width]}... ({len(line):,} characters)"
+
+
+async def main(args: argparse.Namespace) -> None:
+    name, url = await fresh_pg()
+    try:
+        await _alembic(url, "0009")
+        print(f"building {args.rows:,} operations at 0009...", flush=True)
+        await build(url, args.rows, min(args.rows, 100_000))
+        raw = await asyncpg.connect(url)
+        try:
+            held = await raw.execute(
+                "UPDATE pa_operations SET lease_owner = $1, lease_expires_at = 1e12"
+                " WHERE operation_id IN (SELECT operation_id FROM pa_operations"
+                " WHERE status = 'UNKNOWN' ORDER BY operation_id LIMIT $2)",
+                HELD_BY,
+                args.held,
+            )
+            print(f"{held.split()[-1]} UNKNOWN operations given to {HELD_BY}", flush=True)
+            print(f"open operations: {await raw.fetchval(_OPEN)}")
+        finally:
+            await raw.close()
+        print("== at 0009: ix_pa_operations_status_lease (status, lease_expires_at)")
+        print("\n".join(await explain(url)))
+        await _alembic(url, "0010")
+        print("== at 0010: ix_pa_operations_status_lease (status, lease_owner, lease_expires_at)")
+        print("\n".join(await explain(url)))
+    finally:
+        await drop_pg(name)
+
+
+_OPEN = (
+    "SELECT count(*) FROM pa_operations WHERE status NOT IN"
+    " ('COMMITTED', 'COMPENSATED', 'FAILED_FINAL', 'CANCELLED', 'REJECTED', 'EXPIRED')"
+)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--held", type=int, default=100)
+    logger.remove()
+    asyncio.run(main(parser.parse_args()))
