@@ -3,10 +3,10 @@
 One process holds many sessions at once, each in its own pipeline, for as long as it runs: what
 the runtime keeps per session (its outcome and progress listeners, the calls it is answering,
 its tracing context) must go when the session's pipeline ends, and nothing in the runtime may
-keep the pipeline's objects (processors, LLM, context, `SessionState`) alive once the
-pipeline's own last tasks (its delivery records) have ended. Only the bounded
-memories of the most recent calls remain (`pipecat_actions/_recent.py`), each capped whatever
-the number of sessions.
+keep the pipeline's objects (processors, LLM, context) alive, not even the tasks that write
+its last delivery records after it ended (they keep the `SessionState` until their writes
+return). Only the bounded memories of the most recent calls remain
+(`pipecat_actions/_recent.py`), each capped whatever the number of sessions.
 """
 
 from __future__ import annotations
@@ -84,7 +84,10 @@ def per_session_state(runtime: ActionRuntime) -> dict[str, int]:
 
 
 async def _session(
-    runtime: ActionRuntime, n: int, kept: list[weakref.ref[Any]]
+    runtime: ActionRuntime,
+    n: int,
+    sessions: list[weakref.ref[Any]],
+    pipelines: list[weakref.ref[Any]],
 ) -> list[dict[str, Any]]:
     """One session's pipeline of the template's stages, making `CALLS` chained calls."""
     session = SessionState(session_id=f"s-{n}", principal=f"p-{n}")
@@ -102,7 +105,8 @@ async def _session(
         pair.assistant(),
     ]
     check_placement(stages)
-    kept.extend(weakref.ref(o) for o in [session, llm, context, *stages])
+    sessions.append(weakref.ref(session))
+    pipelines.extend(weakref.ref(o) for o in [llm, context, *stages])
 
     def results() -> list[dict[str, Any]]:
         contents = [m["content"] for m in context.get_messages() if m["role"] == "tool"]
@@ -119,9 +123,12 @@ async def test_sessions_whose_pipelines_ended_leave_no_per_session_state(
     runtime: ActionRuntime,
 ) -> None:
     before = per_session_state(runtime)
-    kept: list[weakref.ref[Any]] = []
+    sessions: list[weakref.ref[Any]] = []
+    pipelines: list[weakref.ref[Any]] = []
 
-    told = await asyncio.gather(*(_session(runtime, n, kept) for n in range(SESSIONS)))
+    told = await asyncio.gather(
+        *(_session(runtime, n, sessions, pipelines) for n in range(SESSIONS))
+    )
 
     assert [[r["status"] for r in results] for results in told] == [["committed"] * CALLS] * (
         SESSIONS
@@ -129,13 +136,17 @@ async def test_sessions_whose_pipelines_ended_leave_no_per_session_state(
     await runtime.flush()
     assert per_session_state(runtime) == before
 
-    # The last delivery records of a pipeline are written by its gate's tasks, which hold it
-    # until their writes return, a moment after it ended: then nothing may keep it.
-    def let_go() -> bool:
-        gc.collect()
-        return all(ref() is None for ref in kept)
+    # Nothing keeps an ended pipeline, not even the tasks still writing its last delivery
+    # records (they hold only the session and what they write).
+    gc.collect()
+    alive = [type(o).__name__ for o in (ref() for ref in pipelines) if o is not None]
+    assert alive == [], f"kept after their pipelines ended: {alive}"
 
-    await until(let_go, what="the ended pipelines' objects collected")
+    def sessions_let_go() -> bool:
+        gc.collect()
+        return all(ref() is None for ref in sessions)
+
+    await until(sessions_let_go, what="the ended sessions let go once their records are written")
     # What remains is bounded however many sessions a process serves.
     assert len(runtime._operations._answered) <= RECENT_TOLD
     assert len(runtime._operations._calls) <= RECENT_CALLS
