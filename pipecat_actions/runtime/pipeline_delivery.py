@@ -360,7 +360,11 @@ class SessionDelivery:
         """
         self._forget(operation_id)
         if record:
-            self._outlet.spawn(self._record_in_place(operation_id))
+            # Not a method of self: the task outlives the pipeline until its write returns,
+            # and must not keep the pipeline (self -> outlet -> processors) alive meanwhile.
+            self._outlet.spawn(
+                _record_in_place(self._service, self.session, self._state, operation_id, repr(self))
+            )
 
     async def current(self, operation_id: str) -> Operation | None:
         """``operation_id`` as the ledger holds it now; None if it cannot be read (logged)."""
@@ -713,30 +717,52 @@ class SessionDelivery:
                     "{}: what follows {} failed: {}", self, op.operation_id, exc
                 )
 
-    async def _record_in_place(self, operation_id: str) -> None:
-        service = self._service
-        try:
-            # What the call was answered with, as the runtime rendered it: no read back, and
-            # the record says what was told even if the operation moved on meanwhile (then
-            # the newer status stays owed). Read only if the runtime no longer keeps it.
-            op = service.operations.answered(
-                operation_id, self.session.session_id
-            ) or await service.ledger.get(operation_id)
-            with service.telemetry.delivery(op, self.session, late=False):
-                self._state.cut_off = False
-                await self._record(op, late=False)
-        except Exception as exc:  # a record of delivery must never break the conversation
-            logger.bind(session_id=self.session.session_id, operation_id=operation_id).warning(
-                "{}: delivery of {} not recorded: {}", self, operation_id, exc
-            )
-
     async def _record(self, op: Operation, *, late: bool) -> None:
-        state = self._state
-        # Owed an acknowledgement from now on, before the write: the bot may finish saying a
-        # short outcome while the delivery is still being recorded.
-        if op.operation_id not in state.told_not_heard:
-            state.told_not_heard.append(op.operation_id)
-        await self._service.mark_delivered(op, session=self.session, late=late)
+        await _record(self._service, self.session, self._state, op, late=late)
 
     def __repr__(self) -> str:
         return f"SessionDelivery({self.session.session_id})"
+
+
+async def _record(
+    service: DeliveryService,
+    session: SessionState,
+    state: PipelineState,
+    op: Operation,
+    *,
+    late: bool,
+) -> None:
+    """Record that ``op`` was told to ``session`` in this pipeline."""
+    # Owed an acknowledgement from now on, before the write: the bot may finish saying a
+    # short outcome while the delivery is still being recorded.
+    if op.operation_id not in state.told_not_heard:
+        state.told_not_heard.append(op.operation_id)
+    await service.mark_delivered(op, session=session, late=late)
+
+
+async def _record_in_place(
+    service: DeliveryService,
+    session: SessionState,
+    state: PipelineState,
+    operation_id: str,
+    name: str,
+) -> None:
+    """Record the delivery of a call's own answer (`SessionDelivery.told_in_place`).
+
+    It holds only what the write needs, not the pipeline's delivery: ``name`` is its name, for
+    the log.
+    """
+    try:
+        # What the call was answered with, as the runtime rendered it: no read back, and the
+        # record says what was told even if the operation moved on meanwhile (then the newer
+        # status stays owed). Read only if the runtime no longer keeps it.
+        op = service.operations.answered(
+            operation_id, session.session_id
+        ) or await service.ledger.get(operation_id)
+        with service.telemetry.delivery(op, session, late=False):
+            state.cut_off = False
+            await _record(service, session, state, op, late=False)
+    except Exception as exc:  # a record of delivery must never break the conversation
+        logger.bind(session_id=session.session_id, operation_id=operation_id).warning(
+            "{}: delivery of {} not recorded: {}", name, operation_id, exc
+        )

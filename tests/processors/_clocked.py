@@ -29,6 +29,7 @@ from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import Operation
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.runtime.deliveries import SessionDelivery
+from pipecat_actions.runtime.pipeline_delivery import _record_in_place
 from pipecat_actions.status import ActionStatus
 from tests._waiting import HANG_GUARD_SECS, eventually, guarded
 
@@ -110,6 +111,7 @@ async def idle(processor: FrameProcessor) -> None:
         # The delivery service's work runs as the processor's tasks; its watchers of
         # operations run elsewhere wait on the clock for as long as the pipeline runs.
         own |= set(vars(SessionDelivery)) - {"_watch"}
+        own.add(_record_in_place.__name__)  # its task holds the session, not the delivery
     prefix = f"{processor}::"
 
     def done() -> bool:
