@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Clock", "ManualClock", "SystemClock", "backoff_secs", "sleep_until"]
+__all__ = ["Clock", "ManualClock", "SystemClock", "backoff_secs", "sleep_from_now"]
 
 import asyncio
 import heapq
@@ -52,17 +52,19 @@ class Clock(Protocol):
         ...
 
 
-async def sleep_until(clock: Clock, at: float) -> None:
-    """Wait until ``clock`` reads ``at`` or later (yields once when it already does).
+def sleep_from_now(clock: Clock, secs: float) -> Coroutine[Any, Any, None]:
+    """Sleep ``secs`` of ``clock`` counted from this call, not from the first step of the wait.
 
-    How long to sleep is measured when the wait begins, not when it was decided. A wait raced
-    against an event runs in a task of its own, which takes its first step a loop pass or more
-    after the caller read the clock; time that passed in between (a test's
-    `ManualClock.advance`) counts towards it whatever the clock, and how many loop passes the
-    caller took no longer moves the wake time. Callers pass ``clock.now() + secs`` read where
-    the wait is decided.
+    A wait raced against an event runs in a task of its own, which takes its first step a loop
+    pass or more after the call; time that passed in between (a test's `ManualClock.advance`)
+    counts towards it whatever the clock, so how many loop passes the caller took never moves
+    the wake time. When the clock has not moved, ``clock.sleep`` is asked for ``secs`` exactly.
     """
-    await clock.sleep(max(0.0, at - clock.now()))
+    return _sleep_rest(clock, secs, clock.now())
+
+
+async def _sleep_rest(clock: Clock, secs: float, since: float) -> None:
+    await clock.sleep(max(0.0, secs - (clock.now() - since)))
 
 
 class SystemClock:

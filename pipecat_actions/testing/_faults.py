@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
-from pipecat_actions.clock import Clock, SystemClock, sleep_until
+from pipecat_actions.clock import Clock, SystemClock, sleep_from_now
 
 OperationKind = Literal["book", "move", "cancel", "refund"]
 """The mutations the fake performs; each committed one is a counted side effect."""
@@ -326,9 +326,7 @@ class _FakeProvider:
         fails_before_send = self.faults._take("error_before_send", kind) is not None
         latency = 0.0 if fails_before_send else self.faults.latency_secs(kind)
         sleeping = (
-            asyncio.ensure_future(sleep_until(self._clock, self._clock.now() + latency))
-            if latency > 0
-            else None
+            asyncio.ensure_future(sleep_from_now(self._clock, latency)) if latency > 0 else None
         )
         if sleeping is not None:
             # Counted once its latency sleep is registered with the clock (the task's first

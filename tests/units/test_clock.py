@@ -1,4 +1,4 @@
-"""`ManualClock` and `sleep_until`: a sleep's wake time never depends on loop passes.
+"""`ManualClock` and `sleep_from_now`: a sleep's wake time never depends on loop passes.
 
 A wait raced against an event runs in a task of its own, whose first step comes a loop pass or
 more after the wait was decided. A test that moves the clock in between must see the wait end
@@ -11,15 +11,15 @@ import asyncio
 
 import pytest
 
-from pipecat_actions.clock import ManualClock, sleep_until
+from pipecat_actions.clock import ManualClock, sleep_from_now
 from tests._waiting import eventually
 
 
 class AsyncSleepClock(ManualClock):
     """A clock whose ``sleep`` is a plain coroutine function: it begins on its first step."""
 
-    def __init__(self) -> None:
-        super().__init__(start=0.0)
+    def __init__(self, start: float = 0.0) -> None:
+        super().__init__(start=start)
         self.asked: list[float] = []
 
     async def sleep(self, secs: float) -> None:
@@ -56,11 +56,11 @@ async def test_a_sleep_still_waits_its_whole_time() -> None:
 
 
 @pytest.mark.parametrize("moved_secs", [0.0, 4.0, 10.0, 15.0])
-async def test_sleep_until_measures_the_pause_when_the_wait_begins_whatever_the_clock(
+async def test_sleep_from_now_counts_from_the_call_whatever_the_clock(
     moved_secs: float,
 ) -> None:
     clock = AsyncSleepClock()
-    waiting = asyncio.ensure_future(sleep_until(clock, clock.now() + 10))
+    waiting = asyncio.ensure_future(sleep_from_now(clock, 10))
     clock.advance(moved_secs)  # before the wait's first step
     await ended_or_asleep(clock, waiting)
     assert clock.asked == [max(0.0, 10 - moved_secs)]
@@ -69,6 +69,14 @@ async def test_sleep_until_measures_the_pause_when_the_wait_begins_whatever_the_
         clock.advance(10 - moved_secs)
         await ended_or_asleep(clock, waiting)
     assert waiting.done() and clock.sleepers == 0
+
+
+async def test_sleep_from_now_asks_for_exactly_its_pause_when_the_clock_has_not_moved() -> None:
+    clock = AsyncSleepClock(start=1_800_000_000.0)  # where now + 0.3 - now is not 0.3
+    waiting = asyncio.ensure_future(sleep_from_now(clock, 0.3))
+    await ended_or_asleep(clock, waiting)
+    assert clock.asked == [0.3]
+    waiting.cancel()
 
 
 async def test_a_cancelled_sleep_leaves_the_clock() -> None:
