@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["Clock", "ManualClock", "SystemClock", "backoff_secs"]
+__all__ = ["Clock", "ManualClock", "SystemClock", "backoff_secs", "sleep_from_now"]
 
 import asyncio
 import heapq
 import itertools
 import time
-from typing import Protocol, runtime_checkable
+from collections.abc import Coroutine
+from typing import Any, Protocol, runtime_checkable
 
 
 def backoff_secs(initial_secs: float, multiplier: float, max_secs: float, step: int) -> float:
@@ -51,6 +52,21 @@ class Clock(Protocol):
         ...
 
 
+def sleep_from_now(clock: Clock, secs: float) -> Coroutine[Any, Any, None]:
+    """Sleep ``secs`` of ``clock`` counted from this call, not from the first step of the wait.
+
+    A wait raced against an event runs in a task of its own, which takes its first step a loop
+    pass or more after the call; time that passed in between (a test's `ManualClock.advance`)
+    counts towards it whatever the clock, so how many loop passes the caller took never moves
+    the wake time. When the clock has not moved, ``clock.sleep`` is asked for ``secs`` exactly.
+    """
+    return _sleep_rest(clock, secs, clock.now())
+
+
+async def _sleep_rest(clock: Clock, secs: float, since: float) -> None:
+    await clock.sleep(max(0.0, secs - (clock.now() - since)))
+
+
 class SystemClock:
     """The real wall clock (`time.time`, `asyncio.sleep`)."""
 
@@ -79,18 +95,27 @@ class ManualClock:
         """Return the current manual time."""
         return self._now
 
-    async def sleep(self, secs: float) -> None:
-        """Wait until the clock has been advanced by ``secs`` (yields once when ``secs <= 0``)."""
-        if secs <= 0:
+    def sleep(self, secs: float) -> Coroutine[Any, Any, None]:
+        """Wait until the clock reads ``secs`` past the time of this call (yields once if due).
+
+        The wake time is fixed by the call, not by the first step of the coroutine returned: a
+        sleep handed to a task of its own (`asyncio.ensure_future`) starts a loop pass or more
+        later, and an `advance` made in between counts towards it, as it would for a sleep
+        awaited at once.
+        """
+        return self._until(self._now + secs)
+
+    async def _until(self, due: float) -> None:
+        if due <= self._now:
             await asyncio.sleep(0)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (self._now + secs, next(self._order), future))
+        heapq.heappush(self._sleepers, (due, next(self._order), future))
         await future
 
     @property
     def sleepers(self) -> int:
-        """How many `sleep` calls are waiting (cancelled ones included until woken)."""
+        """How many `sleep` calls are waiting (from their first step until woken or cancelled)."""
         return sum(1 for *_, f in self._sleepers if not f.done())
 
     def advance(self, secs: float) -> float:

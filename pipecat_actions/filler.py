@@ -20,7 +20,7 @@ __all__ = ["Filler"]
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from pipecat_actions.clock import Clock
+from pipecat_actions.clock import Clock, sleep_from_now
 from pipecat_actions.policy import FillerPolicy
 from pipecat_actions.session import SessionState
 
@@ -69,7 +69,7 @@ class Filler:
             while not session.silent:
                 await session.speech_changed(session.speech_changes)
             mark = session.speech_changes
-            elapsed = asyncio.ensure_future(self._clock.sleep(secs))
+            elapsed = asyncio.ensure_future(sleep_from_now(self._clock, secs))
             spoken = asyncio.ensure_future(session.speech_changed(mark))
             try:
                 await asyncio.wait({elapsed, spoken}, return_when=asyncio.FIRST_COMPLETED)

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pipecat_actions.clock import Clock, backoff_secs
+from pipecat_actions.clock import Clock, backoff_secs, sleep_from_now
 from pipecat_actions.errors import LedgerError
 
 T = TypeVar("T")
@@ -96,7 +96,7 @@ async def _pause(clock: Clock, secs: float, hurry: asyncio.Event | None) -> None
     if hurry is None:
         await clock.sleep(secs)
         return
-    sleeper = asyncio.ensure_future(clock.sleep(secs))
+    sleeper = asyncio.ensure_future(sleep_from_now(clock, secs))
     hurried = asyncio.ensure_future(hurry.wait())
     try:
         await asyncio.wait({sleeper, hurried}, return_when=asyncio.FIRST_COMPLETED)

@@ -43,7 +43,7 @@ from pipecat_actions.admission.authorization import (
     AuthorizerFailed,
     ask,
 )
-from pipecat_actions.clock import Clock, backoff_secs
+from pipecat_actions.clock import Clock, backoff_secs, sleep_from_now
 from pipecat_actions.errors import LedgerError, TransitionRefused
 from pipecat_actions.execution.durable import WriteRetry, until_written
 from pipecat_actions.execution.outcomes import (
@@ -528,7 +528,7 @@ class Executor:
     async def _ask(self, hook: Any, ctx: ActionContext, name: str) -> Any:
         """Call a hook once, within the schedule's probe time limit on the clock."""
         asking = asyncio.ensure_future(hook(ctx))
-        limit = asyncio.ensure_future(self.clock.sleep(self.schedule.probe_timeout_secs))
+        limit = asyncio.ensure_future(sleep_from_now(self.clock, self.schedule.probe_timeout_secs))
         try:
             await asyncio.wait({asking, limit}, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 
 from loguru import logger
 
-from pipecat_actions.clock import Clock
+from pipecat_actions.clock import Clock, sleep_from_now
 from pipecat_actions.execution.durable import WriteRetry
 
 
@@ -113,7 +113,9 @@ class Watchdog:
             if delay > 0:
                 self._wake.clear()
                 self._sleeping_until = deadline_at
-                sleeper = asyncio.ensure_future(self._clock.sleep(delay))
+                # ``delay`` counted from now: the sleeper's task takes its first step a loop
+                # pass or more later, and the clock may have moved by then.
+                sleeper = asyncio.ensure_future(sleep_from_now(self._clock, delay))
                 woken = asyncio.ensure_future(self._wake.wait())
                 try:
                     await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)

@@ -22,7 +22,7 @@ from typing import Any
 
 from loguru import logger
 
-from pipecat_actions.clock import Clock
+from pipecat_actions.clock import Clock, sleep_from_now
 from pipecat_actions.errors import LedgerError
 from pipecat_actions.ledger import Ledger, Operation
 from pipecat_actions.ledger.records import DUPLICATES_JOINED
@@ -40,7 +40,7 @@ async def nap(clock: Clock, secs: float, changed: asyncio.Event | None) -> None:
         await clock.sleep(secs)
         return
     if not changed.is_set():
-        sleeper = asyncio.ensure_future(clock.sleep(secs))
+        sleeper = asyncio.ensure_future(sleep_from_now(clock, secs))
         noticed = asyncio.ensure_future(changed.wait())
         try:
             await asyncio.wait({sleeper, noticed}, return_when=asyncio.FIRST_COMPLETED)

@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
-from pipecat_actions.clock import Clock, SystemClock
+from pipecat_actions.clock import Clock, SystemClock, sleep_from_now
 
 OperationKind = Literal["book", "move", "cancel", "refund"]
 """The mutations the fake performs; each committed one is a counted side effect."""
@@ -325,7 +325,9 @@ class _FakeProvider:
         """One mutation as the provider serves it (see `_mutate`)."""
         fails_before_send = self.faults._take("error_before_send", kind) is not None
         latency = 0.0 if fails_before_send else self.faults.latency_secs(kind)
-        sleeping = asyncio.ensure_future(self._clock.sleep(latency)) if latency > 0 else None
+        sleeping = (
+            asyncio.ensure_future(sleep_from_now(self._clock, latency)) if latency > 0 else None
+        )
         if sleeping is not None:
             # Counted once its latency sleep is registered with the clock (the task's first
             # step runs before this one resumes): a test that sees the call and then advances

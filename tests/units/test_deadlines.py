@@ -18,6 +18,7 @@ from pipecat_actions.execution.durable import WriteRetry
 from pipecat_actions.execution.expiry import Expiry, expiry_rule
 from pipecat_actions.execution.watchdog import Watchdog
 from pipecat_actions.status import ActionStatus
+from tests._waiting import eventually
 
 S = ActionStatus
 
@@ -101,6 +102,39 @@ async def test_an_earlier_deadline_armed_while_the_loop_sleeps_wakes_it(clock: M
         clock.advance(1)
         await settle()
         assert fired == ["near"]
+    finally:
+        await watchdog.stop()
+
+
+@pytest.mark.parametrize("asleep_on", [None, 2_000.0], ids=["idle", "asleep_on_a_later_one"])
+@pytest.mark.parametrize("passes", range(8))
+async def test_a_deadline_fires_once_the_clock_reaches_it_however_many_loop_passes_came_first(
+    clock: ManualClock, asleep_on: float | None, passes: int
+) -> None:
+    # A test moves the clock after a step of its own, which takes a number of loop passes no
+    # test should count. Whatever the watchdog was doing when the clock moved (waiting for a
+    # deadline, woken by this one, about to start its sleeper, asleep until this deadline),
+    # it fires, and leaves no sleeper on the clock waiting past it.
+    fired: list[str] = []
+
+    async def expire(operation_id: str) -> None:
+        fired.append(operation_id)
+
+    watchdog = Watchdog(clock, expire)
+    watchdog.start()
+    try:
+        if asleep_on is not None:
+            watchdog.arm("later", asleep_on)
+        await settle()
+        watchdog.arm("due", 1_060.0)
+        for _ in range(passes):
+            await asyncio.sleep(0)
+        clock.advance(60)
+        await eventually(
+            lambda: fired or clock.sleepers > (asleep_on is not None),
+            what="the expiry, or the watchdog asleep past the deadline",
+        )
+        assert fired == ["due"], "the watchdog went to sleep past a deadline the clock reached"
     finally:
         await watchdog.stop()
 
