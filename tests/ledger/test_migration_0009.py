@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic import command
 from sqlalchemy import Connection, inspect, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -26,7 +25,7 @@ from pipecat_actions.ledger.schema import (
 )
 from pipecat_actions.status import ActionStatus
 from tests.conftest import BACKENDS
-from tests.ledger._support import record_selects, sqlite_plans
+from tests.ledger._support import alembic, record_selects, sqlite_plans
 from tests.ledger.test_operator_queries import _bulk_insert, _rows
 
 S = ActionStatus
@@ -38,20 +37,6 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'old.db'}"
     url: str = request.getfixturevalue("pg_fresh_url")
     return url
-
-
-async def _alembic(url: str, verb: str, revision: str) -> None:
-    def run(conn: Connection) -> None:
-        config = migrate._config()
-        config.attributes["connection"] = conn
-        getattr(command, verb)(config, revision)
-
-    engine = create_async_engine(normalize_url(url))
-    try:
-        async with engine.begin() as conn:
-            await conn.run_sync(run)
-    finally:
-        await engine.dispose()
 
 
 async def _read(url: str) -> tuple[list[Any], list[Any], dict[str, list[str]]]:
@@ -87,7 +72,7 @@ async def test_a_0008_ledger_with_rows_and_events_upgrades_losing_nothing(
     url = empty_url
     if url.startswith("sqlite"):
         sqlite3.connect(url.removeprefix("sqlite:///")).close()
-    await _alembic(url, "upgrade", "0008")
+    await alembic(url, "upgrade", "0008")
     ops, trail = _rows(60, at=1e9)
     # Told, a read (owed to nobody), failed, still running: none of them is owed untold.
     for i, row in enumerate(ops):
@@ -156,7 +141,7 @@ async def test_a_0008_ledger_with_rows_and_events_upgrades_losing_nothing(
         assert all(f"USING INDEX {UNDELIVERED_INDEX}" in p for p in plans), plans
 
     # And back: 0008's index over every row again, nothing lost either way.
-    await _alembic(url, "downgrade", "0008")
+    await alembic(url, "downgrade", "0008")
     down_ops, down_trail, down_columns = await _read(url)
     assert (down_ops, down_trail) == (before_ops, before_trail)
     assert down_columns == old_columns

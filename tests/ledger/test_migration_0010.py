@@ -9,18 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic import command
 from sqlalchemy import Connection, event, inspect, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from pipecat_actions.cli import main
-from pipecat_actions.ledger import SqlLedger, migrate
+from pipecat_actions.ledger import SqlLedger
 from pipecat_actions.ledger.engine import normalize_url
 from pipecat_actions.ledger.schema import LEASE_COLUMNS, LEASE_INDEX, events, operations
 from pipecat_actions.ledger.sqlite import SqliteLedger
 from pipecat_actions.status import ActionStatus
 from tests.conftest import BACKENDS
-from tests.ledger._support import sqlite_plans
+from tests.ledger._support import alembic, sqlite_plans
 from tests.ledger.test_operator_queries import _bulk_insert, _rows
 
 S = ActionStatus
@@ -34,20 +33,6 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'old.db'}"
     url: str = request.getfixturevalue("pg_fresh_url")
     return url
-
-
-async def _alembic(url: str, verb: str, revision: str) -> None:
-    def run(conn: Connection) -> None:
-        config = migrate._config()
-        config.attributes["connection"] = conn
-        getattr(command, verb)(config, revision)
-
-    engine = create_async_engine(normalize_url(url))
-    try:
-        async with engine.begin() as conn:
-            await conn.run_sync(run)
-    finally:
-        await engine.dispose()
 
 
 async def _read(url: str) -> tuple[list[Any], list[Any], list[str]]:
@@ -115,7 +100,7 @@ async def test_a_0009_ledger_with_leases_upgrades_losing_nothing_and_renews_only
     sqlite = url.startswith("sqlite")
     if sqlite:
         sqlite3.connect(url.removeprefix("sqlite:///")).close()
-    await _alembic(url, "upgrade", "0009")
+    await alembic(url, "upgrade", "0009")
     ops, trail = _leased(60)
     await _bulk_insert(url, ops, trail)
     before_ops, before_trail, old_columns = await _read(url)
@@ -159,6 +144,6 @@ async def test_a_0009_ledger_with_leases_upgrades_losing_nothing_and_renews_only
         (plan,) = sqlite_plans(url.removeprefix("sqlite:///"), renew_sql)
         assert f"USING INDEX {LEASE_INDEX} (status=? AND lease_owner=?)" in plan, plan
 
-    await _alembic(url, "downgrade", "0009")
+    await alembic(url, "downgrade", "0009")
     *_, down_columns = await _read(url)
     assert down_columns == old_columns
