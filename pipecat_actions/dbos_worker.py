@@ -139,7 +139,7 @@ def _launch(
         config["sys_db_pool_size"] = pool_size
     DBOS(config=config)
     DBOS.launch()
-    tools = [(name, policy[name]) for name in policy.names() if policy[name].is_durable]
+    tools = [(name, policy[name]) for name in policy.durable_names()]
     # The shared queue is polled as often as the tools' own queues only when a tool runs on
     # it; otherwise seldom, for what an earlier policy left there (each poll is a few
     # queries on every worker, whether or not there is work).

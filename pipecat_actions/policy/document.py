@@ -241,3 +241,7 @@ class PolicySet(Mapping[str, ToolPolicy]):
     def names(self) -> tuple[str, ...]:
         """Return the tool names, in file order."""
         return tuple(self.tools)
+
+    def durable_names(self) -> tuple[str, ...]:
+        """Return the names of the tools a DBOS worker runs (``execution: durable``), in order."""
+        return tuple(name for name, tool in self.tools.items() if tool.is_durable)

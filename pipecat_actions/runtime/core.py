@@ -191,7 +191,7 @@ class ActionRuntime:
         sealer = sealer_for(
             {name: policies[name].sensitive for name in policies.names()}, ledger_keys
         )
-        durable = [name for name in policies.names() if policies[name].is_durable]
+        durable = policies.durable_names()
         if durable and admits_calls and (ledger is None or not hands_off(ledger)):
             raise ConfigurationError(
                 f"{', '.join(sorted(durable))}: execution: durable, but this runtime's ledger "

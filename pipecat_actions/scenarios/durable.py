@@ -12,22 +12,16 @@ URL names (connecting to the URL's database to create and drop it), and drops it
 
 from __future__ import annotations
 
-__all__ = ["database_of_its_own", "durable_tools", "prepare_database", "refuse_on_sqlite"]
+__all__ = ["database_of_its_own", "prepare_database", "refuse_on_sqlite"]
 
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
 
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import make_url
 
 from pipecat_actions.errors import PolicyProblem, ScenarioError
-from pipecat_actions.policy import PolicySet
 from pipecat_actions.scenarios.loader import LoadedScenario
-
-
-def durable_tools(policy: PolicySet) -> list[str]:
-    """The tools of ``policy`` that run on a DBOS worker (``execution: durable``)."""
-    return sorted(name for name in policy.names() if policy[name].is_durable)
 
 
 def _is_postgres(url: str | None) -> bool:
@@ -47,7 +41,7 @@ def refuse_on_sqlite(loaded: LoadedScenario, url: str | None, *, fresh_database:
     """
     if _is_postgres(url):
         return
-    durable = durable_tools(loaded.policy)
+    durable = sorted(loaded.policy.durable_names())
     if durable:
         raise ScenarioError(
             [
@@ -74,10 +68,6 @@ def refuse_on_sqlite(loaded: LoadedScenario, url: str | None, *, fresh_database:
         )
 
 
-def _asyncpg_dsn(url: URL) -> str:
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @contextlib.asynccontextmanager
 async def database_of_its_own(
     server_url: str, *, prefix: str = "pa_scenario"
@@ -92,9 +82,11 @@ async def database_of_its_own(
     """
     import asyncpg
 
+    from pipecat_actions.ledger._postgres import asyncpg_dsn
+
     server = make_url(server_url)
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(_asyncpg_dsn(server))
+    admin = await asyncpg.connect(asyncpg_dsn(server))
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
@@ -102,7 +94,7 @@ async def database_of_its_own(
     try:
         yield server.set(database=name).render_as_string(hide_password=False)
     finally:
-        admin = await asyncpg.connect(_asyncpg_dsn(server))
+        admin = await asyncpg.connect(asyncpg_dsn(server))
         try:
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:

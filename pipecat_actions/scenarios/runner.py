@@ -51,7 +51,6 @@ from pipecat_actions.operator import OperatorApp
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.scenarios.durable import (
     database_of_its_own,
-    durable_tools,
     prepare_database,
     refuse_on_sqlite,
 )
@@ -1045,7 +1044,7 @@ async def _run_loaded(loaded: LoadedScenario, ledger_url: str | None) -> Run:
     run = Run()
     with tempfile.TemporaryDirectory(prefix="pipecat-actions-scenario-") as workdir:
         url = ledger_url or f"sqlite:///{Path(workdir) / 'ledger.db'}"
-        durable = bool(durable_tools(loaded.policy))
+        durable = bool(loaded.policy.durable_names())
         try:
             scene = _Scene(loaded, url, run, durable=durable)
         except ScenarioError:
