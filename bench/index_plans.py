@@ -4,9 +4,8 @@
 
 Every index is a page more for SQLite to write when a row is inserted, and when a change moves
 its entry (issue 34: WAL frames per ``propose``); migration 0007 dropped the two that no
-query read, 0009 made ``ix_pa_operations_undelivered`` a partial index of the rows its one
-query reads (committed, owed, never told), and 0010 put the lease owner in
-``ix_pa_operations_status_lease`` for the heartbeat. This builds a ledger of ``--rows`` operations
+query read, and 0009 made ``ix_pa_operations_undelivered`` a partial index of the rows its one
+query reads (committed, owed, never told). This builds a ledger of ``--rows`` operations
 (``operator_queries``' mix, default 20,000) on each backend, runs each query the product
 makes through the ledger itself, records the SQL it sent, and prints the database's own plan
 of it (SQLite ``EXPLAIN QUERY PLAN``, PostgreSQL ``EXPLAIN``) under the index it is there for.
@@ -68,10 +67,8 @@ QUERIES: list[tuple[str, str, Call]] = [
      lambda d: d.list(OperationFilter(status=[S.UNKNOWN], limit=51))),
     ("ix_pa_operations_status_lease", "list(AWAITING_APPROVAL) (approvals)",
      lambda d: d.list(OperationFilter(status=[S.AWAITING_APPROVAL]))),
-    ("ix_pa_operations_created", "claim_stale (recovery, watchdog)",
+    ("ix_pa_operations_status_lease", "claim_stale (recovery, watchdog)",
      lambda d: d.claim_stale("bench", lease_secs=30, limit=10)),
-    ("ix_pa_operations_created", "claim_stale, a pass's next batch (after a cursor)",
-     lambda d: d.claim_stale("bench", lease_secs=30, limit=10, after=(1.7e9, "op"))),
     ("ix_pa_operations_status_lease", "renew_lease (heartbeat)",
      lambda d: d.renew_lease("bench", lease_secs=30)),
     ("ix_pa_operations_status_lease", "gone_owners (lease holders)",

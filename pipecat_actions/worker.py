@@ -84,13 +84,12 @@ class _ClaimWatch(ForwardingLedger):
         limit: int,
         except_ids: Collection[str] = (),
         gone: Collection[str] = (),
-        after: tuple[float, str] | None = None,
     ) -> builtins.list[Operation]:
         """See `Ledger.claim_stale`."""
         task = asyncio.current_task()
         self.release(task)
         claimed = await super().claim_stale(
-            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone, after=after
+            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone
         )
         if claimed:
             self._held[task] = claimed

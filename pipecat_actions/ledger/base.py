@@ -165,7 +165,6 @@ class Ledger(ABC):
         limit: int,
         except_ids: Collection[str] = (),
         gone: Collection[str] = (),
-        after: tuple[float, str] | None = None,
     ) -> builtins.list[Operation]:
         """Take over non-terminal operations whose owner's lease expired, or whose owner is gone.
 
@@ -173,9 +172,7 @@ class Ledger(ABC):
         the previous owner are refused from now on. Two claimers never get the same operation.
         The operations in ``except_ids`` are left alone (the claimer knows it cannot run them).
         The operations held by an owner in ``gone`` (`gone_owners` says so) are claimed
-        whatever their lease says. Claimed in (created_at, operation_id) order; with ``after``
-        (the last one a previous batch claimed), only those past it: a pass of batches goes on
-        where the last one ended instead of leaving out, by id, every one claimed so far.
+        whatever their lease says.
         """
 
     async def hold_life(self, owner: str) -> bool:

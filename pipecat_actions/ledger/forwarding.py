@@ -125,11 +125,10 @@ class ForwardingLedger(Ledger):
         limit: int,
         except_ids: Collection[str] = (),
         gone: Collection[str] = (),
-        after: tuple[float, str] | None = None,
     ) -> builtins.list[Operation]:
         """See `Ledger.claim_stale`."""
         return await self.inner.claim_stale(
-            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone, after=after
+            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone
         )
 
     async def hold_life(self, owner: str) -> bool:

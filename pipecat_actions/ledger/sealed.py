@@ -278,11 +278,10 @@ class SealedLedger(ForwardingLedger):
         limit: int,
         except_ids: Collection[str] = (),
         gone: Collection[str] = (),
-        after: tuple[float, str] | None = None,
     ) -> builtins.list[Operation]:
         """See `Ledger.claim_stale`."""
         claimed = await super().claim_stale(
-            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone, after=after
+            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone
         )
         return [self._opened(op) for op in claimed]
 

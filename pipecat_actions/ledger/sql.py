@@ -37,7 +37,6 @@ from sqlalchemy import (
     literal,
     or_,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.engine import URL
@@ -642,7 +641,6 @@ class SqlLedger(Ledger):
         limit: int,
         except_ids: Collection[str] = (),
         gone: Collection[str] = (),
-        after: tuple[float, str] | None = None,
     ) -> list[Operation]:
         left = list(except_ids)
         dead = list(gone)
@@ -659,12 +657,11 @@ class SqlLedger(Ledger):
             )
             if left:
                 stale = stale.where(operations.c.operation_id.not_in(left))
-            place = (operations.c.created_at, operations.c.operation_id)
-            if after is not None:
-                # A row-value range of ix_pa_operations_created (see `_filters`): the pass
-                # walks on from its last batch, never again over what it claimed.
-                stale = stale.where(tuple_(*place) > tuple_(*after))
-            candidates = stale.order_by(*place).limit(limit).with_for_update(skip_locked=True)
+            candidates = (
+                stale.order_by(operations.c.created_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
             previous = {r.operation_id: r.lease_owner for r in conn.execute(candidates)}
             if not previous:
                 return []
@@ -685,9 +682,7 @@ class SqlLedger(Ledger):
                 )
                 .returning(*operations.c)
             )
-            claimed = sorted(
-                (to_operation(r) for r in rows), key=lambda o: (o.created_at, o.operation_id)
-            )
+            claimed = sorted((to_operation(r) for r in rows), key=lambda o: o.created_at)
             conn.execute(
                 self._insert_events,
                 [

@@ -102,11 +102,10 @@ class ObservedLedger(ForwardingLedger):
         limit: int,
         except_ids: Collection[str] = (),
         gone: Collection[str] = (),
-        after: tuple[float, str] | None = None,
     ) -> builtins.list[Operation]:
         """See `Ledger.claim_stale`."""
         claimed = await super().claim_stale(
-            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone, after=after
+            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone
         )
         self.telemetry.claimed(claimed)
         return claimed

@@ -191,23 +191,15 @@ class Recovery:
             gone = [*gone, self._owner]
             leave.extend(tracked.operation_id for tracked in self._operations.waiting())
         claimed: list[Operation] = []
-        after: tuple[float, str] | None = None
         while True:
-            # Each batch goes on after the last one claimed (claimed now, they are this
-            # owner's, and a gone owner's name may be this one's own): what it leaves out by
-            # id stays what this runtime cannot run, not every operation claimed so far.
             batch = await self._ledger.claim_stale(
-                self._owner,
-                lease_secs=self._lease_secs,
-                limit=50,
-                except_ids=leave,
-                gone=gone,
-                after=after,
+                self._owner, lease_secs=self._lease_secs, limit=50, except_ids=leave, gone=gone
             )
             if not batch:
                 break
             claimed.extend(batch)
-            after = (batch[-1].created_at, batch[-1].operation_id)
+            # Claimed now, they are this owner's: a gone owner's name may be this one's own.
+            leave.extend(op.operation_id for op in batch)
             for op in batch:
                 if op.lease_owner != self._owner:
                     continue  # pragma: no cover - claim_stale gives its claimer the lease

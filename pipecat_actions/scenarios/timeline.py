@@ -155,17 +155,11 @@ class TimelineLedger(ForwardingLedger):
         limit: int,
         except_ids: Collection[str] = (),
         gone: Collection[str] = (),
-        after: tuple[float, str] | None = None,
     ) -> builtins.list[Operation]:
         """Forward (counted)."""
         return await self._counted(
             super().claim_stale(
-                owner,
-                lease_secs=lease_secs,
-                limit=limit,
-                except_ids=except_ids,
-                gone=gone,
-                after=after,
+                owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone
             )
         )
 

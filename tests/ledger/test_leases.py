@@ -119,35 +119,6 @@ async def test_claim_stale_honours_its_limit_oldest_first(
     assert batches == [ids[0:2], ids[2:4], ids[4:5], []]
 
 
-async def test_a_pass_of_batches_goes_on_after_the_last_one_even_when_its_own_name_is_gone(
-    ledger: SqlLedger, clock: ManualClock
-) -> None:
-    made = []
-    for n in range(5):
-        made.append(
-            (await ledger.admit(new_op(f"p{n}", lease_owner="me", lease_secs=600))).operation
-        )
-        if n % 2 == 0:
-            clock.advance(1)  # pairs made at one time: their ids decide their order
-    order = [op.operation_id for op in sorted(made, key=lambda o: (o.created_at, o.operation_id))]
-
-    # The claimer's own name is gone (a previous incarnation): what it claims stays claimable
-    # by its name, so only the cursor keeps a batch from taking the last one's again.
-    batches: list[list[str]] = []
-    after = None
-    for _ in range(5):
-        batch = await ledger.claim_stale("me", lease_secs=600, limit=2, gone=["me"], after=after)
-        if not batch:
-            break
-        batches.append([op.operation_id for op in batch])
-        after = (batch[-1].created_at, batch[-1].operation_id)
-
-    assert batches == [order[0:2], order[2:4], order[4:5]]
-    again = await ledger.claim_stale("me", lease_secs=600, limit=2, gone=["me"])
-    assert [op.operation_id for op in again] == order[0:2]
-    assert [op.fence for op in again] == [3, 3]
-
-
 async def test_claim_stale_takes_waiting_and_retrying_operations_too(
     ledger: SqlLedger, clock: ManualClock
 ) -> None:

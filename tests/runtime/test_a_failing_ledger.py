@@ -110,11 +110,10 @@ class Outage(ForwardingLedger):
         limit: int,
         except_ids: Collection[str] = (),
         gone: Collection[str] = (),
-        after: tuple[float, str] | None = None,
     ) -> Any:
         self._check("claim_stale")
         return await super().claim_stale(
-            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone, after=after
+            owner, lease_secs=lease_secs, limit=limit, except_ids=except_ids, gone=gone
         )
 
     async def renew_lease(

@@ -236,7 +236,6 @@ class MemoryLedger(Ledger):
         limit: int,
         except_ids: Collection[str] = (),
         gone: Collection[str] = (),
-        after: tuple[float, str] | None = None,
     ) -> builtins.list[Operation]:
         return []
 
