@@ -444,7 +444,7 @@ async def scale(args: argparse.Namespace, report: Report) -> None:
 
     options = argparse.Namespace(
         rows=args.scale_rows, template=min(100_000, args.scale_rows), proposes=args.scale_proposes,
-        stats_times=3,
+        stats_times=3, keep=None, reuse=None,
     )  # fmt: skip
     empty, full, built = await ten_million.measure(options)
     report.latency.append(_printed(lambda: ten_million.report(empty, full, built, options)))

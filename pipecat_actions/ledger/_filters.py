@@ -51,7 +51,12 @@ def filter_conditions(f: OperationFilter) -> list[ColumnElement[bool]]:
     if f.undelivered is not None:
         conditions.append(OWED_UNTOLD if f.undelivered else ~OWED_UNTOLD)
     if f.conflicted is not None:
-        flagged = c.trail_marks.op("&")(int(Mark.CONFLICT)) != 0
+        # Written as ``ix_pa_operations_conflicts``' condition, constants and all: a bound
+        # parameter would keep PostgreSQL's generic plan from proving the partial index holds
+        # the rows.
+        flagged = c.trail_marks.op("&")(
+            literal(int(Mark.CONFLICT), literal_execute=True)
+        ) != literal(0, literal_execute=True)
         conditions.append(flagged if f.conflicted else ~flagged)
     if f.after is not None:
         # A row-value comparison: both backends read it as a range of the

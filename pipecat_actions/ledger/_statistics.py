@@ -21,6 +21,7 @@ from __future__ import annotations
 
 __all__ = ["read_statistics"]
 
+import math
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -38,8 +39,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import visitors
 
+from pipecat_actions.ledger._counts import HOUR_SECS, counted_totals
 from pipecat_actions.ledger._filters import OWED_UNTOLD
 from pipecat_actions.ledger._trail import Mark
+from pipecat_actions.ledger.records import OperationFilter
 from pipecat_actions.ledger.schema import STATS_COLUMNS, operations
 from pipecat_actions.status import ActionStatus
 
@@ -59,8 +62,14 @@ _SAMPLES = (("%0", 16), ("%00", 256))
 """Operation ids ending so: ids end in random hex, so 1 in 16 (or 256) of the operations."""
 
 
-def read_statistics(conn: Connection, where: list[ColumnElement[bool]]) -> dict[str, Any]:
-    """Return ``{"operations": N, "tools": {tool: figures}}`` for the rows ``where`` matches."""
+def read_statistics(
+    conn: Connection, where: list[ColumnElement[bool]], filters: OperationFilter | None = None
+) -> dict[str, Any]:
+    """Return ``{"operations": N, "tools": {tool: figures}}`` for the rows ``where`` matches.
+
+    ``filters``: what ``where`` was made of; on PostgreSQL, when it names at most a tool, a
+    tenant and a time range, the counts come from `_counts`' groups.
+    """
     hint = _sqlite_index(where) if conn.dialect.name == "sqlite" else None
     if conn.dialect.name == "postgresql":
         # PostgreSQL plans the GROUP BY for thousands of groups (it cannot know that tool,
@@ -70,9 +79,17 @@ def read_statistics(conn: Connection, where: list[ColumnElement[bool]]) -> dict[
         # transaction only.
         conn.exec_driver_sql(f"SET LOCAL work_mem = '{_WORK_MEM}'")
         conn.exec_driver_sql("SET LOCAL jit = off")
-    totals, trails = _operation_totals(conn, where, hint)
+    if conn.dialect.name == "postgresql" and filters is not None and _countable(filters):
+        queries = _counted_queries(where, filters)
+    else:
+        queries = [_totals_query(where)]
+    totals, trails = _operation_totals(conn, [_hinted(q, hint) for q in queries])
     samples = _samples({tool: t["operations"] for tool, t in totals.items()})
-    _spread_values(conn, where, _in_sample(samples, list(totals)), totals, hint)
+    if conn.dialect.name == "postgresql":
+        for ranked in _sample_parts(samples, list(totals)):
+            _spread_values(conn, where, ranked, totals, hint)
+    else:
+        _spread_values(conn, where, _in_sample(samples, list(totals)), totals, hint)
     spreads = {name: _spread(name, totals, samples) for name in _SPREADS}
     tools: dict[str, dict[str, Any]] = {}
     for tool in sorted(totals):
@@ -184,6 +201,29 @@ def _in_sample(samples: dict[str, int], tools: list[str]) -> ColumnElement[bool]
     return or_(c.tool.not_in(sorted(samples)), *sampled)
 
 
+def _sample_parts(samples: dict[str, int], tools: list[str]) -> list[ColumnElement[bool]]:
+    """`_in_sample` on PostgreSQL, one condition per pass.
+
+    The tools ranked whole, then each sample's tools, read from
+    ``ix_pa_operations_spread_sample`` (ids ending in 0), whose condition each repeats in
+    full, constants and all, for the planner to prove the index holds the rows.
+    """
+    c = operations.c
+    exact = [t for t in tools if t not in samples]
+    parts: list[ColumnElement[bool]] = [c.tool.in_(sorted(exact))] if exact else []
+    for pattern, one_in in _SAMPLES:
+        sampled = sorted(t for t, n in samples.items() if n == one_in)
+        if sampled:
+            parts.append(
+                and_(
+                    c.tool.in_(sampled),
+                    c.operation_id.like(literal("%0", literal_execute=True)),
+                    c.operation_id.like(literal(pattern, literal_execute=True)),
+                )
+            )
+    return parts
+
+
 def _ratio(part: int, whole: int) -> float | None:
     return None if whole <= 0 else round(part / whole, 4)
 
@@ -205,12 +245,44 @@ _EVENT_MARKS = {
 """The figures that count the operations whose trail has a mark."""
 
 
-def _operation_totals(
-    conn: Connection, where: list[ColumnElement[bool]], hint: str | None
-) -> tuple[dict[str, dict[str, Any]], dict[str, _TrailCounts]]:
-    """Per tool: the counts and sums of its rows, and what their trails say."""
+def _countable(f: OperationFilter) -> bool:
+    """Whether `_counts`' groups answer ``f``: it names a tool, a tenant, a time range at most."""
+    return all(
+        getattr(f, name) is None
+        for name in (
+            "status", "session_id", "principal", "resource_key", "lease_owner", "undelivered",
+            "conflicted",
+        )
+    )  # fmt: skip
+
+
+def _counted_queries(where: list[ColumnElement[bool]], f: OperationFilter) -> list[Select[Any]]:
+    """The first pass: groups for the whole hours of ``f``'s range, rows for the rest.
+
+    The rows are those of the partial hours at its ends (`stats --since`).
+    """
+    lo, hi = f.created_from, f.created_before
+    first = None if lo is None else math.ceil(lo / HOUR_SECS)
+    last = None if hi is None else math.floor(hi / HOUR_SECS)
+    if first is not None and last is not None and first >= last:
+        return [_totals_query(where)]  # within an hour: its rows
     c = operations.c
-    query = (
+    # A row's hour as the trigger computes it, so that each row is in exactly one part; the
+    # bound on created_at beside it is the index's range.
+    hour = func.floor(c.created_at / HOUR_SECS)
+    queries = [counted_totals(f.tool, f.tenant, (first, last))]
+    if first is not None:
+        edge = [c.created_at < (first + 1) * HOUR_SECS, hour < first]
+        queries.append(_totals_query([*where, *edge]))
+    if last is not None:
+        edge = [c.created_at >= (last - 1) * HOUR_SECS, hour >= last]
+        queries.append(_totals_query([*where, *edge]))
+    return queries
+
+
+def _totals_query(where: list[ColumnElement[bool]]) -> Select[Any]:
+    c = operations.c
+    return (
         select(
             c.tool,
             c.status,
@@ -233,10 +305,17 @@ def _operation_totals(
         .where(*where)
         .group_by(c.tool, c.tenant, c.status, c.trail_marks, c.refusal_reason)
     )
+
+
+def _operation_totals(
+    conn: Connection, queries: list[Select[Any]]
+) -> tuple[dict[str, dict[str, Any]], dict[str, _TrailCounts]]:
+    """Per tool: the counts and sums of its rows, and what their trails say."""
     fields = ("operations", "executed", "retried", "retries", "escalated", "compensations")
     totals: dict[str, dict[str, Any]] = {}
     trails: dict[str, _TrailCounts] = defaultdict(_TrailCounts)
-    for row in conn.execute(_hinted(query, hint)):
+    rows = (row for query in queries for row in conn.execute(query))
+    for row in rows:
         entry = totals.setdefault(
             row.tool, {name: 0 for name in (*fields, "committed_undelivered")} | {"by_status": {}}
         )

@@ -30,12 +30,14 @@ from loguru import logger
 from sqlalchemy import Connection, Select, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from pipecat_actions._shelter import sheltered
 from pipecat_actions.clock import Clock
 from pipecat_actions.errors import LedgerUnavailable
 from pipecat_actions.ledger import _owners
+from pipecat_actions.ledger._counts import FOLD
 from pipecat_actions.ledger._life import Life, PostgresLife
 from pipecat_actions.ledger._notices import PostgresNotices, PostgresNotifier
 from pipecat_actions.ledger._opening import postgres_unreachable
@@ -323,6 +325,17 @@ class PostgresLedger(SqlLedger):
         # page's order and limit.
         found = select(operations).where(*where).cte("found").prefix_with("MATERIALIZED")
         return select(found).order_by(found.c.created_at, found.c.operation_id).limit(f.limit)
+
+    def _before_statistics(self, conn: Connection) -> None:
+        # The deltas the trigger appended since the last fold become their groups' counts,
+        # so that `stats` sums a row per group, not one per change (see `_counts`). Not a
+        # fact of the ledger, so a ledger opened read-only folds too; a role that may not
+        # write leaves them to be summed as they are, which gives the same figures.
+        try:
+            conn.exec_driver_sql(FOLD)
+            conn.commit()
+        except DBAPIError:
+            conn.rollback()
 
     def _in_snapshot(self, conn: Connection, read: Callable[[], T]) -> T:
         conn.execution_options(isolation_level="REPEATABLE READ")

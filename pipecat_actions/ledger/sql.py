@@ -884,12 +884,14 @@ class SqlLedger(Ledger):
     async def statistics(  # noqa: D102 - see Ledger
         self, filters: OperationFilter | None = None
     ) -> dict[str, Any]:
-        where = filter_conditions(replace(filters or OperationFilter(), after=None))
+        wanted = replace(filters or OperationFilter(), after=None)
+        where = filter_conditions(wanted)
 
         def work(conn: Connection) -> dict[str, Any]:
+            self._before_statistics(conn)
             # Its few queries read one snapshot, so that their figures agree with each other
             # while writes go on (a tool's first commit between two of them, say).
-            return self._in_snapshot(conn, lambda: read_statistics(conn, where))
+            return self._in_snapshot(conn, lambda: read_statistics(conn, where, wanted))
 
         return await self._read(work)
 
@@ -901,6 +903,9 @@ class SqlLedger(Ledger):
 
         Used when `_status_first` says so (a page of a status and a tool, say).
         """
+
+    def _before_statistics(self, conn: Connection) -> None:
+        """Work on ``conn`` before `statistics`' snapshot, in a transaction of its own."""
 
     @abstractmethod
     def _in_snapshot(self, conn: Connection, read: Callable[[], T]) -> T:
