@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from pipecat_actions._shelter import sheltered
 from pipecat_actions.clock import Clock
-from pipecat_actions.errors import LedgerUnavailable
+from pipecat_actions.errors import LedgerError, LedgerUnavailable
 from pipecat_actions.ledger import _owners
 from pipecat_actions.ledger._counts import FOLD
 from pipecat_actions.ledger._life import Life, PostgresLife
@@ -57,6 +57,16 @@ from pipecat_actions.ledger.sql import Change, SqlLedger, refusal
 from pipecat_actions.status import ActionStatus
 
 T = TypeVar("T")
+
+
+def _fold(conn: Connection) -> None:
+    """Fold `_counts`' deltas, unless another process is folding them now."""
+    if conn.exec_driver_sql(f"SELECT pg_try_advisory_xact_lock({_FOLD_LOCK})").scalar():
+        conn.exec_driver_sql(FOLD)
+
+
+_FOLD_LOCK = 7243510932
+"""An advisory lock key of the ledger's own (`migrate` holds 7243510931 while it migrates)."""
 
 
 class PostgresLedger(SqlLedger):
@@ -332,10 +342,23 @@ class PostgresLedger(SqlLedger):
         # fact of the ledger, so a ledger opened read-only folds too; a role that may not
         # write leaves them to be summed as they are, which gives the same figures.
         try:
-            conn.exec_driver_sql(FOLD)
+            _fold(conn)
             conn.commit()
         except DBAPIError:
             conn.rollback()
+
+    async def renew_lease(  # noqa: D102 - see Ledger
+        self, owner: str, *, lease_secs: float, except_ids: Collection[str] = ()
+    ) -> int:
+        renewed = await super().renew_lease(owner, lease_secs=lease_secs, except_ids=except_ids)
+        # Each heartbeat folds the deltas appended since (see `_counts`), so that they never
+        # pile up between two `stats`. Its failure is no failure of the heartbeat: the next
+        # one, or `stats`, folds them.
+        try:
+            await self._write(_fold)
+        except LedgerError as exc:
+            logger.warning("ledger {}: the counts for stats were not folded: {}", self.url, exc)
+        return renewed
 
     def _in_snapshot(self, conn: Connection, read: Callable[[], T]) -> T:
         conn.execution_options(isolation_level="REPEATABLE READ")

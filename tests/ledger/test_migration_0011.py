@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, inspect, select, text
+from sqlalchemy import Connection, func, inspect, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from pipecat_actions.cli import main
@@ -26,7 +26,7 @@ from pipecat_actions.ledger._statistics import read_statistics
 from pipecat_actions.ledger._trail import Mark
 from pipecat_actions.ledger.engine import normalize_url
 from pipecat_actions.ledger.records import First
-from pipecat_actions.ledger.schema import CONFLICTS_INDEX, counts, events, operations
+from pipecat_actions.ledger.schema import CONFLICTS_INDEX, counts, deltas, events, operations
 from pipecat_actions.status import ActionStatus
 from tests.conftest import BACKENDS
 from tests.ledger._support import alembic, record_selects, sqlite_plans
@@ -203,3 +203,32 @@ async def _plan(url: str, ledger: SqlLedger, f: OperationFilter) -> str:
             return " | ".join(r[0] for r in rows)
     finally:
         await engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_each_heartbeat_folds_the_deltas_into_the_counts_on_postgres(
+    pg_fresh_url: str,
+) -> None:
+    ledger = await SqlLedger.create(pg_fresh_url)
+    try:
+        await _story(ledger)  # three operations: inserts and changes, each a delta
+        assert await _count_rows(ledger, deltas) > 0
+
+        await ledger.renew_lease("runtime-a", lease_secs=30)
+
+        assert await _count_rows(ledger, deltas) == 0
+        assert (
+            sum(
+                await ledger._read(lambda c: c.execute(select(counts.c.operations)).scalars().all())
+            )
+            == 3
+        )
+        assert await ledger.statistics() == await _over_the_rows(pg_fresh_url, OperationFilter())
+    finally:
+        await ledger.close()
+
+
+async def _count_rows(ledger: SqlLedger, table: Any) -> int:
+    return int(
+        await ledger._read(lambda c: c.execute(select(func.count()).select_from(table)).scalar())
+    )
