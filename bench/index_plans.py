@@ -5,8 +5,10 @@
 Every index is a page more for SQLite to write when a row is inserted, and when a change moves
 its entry (issue 34: WAL frames per ``propose``); migration 0007 dropped the two that no
 query read, and 0009 made ``ix_pa_operations_undelivered`` a partial index of the rows its one
-query reads (committed, owed, never told). This builds a ledger of ``--rows`` operations
-(``operator_queries``' mix, default 20,000) on each backend, runs each query the product
+query reads (committed, owed, never told); 0011 added partial ones for ``--conflicts`` and (on
+PostgreSQL) a tool's open statuses and the spreads' sample of `stats` (read above 100,000
+operations of a tool: ``bench/ten_million.py`` shows it). This builds a ledger of ``--rows``
+operations (``operator_queries``' mix, default 20,000) on each backend, runs each query the product
 makes through the ledger itself, records the SQL it sent, and prints the database's own plan
 of it (SQLite ``EXPLAIN QUERY PLAN``, PostgreSQL ``EXPLAIN``) under the index it is there for.
 A query whose plan names no index of its own is marked ``!``. ``make bench`` runs it after
@@ -75,7 +77,15 @@ QUERIES: list[tuple[str, str, Call]] = [
      lambda d: d.gone_owners(besides="bench")),
     ("ix_pa_operations_stats", "statistics() (stats; SQLite only)",
      lambda d: d.statistics()),
+    ("ix_pa_operations_conflicts", "list(conflicted) page (ledger list --conflicts)",
+     lambda d: d.list(OperationFilter(conflicted=True, limit=51))),
+    ("ix_pa_operations_tool_open", "list(tool, UNKNOWN) (ledger list --tool --status; PG only)",
+     lambda d: d.list(OperationFilter(tool="refund", status=[S.UNKNOWN], limit=51))),
+    ("ix_pa_operations_spread_sample", "statistics(): the spreads' sample (PostgreSQL only)",
+     lambda d: d.statistics()),
 ]  # fmt: skip
+POSTGRES_ONLY = frozenset({"ix_pa_operations_tool_open", "ix_pa_operations_spread_sample"})
+SQLITE_ONLY = frozenset({"ix_pa_operations_stats"})
 
 
 def _recorder(ledger: SqlLedger) -> list[tuple[str, Any]]:
@@ -123,7 +133,7 @@ async def plans(url: str, rows: int) -> list[str]:
     issued = _recorder(ledger)
     try:
         for index, what, call in QUERIES:
-            if sqlite is False and index == "ix_pa_operations_stats":
+            if index in (SQLITE_ONLY if not sqlite else POSTGRES_ONLY):
                 continue
             issued.clear()
             await call(ledger)
