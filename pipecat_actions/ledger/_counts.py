@@ -88,11 +88,10 @@ _READ_BY_STATS = (
 (a lease renewed, a result stored) appends nothing."""
 
 
-def _insert(r: str, sign: str) -> str:
-    return (
-        f"INSERT INTO pa_operation_deltas ({', '.join(_COLUMNS)}) "
-        f"VALUES ({', '.join(_terms(r, sign).values())});"
-    )
+def _insert(*rows: tuple[str, str]) -> str:
+    """One INSERT of a delta per (row, sign): an update's two in one statement."""
+    values = ", ".join(f"({', '.join(_terms(r, sign).values())})" for r, sign in rows)
+    return f"INSERT INTO pa_operation_deltas ({', '.join(_COLUMNS)}) VALUES {values};"
 
 
 _OLD = ", ".join(f"OLD.{c}" for c in _READ_BY_STATS)
@@ -100,11 +99,12 @@ _NEW = ", ".join(f"NEW.{c}" for c in _READ_BY_STATS)
 TRIGGERS = (
     f"""CREATE FUNCTION pa_count_operation() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP <> 'INSERT' THEN
-        {_insert("OLD", "-1")}
-    END IF;
-    IF TG_OP <> 'DELETE' THEN
-        {_insert("NEW", "1")}
+    IF TG_OP = 'UPDATE' THEN
+        {_insert(("OLD", "-1"), ("NEW", "1"))}
+    ELSIF TG_OP = 'INSERT' THEN
+        {_insert(("NEW", "1"))}
+    ELSE
+        {_insert(("OLD", "-1"))}
     END IF;
     RETURN NULL;
 END
