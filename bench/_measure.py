@@ -84,9 +84,9 @@ async def concurrent(n: int, callers: int, call: Callable[[int], Awaitable[objec
     return Sample(latencies, time.perf_counter() - start, time.process_time() - cpu)
 
 
-async def fresh_pg() -> tuple[str, str]:
+async def fresh_pg(prefix: str = "pa_bench") -> tuple[str, str]:
     """Create an empty database on the server of ``PG_ADMIN_URL``; return its name and URL."""
-    name = f"pa_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     conn = await asyncpg.connect(PG_ADMIN_URL)
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')

@@ -1,6 +1,6 @@
 """The heartbeat's and recovery's plans on PostgreSQL before and after migration 0010.
 
-    .venv/bin/python bench/heartbeat_plans.py [--rows N] [--held H]
+    .venv/bin/python bench/heartbeat_plans.py [--rows N] [--held H] [--pass] [--leave-claimed]
 
 On a database created for the run (dropped after it, whatever happens): a ledger at migration
 0009 filled with ``--rows`` operations (default 1,000,000) by ``bench/ten_million.py``'s build
@@ -16,13 +16,24 @@ again after ``alembic upgrade`` to 0010 on the same rows (``ANALYZE`` after each
 
 Each statement is recorded as the ledger sends it and stopped before it runs (so none of them
 changes the rows between the two plans), then explained inside a transaction rolled back.
+
+With ``--pass``, then a recovery pass at 0010: `claim_stale` in batches of 50 until one comes
+back empty, over every stale operation (the UNKNOWN ones but ``--held``), as
+`Recovery.recover` makes it. Before each batch its select is recorded and explained (rolled
+back) as above; then the batch runs. It prints, for the first, middle and last batches, the
+pages (shared buffers) and rows the select read, its execution time and its bound parameters,
+and the time of the whole pass. ``--leave-claimed`` passes every operation claimed so far as
+``except_ids``, as recovery did before it relied on a claim taking a row out of reach (run
+it with that version's package first on the path to see that version).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -121,12 +132,106 @@ async def explain(url: str) -> list[str]:
     return out
 
 
+async def recovery_pass(url: str, *, leave_claimed: bool) -> list[str]:
+    """Claim every stale operation in batches of 50; the work of each batch's select."""
+    ledger = await SqlLedger.create(url, create_schema=False, check_schema=False)
+    raw = await asyncpg.connect(url)
+    await raw.execute("ANALYZE pa_operations")
+    stop = [True]
+    issued: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        words = statement.lstrip().split(None, 1)
+        if stop[0] and words and words[0].upper() == "SELECT" and "pa_operations" in statement:
+            issued.append((statement, parameters))
+            raise _Stop
+
+    event.listen(ledger._engine.sync_engine, "before_cursor_execute", record)
+    claimed: list[str] = []
+    batches: list[dict[str, float]] = []
+    started = time.perf_counter()
+    spent_explaining = 0.0
+    try:
+        while True:
+            left = list(claimed) if leave_claimed else []
+
+            async def claim(left: list[str] = left) -> list[Any]:
+                return await ledger.claim_stale(
+                    "bench-recovery", lease_secs=3600, limit=50, except_ids=left
+                )
+
+            explained = time.perf_counter()
+            stop[0], issued[:] = True, []
+            try:
+                await claim()
+            except Exception:
+                if not issued:
+                    raise
+            sql, params = issued[0]
+            transaction = raw.transaction()
+            await transaction.start()
+            try:
+                [[plan]] = await raw.fetch(
+                    f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", *(params or ())
+                )
+            finally:
+                await transaction.rollback()
+            top = json.loads(plan)[0]
+            spent_explaining += time.perf_counter() - explained
+            stop[0] = False
+            took = time.perf_counter()
+            batch = await claim()
+            took = time.perf_counter() - took
+            if not batch:
+                break
+            claimed.extend(op.operation_id for op in batch)
+            batches.append(
+                {
+                    "pages": top["Plan"]["Shared Hit Blocks"] + top["Plan"]["Shared Read Blocks"],
+                    "rows": _rows_read(top["Plan"]),
+                    "ms": top["Execution Time"],
+                    "params": len(params or ()),
+                    "claim_ms": took * 1000,
+                }
+            )
+    finally:
+        await raw.close()
+        await ledger.close()
+    total = time.perf_counter() - started - spent_explaining
+    how = "every claimed id left out" if leave_claimed else "nothing left out"
+    out = [f"-- recovery pass ({how}): {len(claimed):,} claimed in {len(batches)} batches"]
+    out.append("   batch   pages   rows read   select ms   parameters   claim ms")
+    for n in sorted({0, len(batches) // 2, len(batches) - 1}):
+        b = batches[n]
+        out.append(
+            f"   {n + 1:5}   {b['pages']:5.0f}   {b['rows']:9.0f}   {b['ms']:9.2f}"
+            f"   {b['params']:10.0f}   {b['claim_ms']:8.2f}"
+        )
+    pages = sum(b["pages"] for b in batches)
+    out.append(f"   pass: {total:.2f} s of claims; {pages:,.0f} pages read by its selects")
+    return out
+
+
+def _rows_read(node: dict[str, Any]) -> float:
+    """Rows the plan's scans produced or filtered out (what they read), over its nodes."""
+    own = 0.0
+    if "Scan" in node["Node Type"]:
+        # EXPLAIN gives each count per loop.
+        per_loop = (
+            node.get("Actual Rows", 0)
+            + node.get("Rows Removed by Filter", 0)
+            + node.get("Rows Removed by Index Recheck", 0)
+        )
+        own = per_loop * node.get("Actual Loops", 1)
+    return own + sum(_rows_read(child) for child in node.get("Plans", []))
+
+
 def _cut(line: str, width: int = 200) -> str:
     return line if len(line) <= width else f"{line[:width]}... ({len(line):,} characters)"
 
 
 async def main(args: argparse.Namespace) -> None:
-    name, url = await fresh_pg()
+    name, url = await fresh_pg(args.db_prefix)
     try:
         await _alembic(url, "0009")
         print(f"building {args.rows:,} operations at 0009...", flush=True)
@@ -149,6 +254,8 @@ async def main(args: argparse.Namespace) -> None:
         await _alembic(url, "0010")
         print("== at 0010: ix_pa_operations_status_lease (status, lease_owner, lease_expires_at)")
         print("\n".join(await explain(url)))
+        if args.recovery_pass:
+            print("\n".join(await recovery_pass(url, leave_claimed=args.leave_claimed)))
     finally:
         await drop_pg(name)
 
@@ -163,5 +270,21 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--held", type=int, default=100)
+    parser.add_argument(
+        "--pass",
+        dest="recovery_pass",
+        action="store_true",
+        help="then a recovery pass at 0010 over every stale operation",
+    )
+    parser.add_argument(
+        "--db-prefix",
+        default="pa_bench",
+        help="the name of the database made for the run starts so",
+    )
+    parser.add_argument(
+        "--leave-claimed",
+        action="store_true",
+        help="the pass leaves out, by id, every operation claimed so far",
+    )
     logger.remove()
     asyncio.run(main(parser.parse_args()))

@@ -172,7 +172,14 @@ class Ledger(ABC):
         the previous owner are refused from now on. Two claimers never get the same operation.
         The operations in ``except_ids`` are left alone (the claimer knows it cannot run them).
         The operations held by an owner in ``gone`` (`gone_owners` says so) are claimed
-        whatever their lease says.
+        whatever their lease says; ``owner`` itself is never gone to its own claims (its
+        previous incarnation's leases are ended first: `end_leases`).
+
+        A claimed operation is ``owner``'s with a live lease, so that it no longer matches:
+        a pass of claims, repeated until one comes back empty, needs no list of those it
+        claimed and never takes one twice. No order is promised. An operation another
+        claimer holds at that moment is passed over while there are others, and waited for
+        when it is all that is left: such a pass leaves none behind for the next one.
         """
 
     async def hold_life(self, owner: str) -> bool:
@@ -212,6 +219,19 @@ class Ledger(ABC):
 
     async def release_leases(self, owner: str, operation_ids: Collection[str]) -> int:
         """End ``owner``'s leases of ``operation_ids`` now, so that another owner claims them.
+
+        Returns:
+            How many leases were ended.
+        """
+        return 0
+
+    async def end_leases(self, owner: str, *, except_ids: Collection[str] = ()) -> int:
+        """End now every lease ``owner`` holds on a non-terminal operation, but ``except_ids``'.
+
+        For a runtime that finds its own owner name holding operations a previous incarnation
+        of it left: ended, they are claimed as any expired lease is (`claim_stale`), by this
+        runtime's next claim or another's. A claim then leaves them with a live lease, so a
+        pass of claims never takes one twice.
 
         Returns:
             How many leases were ended.

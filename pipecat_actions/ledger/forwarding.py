@@ -149,6 +149,10 @@ class ForwardingLedger(Ledger):
         """See `Ledger.forget_owners`."""
         await self.inner.forget_owners(owners)
 
+    async def end_leases(self, owner: str, *, except_ids: Collection[str] = ()) -> int:
+        """See `Ledger.end_leases`."""
+        return await self.inner.end_leases(owner, except_ids=except_ids)
+
     async def release_leases(self, owner: str, operation_ids: Collection[str]) -> int:
         """See `Ledger.release_leases`."""
         return await self.inner.release_leases(owner, operation_ids)

@@ -35,7 +35,6 @@ from sqlalchemy import (
     func,
     insert,
     literal,
-    or_,
     select,
     update,
 )
@@ -53,6 +52,7 @@ from pipecat_actions.errors import (
     UnexpectedStatus,
 )
 from pipecat_actions.ledger import _owners, migrate
+from pipecat_actions.ledger._claims import StaleQuery
 from pipecat_actions.ledger._filters import filter_conditions
 from pipecat_actions.ledger._life import Life
 from pipecat_actions.ledger._notices import Notices
@@ -138,6 +138,8 @@ class SqlLedger(Ledger):
         self._life = life
         self._read_only = read_only
         self._schema = migrate.SchemaAdmin(url=url, sqlite=sqlite)
+        self._row_locks = not sqlite
+        """Writers lock rows (PostgreSQL) and may pass over another's; SQLite runs one at a time."""
         self._insert_events = insert(events)
         self._select_slot = select(operations).where(
             operations.c.tenant == bindparam("tenant"),
@@ -647,22 +649,8 @@ class SqlLedger(Ledger):
 
         def work(conn: Connection) -> list[Operation]:
             now = self._clock.now()
-            stale = select(operations.c.operation_id, operations.c.lease_owner).where(
-                operations.c.status.in_([s.value for s in NON_TERMINAL]),
-                or_(
-                    operations.c.lease_expires_at.is_(None),
-                    operations.c.lease_expires_at <= now,
-                    *([operations.c.lease_owner.in_(dead)] if dead else []),
-                ),
-            )
-            if left:
-                stale = stale.where(operations.c.operation_id.not_in(left))
-            candidates = (
-                stale.order_by(operations.c.created_at)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
-            previous = {r.operation_id: r.lease_owner for r in conn.execute(candidates)}
+            query = StaleQuery(owner, now=now, limit=limit, except_ids=left, gone=dead)
+            previous = self._lock_stale(conn, query)
             if not previous:
                 return []
             # Its events say only who claimed it (and a claimant may be the watchdog).
@@ -682,7 +670,9 @@ class SqlLedger(Ledger):
                 )
                 .returning(*operations.c)
             )
-            claimed = sorted((to_operation(r) for r in rows), key=lambda o: o.created_at)
+            claimed = sorted(
+                (to_operation(r) for r in rows), key=lambda o: (o.created_at, o.operation_id)
+            )
             conn.execute(
                 self._insert_events,
                 [
@@ -704,6 +694,25 @@ class SqlLedger(Ledger):
             return claimed
 
         return await self._write(work)
+
+    def _lock_stale(self, conn: Connection, query: StaleQuery) -> dict[str, str | None]:
+        """Lock a batch of ``query``'s stale operations; return their previous owners.
+
+        One that another transaction holds (a claimer's, or a dead process's the server has
+        not ended yet) is passed over while there are others. When it is all that is left it
+        is waited for, then taken if still stale: a pass of batches never leaves it to the
+        next heartbeat. This transaction holds no row while it waits: no deadlock.
+        """
+        while True:
+            found = {r.operation_id: r.lease_owner for r in conn.execute(query.locking())}
+            if found or not self._row_locks:
+                return found
+            held = conn.execute(query.candidates().limit(1)).scalar()
+            if held is None:
+                return {}
+            found = {r.operation_id: r.lease_owner for r in conn.execute(query.waiting_for(held))}
+            if found:
+                return found
 
     async def hold_life(self, owner: str) -> bool:  # noqa: D102 - see Ledger
         if self._life is None:
@@ -778,6 +787,24 @@ class SqlLedger(Ledger):
                 )
                 .values(lease_expires_at=self._clock.now())
             )
+            return int(result.rowcount)
+
+        return await self._write(work)
+
+    async def end_leases(  # noqa: D102 - see Ledger
+        self, owner: str, *, except_ids: Collection[str] = ()
+    ) -> int:
+        left = list(except_ids)
+        own = [
+            operations.c.lease_owner == owner,
+            operations.c.status.in_([s.value for s in NON_TERMINAL]),
+        ]
+        if left:
+            own.append(operations.c.operation_id.not_in(left))
+        query = self._renewal(own)  # the heartbeat's seek of the owner's own rows
+
+        def work(conn: Connection) -> int:
+            result = conn.execute(query.values(lease_expires_at=self._clock.now()))
             return int(result.rowcount)
 
         return await self._write(work)

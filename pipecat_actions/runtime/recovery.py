@@ -186,20 +186,21 @@ class Recovery:
         leave = list(self._not_ours)
         if self._previous_self:
             # This owner name's operations that this process does not track are a previous
-            # incarnation's: its life lock was free when this one took it.
+            # incarnation's: its life lock was free when this one took it. Their leases end
+            # now, and the claims below take them as any expired one.
             self._previous_self = False
-            gone = [*gone, self._owner]
-            leave.extend(tracked.operation_id for tracked in self._operations.waiting())
-        claimed: list[Operation] = []
-        while True:
-            batch = await self._ledger.claim_stale(
-                self._owner, lease_secs=self._lease_secs, limit=50, except_ids=leave, gone=gone
+            await self._ledger.end_leases(
+                self._owner,
+                except_ids=[tracked.operation_id for tracked in self._operations.waiting()],
             )
-            if not batch:
-                break
+        claimed: list[Operation] = []
+        # Each claim leaves what it took this owner's with a live lease, out of the next
+        # claim's reach: the batches need no list of what they took, and one that another
+        # claimer held is found again by the next (`Ledger.claim_stale`).
+        while batch := await self._ledger.claim_stale(
+            self._owner, lease_secs=self._lease_secs, limit=50, except_ids=leave, gone=gone
+        ):
             claimed.extend(batch)
-            # Claimed now, they are this owner's: a gone owner's name may be this one's own.
-            leave.extend(op.operation_id for op in batch)
             for op in batch:
                 if op.lease_owner != self._owner:
                     continue  # pragma: no cover - claim_stale gives its claimer the lease

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import asyncpg
 import pytest
 
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.errors import StaleFence
 from pipecat_actions.ledger import EventKind, SqlLedger
+from tests._waiting import eventually, guarded
 
 from ._support import T0, S, new_op, snapshot
 
@@ -98,7 +102,7 @@ async def test_each_claim_raises_the_fence_by_one(ledger: SqlLedger, clock: Manu
     assert previous == ["w0", "w1", "w2"]
 
 
-async def test_claim_stale_honours_its_limit_oldest_first(
+async def test_a_pass_of_claims_takes_each_stale_operation_once_within_its_limit(
     ledger: SqlLedger, clock: ManualClock
 ) -> None:
     ids = []
@@ -111,12 +115,85 @@ async def test_claim_stale_honours_its_limit_oldest_first(
         clock.advance(1)
     clock.advance(10)
 
+    # No id left out: a claimed operation is the claimer's with a live lease, out of reach.
     batches = [
         [op.operation_id for op in await ledger.claim_stale("new", lease_secs=60, limit=2)]
         for _ in range(4)
     ]
 
-    assert batches == [ids[0:2], ids[2:4], ids[4:5], []]
+    assert [len(batch) for batch in batches] == [2, 2, 1, 0]
+    assert sorted(op_id for batch in batches for op_id in batch) == sorted(ids)
+
+
+async def test_a_pass_of_claims_takes_its_own_expired_leases_once_and_not_its_live_ones(
+    ledger: SqlLedger, clock: ManualClock
+) -> None:
+    mine = [
+        (await ledger.admit(new_op(f"m{n}", lease_owner="me", lease_secs=5))).operation
+        for n in range(3)
+    ]
+    clock.advance(10)
+    live = (await ledger.admit(new_op("live", lease_owner="me", lease_secs=60))).operation
+    for n, owner in enumerate(["a-before", "z-after"]):  # sorted before and after "me"
+        await ledger.admit(new_op(f"o{n}", lease_owner=owner, lease_secs=5))
+    clock.advance(10)
+
+    taken = []
+    while batch := await ledger.claim_stale("me", lease_secs=60, limit=2):
+        taken.extend(batch)
+
+    assert len(taken) == 5 == len({op.operation_id for op in taken})
+    assert {op.operation_id for op in mine} < {op.operation_id for op in taken}
+    assert live.operation_id not in {op.operation_id for op in taken}
+    assert {op.fence for op in taken} == {2}
+
+
+async def test_an_operation_another_transaction_holds_is_still_claimed_in_the_same_pass(
+    ledger: SqlLedger, ledger_url: str, clock: ManualClock
+) -> None:
+    if ledger_url.startswith("sqlite"):
+        pytest.skip("SQLite runs one writer at a time: no claim passes over a held row")
+    ids = [
+        (await ledger.admit(new_op(f"k{n}", lease_owner="dead", lease_secs=1))).operation
+        for n in range(7)
+    ]
+    clock.advance(10)
+    held = ids[0].operation_id
+    other = await asyncpg.connect(ledger_url)
+    holding = other.transaction()
+    await holding.start()
+    # Like a claimer (or a killed process whose transaction the server has not ended yet).
+    await other.execute("SELECT 1 FROM pa_operations WHERE operation_id = $1 FOR UPDATE", held)
+
+    async def one_pass() -> list[str]:
+        taken: list[str] = []
+        while batch := await ledger.claim_stale("new", lease_secs=60, limit=3):
+            taken.extend(op.operation_id for op in batch)
+        return taken
+
+    async def waits_for_a_row_lock() -> bool:
+        return bool(
+            await other.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"
+            )
+        )
+
+    claiming = asyncio.ensure_future(one_pass())
+    try:
+        await eventually(
+            lambda: claiming.done() or waits_for_a_row_lock(),
+            what="the pass to end, or to wait for the held row",
+        )
+        # Batches passed it by while there were others; the pass has not ended without it.
+        assert not claiming.done()
+    finally:
+        await holding.rollback()
+        await other.close()
+    taken = await guarded(claiming, what="the pass")
+
+    assert sorted(taken) == sorted(op.operation_id for op in ids)
+    assert (await ledger.get(held)).lease_owner == "new"
 
 
 async def test_claim_stale_takes_waiting_and_retrying_operations_too(

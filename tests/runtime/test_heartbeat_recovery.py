@@ -9,6 +9,10 @@ registered left once its lease runs out.
 
 from __future__ import annotations
 
+from typing import Any
+
+from sqlalchemy import Engine, event
+
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import SqlLedger
 from pipecat_actions.ledger.records import NewOperation
@@ -100,3 +104,49 @@ async def test_a_heartbeat_claims_an_unregistered_owners_work_once_its_lease_exp
 
     assert settled.result is not None
     assert sor.side_effects["book"] == 1
+
+
+async def test_each_batch_of_a_recovery_pass_sends_the_same_statement_however_many_it_took(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    ledger = await SqlLedger.create(ledger_url, clock=clock)
+    try:
+        for n in range(120):  # three batches of recovery's 50, the last one short
+            await ledger.admit(
+                NewOperation(
+                    tool="book_table",
+                    kind="mutation",
+                    args=booking(),
+                    idempotency_key=f"k-{n}",
+                    session_id=f"call-{n}",
+                    principal="alice",
+                    status=ActionStatus.AWAITING_APPROVAL,
+                    lease_owner="old-version",
+                    lease_secs=LEASE_SECS,
+                    deadline_at=clock.now() + 600,
+                )
+            )
+    finally:
+        await ledger.close()
+    clock.advance(LEASE_SECS * 2)
+    claims: list[int] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "lease_expires_at <=" in statement:
+            claims.append(len(parameters))
+
+    options = {"ledger_url": ledger_url, "clock": clock, "lease_secs": LEASE_SECS}
+    async with running(
+        POLICY, [Bookings(FakeSystemOfRecord(clock=clock)).action()], recover=False, **options
+    ) as later:
+        event.listen(Engine, "before_cursor_execute", record)
+        try:
+            taken = await later.recover()
+        finally:
+            event.remove(Engine, "before_cursor_execute", record)
+
+    assert len(taken) == 120 == len({op.operation_id for op in taken})
+    # The bound parameters of each batch's claim: what it sends (and reads) does not grow
+    # with what the batches before it took, as a list of their ids left out did.
+    assert len(claims) >= 4
+    assert claims[:3] == [claims[0]] * 3
