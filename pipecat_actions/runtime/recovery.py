@@ -196,7 +196,11 @@ class Recovery:
         claimed: list[Operation] = []
         # Each claim leaves what it took this owner's with a live lease, out of the next
         # claim's reach: the batches need no list of what they took, and one that another
-        # claimer held is found again by the next (`Ledger.claim_stale`).
+        # claimer held is found again by the next (`Ledger.claim_stale`). That holds while
+        # those leases live: the heartbeat that renews them waits for this pass, so a pass
+        # longer than a third of a lease renews them itself (else it would claim its own
+        # earlier claims again, raising their fence under the work it started on them).
+        renewed_at = self._clock.now()
         while batch := await self._ledger.claim_stale(
             self._owner, lease_secs=self._lease_secs, limit=50, except_ids=leave, gone=gone
         ):
@@ -205,6 +209,9 @@ class Recovery:
                 if op.lease_owner != self._owner:
                     continue  # pragma: no cover - claim_stale gives its claimer the lease
                 await self._resume(op)
+                if self._clock.now() - renewed_at >= self._lease_secs / 3:
+                    await self._renew()
+                    renewed_at = self._clock.now()
         departed = [owner for owner in gone if owner != self._owner]
         if departed:
             await self._ledger.forget_owners(departed)
@@ -494,16 +501,19 @@ class Recovery:
     async def beat(self) -> None:
         """One heartbeat: renew the lease, claim stale operations, pick up approvals."""
         try:
-            await self._ledger.renew_lease(
-                self._owner,
-                lease_secs=self._lease_secs,
-                except_ids=[*self._operations.unsettled(), *self._not_ours, *self._let_go],
-            )
+            await self._renew()
             if self._claims:
                 await self.recover()
             await self._pick_up_approved()
         except Exception as exc:
             logger.warning("lease heartbeat failed: {}", exc)
+
+    async def _renew(self) -> None:
+        await self._ledger.renew_lease(
+            self._owner,
+            lease_secs=self._lease_secs,
+            except_ids=[*self._operations.unsettled(), *self._not_ours, *self._let_go],
+        )
 
     async def _pick_up_approved(self) -> None:
         """Act on decisions made elsewhere (``pipecat-actions approvals``) about waiting work.

@@ -150,3 +150,53 @@ async def test_each_batch_of_a_recovery_pass_sends_the_same_statement_however_ma
     # with what the batches before it took, as a list of their ids left out did.
     assert len(claims) >= 4
     assert claims[:3] == [claims[0]] * 3
+
+
+async def test_a_recovery_pass_longer_than_a_lease_does_not_claim_its_own_claims_again(
+    ledger_url: str, clock: ManualClock
+) -> None:
+    ledger = await SqlLedger.create(ledger_url, clock=clock)
+    try:
+        for n in range(120):
+            await ledger.admit(
+                NewOperation(
+                    tool="book_table",
+                    kind="mutation",
+                    args=booking(),
+                    idempotency_key=f"k-{n}",
+                    session_id=f"call-{n}",
+                    principal="alice",
+                    status=ActionStatus.AWAITING_APPROVAL,
+                    lease_owner="old-version",
+                    lease_secs=LEASE_SECS,
+                    deadline_at=clock.now() + 6000,
+                )
+            )
+    finally:
+        await ledger.close()
+    clock.advance(LEASE_SECS * 2)
+    options = {"ledger_url": ledger_url, "clock": clock, "lease_secs": LEASE_SECS}
+    async with running(
+        POLICY, [Bookings(FakeSystemOfRecord(clock=clock)).action()], recover=False, **options
+    ) as later:
+        recovery = later._recovery
+        resume = recovery._resume
+
+        resumed: list[str] = []
+
+        async def slow_resume(op: Any) -> None:
+            # Each operation takes a fifth of a lease to take up: the pass lasts 24 leases
+            # (and no longer if it took some twice: then it ends, and says so).
+            await resume(op)
+            resumed.append(op.operation_id)
+            if len(resumed) <= 120:
+                clock.advance(LEASE_SECS / 5)
+
+        recovery._resume = slow_resume  # type: ignore[method-assign]
+        taken = await later.recover()
+        fences = {op.operation_id: (await later.ledger.get(op.operation_id)).fence for op in taken}
+
+    # Each operation is claimed once in the pass: none of its own claims expired under it and
+    # was claimed (its fence raised) again while the work it started on it went on.
+    assert len(taken) == 120 == len({op.operation_id for op in taken}) == len(resumed)
+    assert all(fences[op.operation_id] == op.fence for op in taken)
