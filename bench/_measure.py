@@ -86,7 +86,8 @@ async def concurrent(n: int, callers: int, call: Callable[[int], Awaitable[objec
 
 async def fresh_pg() -> tuple[str, str]:
     """Create an empty database on the server of ``PG_ADMIN_URL``; return its name and URL."""
-    name = f"pa_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    prefix = os.environ.get("PIPECAT_ACTIONS_BENCH_DB_PREFIX", "pa_bench_")
+    name = f"{prefix}{os.getpid()}_{uuid.uuid4().hex[:6]}"
     conn = await asyncpg.connect(PG_ADMIN_URL)
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')
