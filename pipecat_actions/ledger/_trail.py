@@ -18,6 +18,7 @@ from __future__ import annotations
 __all__ = ["NO_MARKS", "TRAIL_COLUMNS", "Mark", "TrailMarks"]
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntFlag
@@ -63,6 +64,8 @@ _DETAIL_MARKERS = (
     '"reconciled"',
     '"conflict"',
 )
+_MAY_SAY = re.compile("|".join(re.escape(marker) for marker in _DETAIL_MARKERS)).search
+"""Whether a detail JSON holds one of `_DETAIL_MARKERS`: one C call per event written."""
 _NOTHING_SENT = frozenset({S.ADMITTED.value, S.FAILED_RETRYABLE.value})
 _CANCELLED = S.CANCELLED.value
 _TIMED_OUT = int(Mark.TIMED_OUT)
@@ -160,7 +163,7 @@ NO_MARKS = TrailMarks()
 
 def _detail(detail_json: str | None) -> dict[str, Any] | None:
     """The detail, decoded only when it may say something (see `_DETAIL_MARKERS`)."""
-    if not detail_json or not any(marker in detail_json for marker in _DETAIL_MARKERS):
+    if not detail_json or _MAY_SAY(detail_json) is None:
         return None
     value = json.loads(detail_json)
     return value if isinstance(value, dict) else None
