@@ -282,14 +282,16 @@ class PostgresFastPath:
     # --- writes ----------------------------------------------------------------------------
 
     async def insert(
-        self, row: Mapping[str, Any], events_rows: Sequence[Mapping[str, Any]], *, bind_key: bool
+        self, row: Mapping[str, Any], event_arrays: list[list[Any]], *, bind_key: bool
     ) -> bool:
         """Insert ``row`` and its creation events; return False if its key was taken.
 
+        ``event_arrays``: the events column by column (`_rows.creation_arrays`).
         ``bind_key``: the row binds its idempotency key (an admit): a taken key inserts
         nothing. Otherwise every conflict is an error.
         """
-        params = [row[name] for name in _OPERATION_COLUMNS] + _event_arrays(events_rows)
+        params = [row[name] for name in _OPERATION_COLUMNS]
+        params += event_arrays
         sql = _ADMIT if bind_key else _INSERT
 
         inserted: int = await self._call(asyncpg.Connection.fetchval, sql, params)

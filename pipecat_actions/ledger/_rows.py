@@ -10,6 +10,7 @@ __all__ = [
     "EncodedOperation",
     "RowUpdate",
     "column_changes",
+    "creation_arrays",
     "creation_events",
     "encode_detail",
     "new_row",
@@ -282,10 +283,59 @@ def new_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> d
     return row
 
 
+@dataclass(frozen=True, slots=True)
+class _Creation:
+    """What a new operation's status decides about its row and its creation events."""
+
+    status: str
+    steps: tuple[tuple[str, str], ...]
+    """(from, to) of each creation event: one per status step from ``REQUESTED``."""
+    columns: tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]
+    """The events' seq, from_status and to_status, column by column."""
+    attempt: int
+    admitted: bool
+    running: bool
+    committed: bool
+    finished: bool
+    may_be_refused: bool
+
+
+def _creation_of(status: ActionStatus) -> _Creation:
+    path = path_from_requested(status)
+    running = ActionStatus.RUNNING in path
+    steps = tuple((src.value, dst.value) for src, dst in itertools.pairwise(path))
+    return _Creation(
+        status=status.value,
+        steps=steps,
+        columns=(
+            tuple(range(1, len(steps) + 1)),
+            tuple(src for src, _ in steps),
+            tuple(dst for _, dst in steps),
+        ),
+        attempt=1 if running else 0,
+        admitted=ActionStatus.ADMITTED in path,
+        running=running,
+        committed=status is ActionStatus.COMMITTED,
+        finished=status in TERMINAL_STATUSES,
+        may_be_refused=status in _MAY_BE_REFUSED,
+    )
+
+
+_CREATIONS = {status.value: _creation_of(status) for status in ActionStatus}
+"""Each status's `_Creation`, made once (a status is its text: either one finds it)."""
+_CREATED = EventKind.CREATED.value
+
+
+def _creation(status: ActionStatus | str) -> _Creation:
+    found = _CREATIONS.get(status)
+    return found if found is not None else _creation_of(ActionStatus(status))
+
+
 def _raw_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> dict[str, Any]:
     new, args_json, args_hash = encoded.new, encoded.args_json, encoded.args_hash
-    path = path_from_requested(new.status)
-    running = ActionStatus.RUNNING in path
+    created = _creation(new.status)
+    running = created.running
+    marks = TrailMarks.of_steps(created.steps, actor=new.actor, detail_json=encoded.detail_json)
     return {
         "operation_id": new.operation_id,
         "tenant": new.tenant,
@@ -305,8 +355,8 @@ def _raw_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> 
         "rationale": new.rationale,
         "agent": new.agent,
         "delivered_agent": None,
-        "status": new.status.value,
-        "attempt": 1 if running else 0,
+        "status": created.status,
+        "attempt": created.attempt,
         "result_json": encoded.result_json,
         "error": new.error,
         "before_state_json": encoded.before_state_json,
@@ -315,51 +365,56 @@ def _raw_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> 
         "lease_owner": new.lease_owner,
         "lease_expires_at": None if new.lease_owner is None else now + new.lease_secs,
         "fence": 1,
-        "event_seq": len(path) - 1,
+        "event_seq": len(created.steps),
         "escalated_at": None,
         "created_at": now,
         "updated_at": now,
-        "admitted_at": now if ActionStatus.ADMITTED in path else None,
+        "admitted_at": now if created.admitted else None,
         "started_at": now if running else None,
         "sent_at": now if running else None,
-        "committed_at": now if new.status is ActionStatus.COMMITTED else None,
-        "finished_at": now if new.status in TERMINAL_STATUSES else None,
+        "committed_at": now if created.committed else None,
+        "finished_at": now if created.finished else None,
         "delivered_at": None,
         "acknowledged_at": None,
         "delivered_status": None,
-        **_creation_marks(new, path, encoded.detail_json).columns(),
-        "refusal_reason": (
-            refusal_reason(encoded.detail_json) if new.status in _MAY_BE_REFUSED else None
-        ),
+        "trail_marks": marks.marks,
+        "joined_calls": marks.joined_calls,
+        "reconcile_errors": marks.reconcile_errors,
+        "refusal_reason": (refusal_reason(encoded.detail_json) if created.may_be_refused else None),
     }
-
-
-def _creation_marks(
-    new: NewOperation, path: tuple[ActionStatus, ...], detail_json: str | None
-) -> TrailMarks:
-    """What the creation events (see `creation_events`) say, as `TrailMarks.of_trail` would."""
-    total = NO_MARKS
-    for src, dst in itertools.pairwise(path):
-        total |= TrailMarks.of_event(
-            from_status=src.value, to_status=dst.value, actor=new.actor, detail_json=detail_json
-        )
-    return total
 
 
 def creation_events(encoded: EncodedOperation, now: float) -> list[dict[str, Any]]:
     """Return the audit rows of a new operation: one per status step from REQUESTED."""
     new, detail_json = encoded.new, encoded.detail_json
-    path = path_from_requested(new.status)
     return [
         {
             "operation_id": new.operation_id,
             "seq": seq,
             "at": now,
-            "kind": EventKind.CREATED.value,
-            "from_status": src.value,
-            "to_status": dst.value,
+            "kind": _CREATED,
+            "from_status": src,
+            "to_status": dst,
             "actor": new.actor,
             "detail_json": detail_json,
         }
-        for seq, (src, dst) in enumerate(itertools.pairwise(path), start=1)
+        for seq, (src, dst) in enumerate(_creation(new.status).steps, start=1)
+    ]
+
+
+def creation_arrays(encoded: EncodedOperation, now: float) -> list[list[Any]]:
+    """The rows of `creation_events` column by column, as PostgreSQL's ``unnest`` takes them.
+
+    Seven arrays: seq, at, kind, from_status, to_status, actor, detail_json.
+    """
+    seqs, froms, tos = _creation(encoded.new.status).columns
+    n = len(seqs)
+    return [
+        list(seqs),
+        [now] * n,
+        [_CREATED] * n,
+        list(froms),
+        list(tos),
+        [encoded.new.actor] * n,
+        [encoded.detail_json] * n,
     ]

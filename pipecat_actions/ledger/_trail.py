@@ -19,7 +19,7 @@ __all__ = ["NO_MARKS", "TRAIL_COLUMNS", "Mark", "TrailMarks"]
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntFlag
 from typing import Any
@@ -142,6 +142,30 @@ class TrailMarks:
         if detail.get("conflict"):
             marks |= _CONFLICT
         return cls(marks, joined_calls(detail), int("reconcile_error" in detail))
+
+    @classmethod
+    def of_steps(
+        cls, steps: Sequence[tuple[str, str]], *, actor: str, detail_json: str | None
+    ) -> TrailMarks:
+        """What events of the status ``steps`` (from, to), all by one actor and detail, say.
+
+        `of_trail` of those events, without building them. A new operation's creation
+        events are such a trail; a detail that holds none of `_DETAIL_MARKERS` (nearly every
+        one) says nothing, and only the statuses are looked at.
+        """
+        if detail_json and _MAY_SAY(detail_json) is not None:
+            total = NO_MARKS
+            for src, dst in steps:
+                total |= cls.of_event(
+                    from_status=src, to_status=dst, actor=actor, detail_json=detail_json
+                )
+            return total
+        marks = _TIMED_OUT if steps and actor == "watchdog" else 0
+        for src, dst in steps:
+            marks |= _BY_STATUS.get(dst, 0)
+            if dst == _CANCELLED and src in _NOTHING_SENT:
+                marks |= _CANCELLED_BEFORE_SEND
+        return cls(marks) if marks else NO_MARKS
 
     @classmethod
     def of_trail(cls, events: Iterable[Mapping[Any, Any]]) -> TrailMarks:
