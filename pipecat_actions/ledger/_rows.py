@@ -240,6 +240,8 @@ class EncodedOperation:
 
 
 _NO_LIMIT = 1 << 62
+_TEXT_COLUMNS = tuple(c.name for c in operations.c if isinstance(c.type, String))
+"""The columns that hold text (the others hold numbers: `storable` has nothing to do there)."""
 _LIMITS: dict[str, int] = {
     c.name: c.type.length for c in operations.c if isinstance(c.type, String) and c.type.length
 }
@@ -273,7 +275,8 @@ def refusal_reason(detail_json: str | None) -> str | None:
 def new_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> dict[str, Any]:
     """Return the operations row of a new operation as first inserted at ``now``."""
     row = _raw_row(encoded, now, key_slot=key_slot)
-    for column, value in row.items():
+    for column in _TEXT_COLUMNS:
+        value = row[column]
         # ASCII without NUL, within its column's length, is stored as it is (nearly every
         # value): checked here, without a call of `storable` per column.
         if isinstance(value, str) and not (
