@@ -96,6 +96,8 @@ from pipecat_actions.status import (
 )
 
 T = TypeVar("T")
+_TEXT: Final = {status: status.value for status in ActionStatus}
+"""Each status's text (``.value`` is a descriptor call per read, on every write)."""
 _ADMIT_RETRIES = 5
 _STATUS_FIRST_UP_TO = 25_000
 """The most rows a page reads by their status's index, then sorts (see `_status_first`)."""
@@ -497,14 +499,14 @@ class SqlLedger(Ledger):
         detail: Mapping[str, Any] | None = None,
         changes: Mapping[str, Any] | None = None,
     ) -> Operation:
-        check_transition(expected, to, operation_id=operation_id)
-        expected, to = ActionStatus(expected), ActionStatus(to)
+        expected, to = check_transition(expected, to, operation_id=operation_id)
+        src, dst = _TEXT[expected], _TEXT[to]
         # Everything that can fail to encode is encoded before the write starts.
         columns = column_changes(changes)
         detail_json = encode_detail(detail)
 
         def values_at(now: float) -> dict[str, Any]:
-            values: dict[str, Any] = {"status": to.value, "updated_at": now, **columns}
+            values: dict[str, Any] = {"status": dst, "updated_at": now, **columns}
             if to is ActionStatus.ADMITTED:
                 values["admitted_at"] = now
             elif to is ActionStatus.RUNNING:
@@ -523,10 +525,7 @@ class SqlLedger(Ledger):
             starts_attempt=to is ActionStatus.RUNNING,
             notify=to not in IN_FLIGHT_STATUSES,  # an outcome, or a wait for a person
             marks=TrailMarks.of_event(
-                from_status=expected.value,
-                to_status=to.value,
-                actor=actor,
-                detail_json=detail_json,
+                from_status=src, to_status=dst, actor=actor, detail_json=detail_json
             ),
         )
         return await self._update(
@@ -579,7 +578,7 @@ class SqlLedger(Ledger):
             return RowUpdate(
                 operation_id,
                 values_at(now),
-                expected=None if expected is None else expected.value,
+                expected=None if expected is None else _TEXT[expected],
                 fence=fence,
                 audit=audit,
                 now=now,
