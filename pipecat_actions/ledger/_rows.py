@@ -112,20 +112,23 @@ class RowUpdate:
     audit: Audit
     now: float
 
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """The columns set, in the order their values are bound."""
-        return tuple(sorted(self.values))
+    def binding(self) -> tuple[tuple[str, ...], tuple[str, ...], list[Any]]:
+        """The columns set, those of them set only where empty, and their values, as bound.
 
-    @property
-    def firsts(self) -> tuple[str, ...]:
-        """The columns set only where they hold nothing yet (`First`), in `columns` order."""
-        return tuple(c for c in self.columns if isinstance(self.values[c], First))
-
-    def bound(self) -> list[Any]:
-        """The values of `columns`, in order, as the statement binds them."""
-        values = [self.values[column] for column in self.columns]
-        return [v.value if isinstance(v, First) else v for v in values]
+        Columns in the order their values are bound; the second are those whose value is a
+        `First` (set only where the column holds nothing yet), in the same order.
+        """
+        values = self.values
+        columns = tuple(sorted(values))
+        firsts: list[str] = []
+        bound: list[Any] = []
+        for column in columns:
+            value = values[column]
+            if isinstance(value, First):
+                firsts.append(column)
+                value = value.value
+            bound.append(value)
+        return columns, tuple(firsts), bound
 
 
 def to_operation(row: Row[Any]) -> Operation:
