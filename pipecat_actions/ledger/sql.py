@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import importlib
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, Final, TypeVar
 
@@ -563,7 +563,7 @@ class SqlLedger(Ledger):
             audit=audit,
         )
 
-    async def _update(
+    def _update(
         self,
         operation_id: str,
         values_at: Callable[[float], dict[str, Any]],
@@ -571,8 +571,11 @@ class SqlLedger(Ledger):
         expected: ActionStatus | None,
         fence: int | None,
         audit: Audit,
-    ) -> Operation:
-        """Set ``values_at(now)`` on the operation if it matches, with its audit event."""
+    ) -> Coroutine[Any, Any, Operation]:
+        """Set ``values_at(now)`` on the operation if it matches, with its audit event.
+
+        Not a coroutine itself: it returns `_apply`'s, a coroutine layer less per write.
+        """
 
         def change(now: float) -> RowUpdate:
             return RowUpdate(
@@ -584,7 +587,7 @@ class SqlLedger(Ledger):
                 now=now,
             )
 
-        return await self._apply(
+        return self._apply(
             operation_id, change, expected=expected, fence=fence, notify=audit.notify
         )
 
