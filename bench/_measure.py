@@ -85,7 +85,11 @@ async def concurrent(n: int, callers: int, call: Callable[[int], Awaitable[objec
 
 
 async def fresh_pg(prefix: str = "pa_bench") -> tuple[str, str]:
-    """Create an empty database on the server of ``PG_ADMIN_URL``; return its name and URL."""
+    """Create an empty database on the server of ``PG_ADMIN_URL``; return its name and URL.
+
+    Named ``PREFIX_PID_HEX``; ``$PIPECAT_ACTIONS_BENCH_DB_PREFIX`` overrides ``prefix``.
+    """
+    prefix = os.environ.get("PIPECAT_ACTIONS_BENCH_DB_PREFIX", prefix)
     name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     conn = await asyncpg.connect(PG_ADMIN_URL)
     try:

@@ -70,10 +70,14 @@ class SessionState:
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Set an attribute; a change of who speaks is counted and wakes `speech_changed`."""
-        changed = name in _SPEECH and getattr(self, name, value) != value
-        super().__setattr__(name, value)
+        if name not in _SPEECH:
+            # Every field of a new session comes through here (the dataclass's __init__).
+            object.__setattr__(self, name, value)
+            return
+        changed = getattr(self, name, value) != value
+        object.__setattr__(self, name, value)
         if changed and "_changed" in self.__dict__:
-            super().__setattr__("speech_changes", self.speech_changes + 1)
+            object.__setattr__(self, "speech_changes", self.speech_changes + 1)
             self._notify()
 
     @property

@@ -151,6 +151,9 @@ joining the dead one. Every other status joins: in flight, waiting for a person,
 """
 
 
+_MEMBERS: dict[str, ActionStatus] = {status.value: status for status in ActionStatus}
+
+
 def is_terminal(status: ActionStatus | str) -> bool:
     """Return True when an operation in ``status`` needs no further work by the runtime."""
     return ActionStatus(status) in TERMINAL_STATUSES
@@ -161,7 +164,7 @@ def check_transition(
     to_status: ActionStatus | str,
     *,
     operation_id: str | None = None,
-) -> None:
+) -> tuple[ActionStatus, ActionStatus]:
     """Raise `IllegalTransition` unless ``from_status → to_status`` is in the table.
 
     Args:
@@ -169,17 +172,23 @@ def check_transition(
         to_status: The status it should move to.
         operation_id: Named in the error, when known.
 
+    Returns:
+        The two statuses, as `ActionStatus` members.
+
     Raises:
         IllegalTransition: The table does not allow this move (unknown names included).
     """
     try:
-        src, dst = ActionStatus(from_status), ActionStatus(to_status)
-    except ValueError:
+        # A dict lookup, not ActionStatus(...): a member is its own text, and every write
+        # of a transition asks this.
+        src, dst = _MEMBERS[from_status], _MEMBERS[to_status]
+    except (KeyError, TypeError):
         raise IllegalTransition(
             operation_id=operation_id, from_status=str(from_status), to_status=str(to_status)
         ) from None
     if dst not in TRANSITIONS[src]:
         raise IllegalTransition(operation_id=operation_id, from_status=src, to_status=dst)
+    return src, dst
 
 
 def _shortest_paths() -> dict[ActionStatus, tuple[ActionStatus, ...]]:

@@ -124,7 +124,7 @@ class Admitter:
     ) -> Decision:
         tool = base.tool
         policy = binding.policy
-        base.kind = policy.kind.value
+        base.kind = _KIND_TEXT[policy.kind]
         mutation = policy.kind is ToolKind.MUTATION
         if mutation and session.is_interrupted(generation) and not policy.allow_stale_proposal:
             return await self._refuse(
@@ -153,7 +153,7 @@ class Admitter:
             tenant=session.tenant,
             session_id=session.session_id,
             tool=tool,
-            kind=policy.kind.value,
+            kind=base.kind,
             args=args,
             resource_key=resource_key,
         )
@@ -516,6 +516,8 @@ class Admitter:
 MAX_MESSAGE_CHARS = 1000
 """The longest refusal message told to the model (and recorded as the refusal's error)."""
 
+_KIND_TEXT = {kind: kind.value for kind in ToolKind}
+"""Each tool kind's text (``.value`` is a descriptor call per read, on every admission)."""
 _MAX_CHANGES = 8
 """How many times one request may be changed by later user turns (each change is a new key)."""
 

@@ -189,10 +189,14 @@ def json_problem(value: Any) -> str | None:
             if not math.isfinite(item):
                 shown = "NaN" if math.isnan(item) else ("-" if item < 0 else "") + "Infinity"
                 return f"{_where(path)}: {shown} is not a number JSON allows; numbers are finite"
-        elif isinstance(item, Mapping | list | tuple):
+        elif type(item) is dict or isinstance(item, Mapping | list | tuple):
             if len(path) >= MAX_DEPTH:
                 return f"{_where(path)}: nested more than {MAX_DEPTH} levels deep"
-            if isinstance(item, Mapping):
+            # A dict is a Mapping; asked of the ABC, isinstance runs Python code (the ABC's
+            # __instancecheck__) for every container walked.
+            if type(item) is dict or (
+                not isinstance(item, list | tuple) and isinstance(item, Mapping)
+            ):
                 for key, child in reversed(list(item.items())):
                     if not isinstance(key, str):
                         return f"{_where(path)}: the key {_shown(key)} is not text"
@@ -240,17 +244,23 @@ def _oversized_decimal(value: Any) -> str | None:
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
     while stack:
         item, path = stack.pop()
+        if type(item) in _LEAVES:
+            continue  # asked first: isinstance of an ABC (Mapping) runs Python code
         if isinstance(item, Decimal) and item.is_finite():
             if (
                 len(item.as_tuple().digits) > MAX_INT_DIGITS
                 or abs(item.adjusted()) > MAX_INT_DIGITS
             ):
                 return f"{_where(path)}: a number of more than {MAX_INT_DIGITS} digits"
-        elif isinstance(item, Mapping):
+        elif type(item) is dict or isinstance(item, Mapping):
             stack.extend((child, (*path, key)) for key, child in item.items())
         elif isinstance(item, list | tuple | set | frozenset):
             stack.extend((child, (*path, i)) for i, child in enumerate(item))
     return None
+
+
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+"""Exact types that hold nothing nested (a subclass of one is looked at as usual)."""
 
 
 def _is_number(value: Any) -> bool:

@@ -30,8 +30,9 @@ import asyncpg
 
 from pipecat_actions.errors import LedgerConfigurationError, LedgerUnavailable
 from pipecat_actions.ledger._rows import RowUpdate
-from pipecat_actions.ledger._trail import TRAIL_COLUMNS
+from pipecat_actions.ledger._trail import NO_MARKS, TRAIL_COLUMNS
 from pipecat_actions.ledger._writer import as_ledger_error, guard_database_errors
+from pipecat_actions.ledger.records import EventKind
 from pipecat_actions.ledger.schema import events, operations
 
 T = TypeVar("T")
@@ -40,6 +41,7 @@ CHANNEL = "pa_operations"
 """The notification channel: its payload is the id of an operation that got an outcome."""
 
 _OPERATION_COLUMNS = tuple(c.name for c in operations.c)
+_KIND_TEXT = {kind: kind.value for kind in EventKind}
 _EVENT_COLUMNS = tuple(c.name for c in events.c)
 
 
@@ -282,14 +284,16 @@ class PostgresFastPath:
     # --- writes ----------------------------------------------------------------------------
 
     async def insert(
-        self, row: Mapping[str, Any], events_rows: Sequence[Mapping[str, Any]], *, bind_key: bool
+        self, row: Mapping[str, Any], event_arrays: list[list[Any]], *, bind_key: bool
     ) -> bool:
         """Insert ``row`` and its creation events; return False if its key was taken.
 
+        ``event_arrays``: the events column by column (`_rows.creation_arrays`).
         ``bind_key``: the row binds its idempotency key (an admit): a taken key inserts
         nothing. Otherwise every conflict is an error.
         """
-        params = [row[name] for name in _OPERATION_COLUMNS] + _event_arrays(events_rows)
+        params = [row[name] for name in _OPERATION_COLUMNS]
+        params += event_arrays
         sql = _ADMIT if bind_key else _INSERT
 
         inserted: int = await self._call(asyncpg.Connection.fetchval, sql, params)
@@ -297,21 +301,25 @@ class PostgresFastPath:
 
     async def update(self, change: RowUpdate) -> asyncpg.Record | None:
         """Run ``change`` (one statement); the updated row, or None when nothing matched."""
-        columns, audit = change.columns, change.audit
+        audit, marks = change.audit, change.audit.marks
+        columns, firsts, bound = change.binding()
+        has_marks = marks is not NO_MARKS and bool(marks)
         sql = update_sql(
             columns,
             starts_attempt=audit.starts_attempt,
             match_status=change.expected is not None,
             match_fence=change.fence is not None,
-            marks=bool(audit.marks),
-            firsts=change.firsts,
+            marks=has_marks,
+            firsts=firsts,
         )
         params = [change.operation_id, change.expected, change.fence, change.now]
-        params += [audit.kind.value, audit.actor, audit.detail_json]
-        params += change.bound()
-        if audit.marks:
-            params += [audit.marks.marks, audit.marks.joined_calls, audit.marks.reconcile_errors]
-        return await self._fetchrow(sql, *params, read=False)
+        params += [_KIND_TEXT[audit.kind], audit.actor, audit.detail_json]
+        params += bound
+        if has_marks:
+            params += [marks.marks, marks.joined_calls, marks.reconcile_errors]
+        # `_call` itself rather than `_fetchrow`: a coroutine layer less on every transition.
+        row: asyncpg.Record | None = await self._call(asyncpg.Connection.fetchrow, sql, params)
+        return row
 
     # --- reads -----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ __all__ = [
     "EncodedOperation",
     "RowUpdate",
     "column_changes",
+    "creation_arrays",
     "creation_events",
     "encode_detail",
     "new_row",
@@ -111,20 +112,23 @@ class RowUpdate:
     audit: Audit
     now: float
 
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """The columns set, in the order their values are bound."""
-        return tuple(sorted(self.values))
+    def binding(self) -> tuple[tuple[str, ...], tuple[str, ...], list[Any]]:
+        """The columns set, those of them set only where empty, and their values, as bound.
 
-    @property
-    def firsts(self) -> tuple[str, ...]:
-        """The columns set only where they hold nothing yet (`First`), in `columns` order."""
-        return tuple(c for c in self.columns if isinstance(self.values[c], First))
-
-    def bound(self) -> list[Any]:
-        """The values of `columns`, in order, as the statement binds them."""
-        values = [self.values[column] for column in self.columns]
-        return [v.value if isinstance(v, First) else v for v in values]
+        Columns in the order their values are bound; the second are those whose value is a
+        `First` (set only where the column holds nothing yet), in the same order.
+        """
+        values = self.values
+        columns = tuple(sorted(values))
+        firsts: list[str] = []
+        bound: list[Any] = []
+        for column in columns:
+            value = values[column]
+            if isinstance(value, First):
+                firsts.append(column)
+                value = value.value
+            bound.append(value)
+        return columns, tuple(firsts), bound
 
 
 def to_operation(row: Row[Any]) -> Operation:
@@ -239,6 +243,8 @@ class EncodedOperation:
 
 
 _NO_LIMIT = 1 << 62
+_TEXT_COLUMNS = tuple(c.name for c in operations.c if isinstance(c.type, String))
+"""The columns that hold text (the others hold numbers: `storable` has nothing to do there)."""
 _LIMITS: dict[str, int] = {
     c.name: c.type.length for c in operations.c if isinstance(c.type, String) and c.type.length
 }
@@ -272,7 +278,8 @@ def refusal_reason(detail_json: str | None) -> str | None:
 def new_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> dict[str, Any]:
     """Return the operations row of a new operation as first inserted at ``now``."""
     row = _raw_row(encoded, now, key_slot=key_slot)
-    for column, value in row.items():
+    for column in _TEXT_COLUMNS:
+        value = row[column]
         # ASCII without NUL, within its column's length, is stored as it is (nearly every
         # value): checked here, without a call of `storable` per column.
         if isinstance(value, str) and not (
@@ -282,10 +289,59 @@ def new_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> d
     return row
 
 
+@dataclass(frozen=True, slots=True)
+class _Creation:
+    """What a new operation's status decides about its row and its creation events."""
+
+    status: str
+    steps: tuple[tuple[str, str], ...]
+    """(from, to) of each creation event: one per status step from ``REQUESTED``."""
+    columns: tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]
+    """The events' seq, from_status and to_status, column by column."""
+    attempt: int
+    admitted: bool
+    running: bool
+    committed: bool
+    finished: bool
+    may_be_refused: bool
+
+
+def _creation_of(status: ActionStatus) -> _Creation:
+    path = path_from_requested(status)
+    running = ActionStatus.RUNNING in path
+    steps = tuple((src.value, dst.value) for src, dst in itertools.pairwise(path))
+    return _Creation(
+        status=status.value,
+        steps=steps,
+        columns=(
+            tuple(range(1, len(steps) + 1)),
+            tuple(src for src, _ in steps),
+            tuple(dst for _, dst in steps),
+        ),
+        attempt=1 if running else 0,
+        admitted=ActionStatus.ADMITTED in path,
+        running=running,
+        committed=status is ActionStatus.COMMITTED,
+        finished=status in TERMINAL_STATUSES,
+        may_be_refused=status in _MAY_BE_REFUSED,
+    )
+
+
+_CREATIONS = {status.value: _creation_of(status) for status in ActionStatus}
+"""Each status's `_Creation`, made once (a status is its text: either one finds it)."""
+_CREATED = EventKind.CREATED.value
+
+
+def _creation(status: ActionStatus | str) -> _Creation:
+    found = _CREATIONS.get(status)
+    return found if found is not None else _creation_of(ActionStatus(status))
+
+
 def _raw_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> dict[str, Any]:
     new, args_json, args_hash = encoded.new, encoded.args_json, encoded.args_hash
-    path = path_from_requested(new.status)
-    running = ActionStatus.RUNNING in path
+    created = _creation(new.status)
+    running = created.running
+    marks = TrailMarks.of_steps(created.steps, actor=new.actor, detail_json=encoded.detail_json)
     return {
         "operation_id": new.operation_id,
         "tenant": new.tenant,
@@ -305,8 +361,8 @@ def _raw_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> 
         "rationale": new.rationale,
         "agent": new.agent,
         "delivered_agent": None,
-        "status": new.status.value,
-        "attempt": 1 if running else 0,
+        "status": created.status,
+        "attempt": created.attempt,
         "result_json": encoded.result_json,
         "error": new.error,
         "before_state_json": encoded.before_state_json,
@@ -315,51 +371,56 @@ def _raw_row(encoded: EncodedOperation, now: float, *, key_slot: str | None) -> 
         "lease_owner": new.lease_owner,
         "lease_expires_at": None if new.lease_owner is None else now + new.lease_secs,
         "fence": 1,
-        "event_seq": len(path) - 1,
+        "event_seq": len(created.steps),
         "escalated_at": None,
         "created_at": now,
         "updated_at": now,
-        "admitted_at": now if ActionStatus.ADMITTED in path else None,
+        "admitted_at": now if created.admitted else None,
         "started_at": now if running else None,
         "sent_at": now if running else None,
-        "committed_at": now if new.status is ActionStatus.COMMITTED else None,
-        "finished_at": now if new.status in TERMINAL_STATUSES else None,
+        "committed_at": now if created.committed else None,
+        "finished_at": now if created.finished else None,
         "delivered_at": None,
         "acknowledged_at": None,
         "delivered_status": None,
-        **_creation_marks(new, path, encoded.detail_json).columns(),
-        "refusal_reason": (
-            refusal_reason(encoded.detail_json) if new.status in _MAY_BE_REFUSED else None
-        ),
+        "trail_marks": marks.marks,
+        "joined_calls": marks.joined_calls,
+        "reconcile_errors": marks.reconcile_errors,
+        "refusal_reason": (refusal_reason(encoded.detail_json) if created.may_be_refused else None),
     }
-
-
-def _creation_marks(
-    new: NewOperation, path: tuple[ActionStatus, ...], detail_json: str | None
-) -> TrailMarks:
-    """What the creation events (see `creation_events`) say, as `TrailMarks.of_trail` would."""
-    total = NO_MARKS
-    for src, dst in itertools.pairwise(path):
-        total |= TrailMarks.of_event(
-            from_status=src.value, to_status=dst.value, actor=new.actor, detail_json=detail_json
-        )
-    return total
 
 
 def creation_events(encoded: EncodedOperation, now: float) -> list[dict[str, Any]]:
     """Return the audit rows of a new operation: one per status step from REQUESTED."""
     new, detail_json = encoded.new, encoded.detail_json
-    path = path_from_requested(new.status)
     return [
         {
             "operation_id": new.operation_id,
             "seq": seq,
             "at": now,
-            "kind": EventKind.CREATED.value,
-            "from_status": src.value,
-            "to_status": dst.value,
+            "kind": _CREATED,
+            "from_status": src,
+            "to_status": dst,
             "actor": new.actor,
             "detail_json": detail_json,
         }
-        for seq, (src, dst) in enumerate(itertools.pairwise(path), start=1)
+        for seq, (src, dst) in enumerate(_creation(new.status).steps, start=1)
+    ]
+
+
+def creation_arrays(encoded: EncodedOperation, now: float) -> list[list[Any]]:
+    """The rows of `creation_events` column by column, as PostgreSQL's ``unnest`` takes them.
+
+    Seven arrays: seq, at, kind, from_status, to_status, actor, detail_json.
+    """
+    seqs, froms, tos = _creation(encoded.new.status).columns
+    n = len(seqs)
+    return [
+        list(seqs),
+        [now] * n,
+        [_CREATED] * n,
+        list(froms),
+        list(tos),
+        [encoded.new.actor] * n,
+        [encoded.detail_json] * n,
     ]

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from pipecat_actions.ledger._rows import RowUpdate
-from pipecat_actions.ledger._trail import TRAIL_COLUMNS
+from pipecat_actions.ledger._trail import NO_MARKS, TRAIL_COLUMNS
 from pipecat_actions.ledger.schema import events, operations
 
 _OPERATION_COLUMNS = tuple(c.name for c in operations.c)
@@ -117,18 +117,19 @@ def _update_sql(
 def update(conn: Connection, change: RowUpdate) -> dict[str, Any] | None:
     """Run ``change`` in ``conn``'s transaction; the operation's new row, or None if no match."""
     raw = _driver(conn)
-    columns, audit = change.columns, change.audit
+    audit, marks = change.audit, change.audit.marks
+    columns, firsts, params = change.binding()
+    has_marks = marks is not NO_MARKS and bool(marks)
     sql = _update_sql(
         columns,
         starts_attempt=audit.starts_attempt,
         match_status=change.expected is not None,
         match_fence=change.fence is not None,
-        marks=bool(audit.marks),
-        firsts=change.firsts,
+        marks=has_marks,
+        firsts=firsts,
     )
-    params: list[Any] = change.bound()
-    if audit.marks:
-        params += [audit.marks.marks, audit.marks.joined_calls, audit.marks.reconcile_errors]
+    if has_marks:
+        params += [marks.marks, marks.joined_calls, marks.reconcile_errors]
     if audit.starts_attempt:
         params.append(change.now)
     params.append(change.operation_id)

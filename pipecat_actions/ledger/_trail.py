@@ -18,7 +18,8 @@ from __future__ import annotations
 __all__ = ["NO_MARKS", "TRAIL_COLUMNS", "Mark", "TrailMarks"]
 
 import json
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntFlag
 from typing import Any
@@ -63,6 +64,8 @@ _DETAIL_MARKERS = (
     '"reconciled"',
     '"conflict"',
 )
+_MAY_SAY = re.compile("|".join(re.escape(marker) for marker in _DETAIL_MARKERS)).search
+"""Whether a detail JSON holds one of `_DETAIL_MARKERS`: one C call per event written."""
 _NOTHING_SENT = frozenset({S.ADMITTED.value, S.FAILED_RETRYABLE.value})
 _CANCELLED = S.CANCELLED.value
 _TIMED_OUT = int(Mark.TIMED_OUT)
@@ -141,6 +144,30 @@ class TrailMarks:
         return cls(marks, joined_calls(detail), int("reconcile_error" in detail))
 
     @classmethod
+    def of_steps(
+        cls, steps: Sequence[tuple[str, str]], *, actor: str, detail_json: str | None
+    ) -> TrailMarks:
+        """What events of the status ``steps`` (from, to), all by one actor and detail, say.
+
+        `of_trail` of those events, without building them. A new operation's creation
+        events are such a trail; a detail that holds none of `_DETAIL_MARKERS` (nearly every
+        one) says nothing, and only the statuses are looked at.
+        """
+        if detail_json and _MAY_SAY(detail_json) is not None:
+            total = NO_MARKS
+            for src, dst in steps:
+                total |= cls.of_event(
+                    from_status=src, to_status=dst, actor=actor, detail_json=detail_json
+                )
+            return total
+        marks = _TIMED_OUT if steps and actor == "watchdog" else 0
+        for src, dst in steps:
+            marks |= _BY_STATUS.get(dst, 0)
+            if dst == _CANCELLED and src in _NOTHING_SENT:
+                marks |= _CANCELLED_BEFORE_SEND
+        return cls(marks) if marks else NO_MARKS
+
+    @classmethod
     def of_trail(cls, events: Iterable[Mapping[Any, Any]]) -> TrailMarks:
         """What a trail of event rows (``from_status``, ``to_status``, ...) says in all."""
         total = NO_MARKS
@@ -160,7 +187,7 @@ NO_MARKS = TrailMarks()
 
 def _detail(detail_json: str | None) -> dict[str, Any] | None:
     """The detail, decoded only when it may say something (see `_DETAIL_MARKERS`)."""
-    if not detail_json or not any(marker in detail_json for marker in _DETAIL_MARKERS):
+    if not detail_json or _MAY_SAY(detail_json) is None:
         return None
     value = json.loads(detail_json)
     return value if isinstance(value, dict) else None

@@ -45,7 +45,7 @@ from pipecat_actions.ledger._postgres import PostgresFastPath, asyncpg_dsn
 from pipecat_actions.ledger._rows import (
     EncodedOperation,
     RowUpdate,
-    creation_events,
+    creation_arrays,
     new_row,
     operation_from_row,
 )
@@ -265,7 +265,7 @@ class PostgresLedger(SqlLedger):
         now = self._clock.now()
         row = new_row(encoded, now, key_slot=new.idempotency_key)
         created = await self._fast_write(
-            self._fast.insert(row, creation_events(encoded, now), bind_key=True)
+            self._fast.insert(row, creation_arrays(encoded, now), bind_key=True)
         )
         return AdmitResult(operation_from_row(row), created=True) if created else None
 
@@ -281,7 +281,7 @@ class PostgresLedger(SqlLedger):
         now = self._clock.now()
         row = new_row(encoded, now, key_slot=None)
         await self._fast_write(
-            self._fast.insert(row, creation_events(encoded, now), bind_key=False)
+            self._fast.insert(row, creation_arrays(encoded, now), bind_key=False)
         )
         return operation_from_row(row)
 

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import importlib
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, Final, TypeVar
 
@@ -96,6 +96,8 @@ from pipecat_actions.status import (
 )
 
 T = TypeVar("T")
+_TEXT: Final = {status: status.value for status in ActionStatus}
+"""Each status's text (``.value`` is a descriptor call per read, on every write)."""
 _ADMIT_RETRIES = 5
 _STATUS_FIRST_UP_TO = 25_000
 """The most rows a page reads by their status's index, then sorts (see `_status_first`)."""
@@ -499,14 +501,14 @@ class SqlLedger(Ledger):
         detail: Mapping[str, Any] | None = None,
         changes: Mapping[str, Any] | None = None,
     ) -> Operation:
-        check_transition(expected, to, operation_id=operation_id)
-        expected, to = ActionStatus(expected), ActionStatus(to)
+        expected, to = check_transition(expected, to, operation_id=operation_id)
+        src, dst = _TEXT[expected], _TEXT[to]
         # Everything that can fail to encode is encoded before the write starts.
         columns = column_changes(changes)
         detail_json = encode_detail(detail)
 
         def values_at(now: float) -> dict[str, Any]:
-            values: dict[str, Any] = {"status": to.value, "updated_at": now, **columns}
+            values: dict[str, Any] = {"status": dst, "updated_at": now, **columns}
             if to is ActionStatus.ADMITTED:
                 values["admitted_at"] = now
             elif to is ActionStatus.RUNNING:
@@ -525,10 +527,7 @@ class SqlLedger(Ledger):
             starts_attempt=to is ActionStatus.RUNNING,
             notify=to not in IN_FLIGHT_STATUSES,  # an outcome, or a wait for a person
             marks=TrailMarks.of_event(
-                from_status=expected.value,
-                to_status=to.value,
-                actor=actor,
-                detail_json=detail_json,
+                from_status=src, to_status=dst, actor=actor, detail_json=detail_json
             ),
         )
         return await self._update(
@@ -566,7 +565,7 @@ class SqlLedger(Ledger):
             audit=audit,
         )
 
-    async def _update(
+    def _update(
         self,
         operation_id: str,
         values_at: Callable[[float], dict[str, Any]],
@@ -574,20 +573,23 @@ class SqlLedger(Ledger):
         expected: ActionStatus | None,
         fence: int | None,
         audit: Audit,
-    ) -> Operation:
-        """Set ``values_at(now)`` on the operation if it matches, with its audit event."""
+    ) -> Coroutine[Any, Any, Operation]:
+        """Set ``values_at(now)`` on the operation if it matches, with its audit event.
+
+        Not a coroutine itself: it returns `_apply`'s, a coroutine layer less per write.
+        """
 
         def change(now: float) -> RowUpdate:
             return RowUpdate(
                 operation_id,
                 values_at(now),
-                expected=None if expected is None else expected.value,
+                expected=None if expected is None else _TEXT[expected],
                 fence=fence,
                 audit=audit,
                 now=now,
             )
 
-        return await self._apply(
+        return self._apply(
             operation_id, change, expected=expected, fence=fence, notify=audit.notify
         )
 

@@ -344,6 +344,8 @@ class AdmissionScope:
                 metrics.add("duplicates_suppressed", tool, label="rejected")
             span.set("refusal_reason", reason)
         metrics.add("proposals", tool, label=outcome)
+        if span is NULL_SPAN:
+            return  # tracing is off: no attributes to set (nor the key's hash to take)
         span.set("admission", outcome)
         if operation is not None:
             span.set("operation_id", operation.operation_id)

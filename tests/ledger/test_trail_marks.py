@@ -10,6 +10,7 @@ after the columns are dropped and filled in again by the migration.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections import Counter
@@ -21,10 +22,17 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from pipecat_actions.ledger import OperationFilter, SqlLedger, migrate
+from pipecat_actions.ledger._rows import EncodedOperation, creation_arrays, creation_events
+from pipecat_actions.ledger._trail import TrailMarks
 from pipecat_actions.ledger.engine import normalize_url
-from pipecat_actions.ledger.records import joined_calls
+from pipecat_actions.ledger.records import canonical_json, joined_calls
 from pipecat_actions.ledger.schema import STATS_COLUMNS
-from pipecat_actions.status import TERMINAL_STATUSES, TRANSITIONS, ActionStatus
+from pipecat_actions.status import (
+    TERMINAL_STATUSES,
+    TRANSITIONS,
+    ActionStatus,
+    path_from_requested,
+)
 from tests.ledger._support import new_op, record_selects, sqlite_plans
 
 S = ActionStatus
@@ -248,3 +256,31 @@ async def test_stats_on_sqlite_never_walk_an_index_reading_every_row(tmp_path: P
         assert all(p.startswith("SCAN pa_operations") and "INDEX" not in p.split("|")[0]
                    for p in plans[name]), plans[name]  # fmt: skip
     assert STATS_COLUMNS[:5] == ("tool", "tenant", "status", "trail_marks", "refusal_reason")
+
+
+def test_a_new_operations_marks_are_what_its_creation_events_say_for_every_status() -> None:
+    # A new row's trail columns are folded from its status steps (`TrailMarks.of_steps`),
+    # never from the events themselves: both readings must agree, whatever the detail says.
+    for status in ActionStatus:
+        path = path_from_requested(status)
+        steps = tuple((a.value, b.value) for a, b in itertools.pairwise(path))
+        for actor in ACTORS:
+            for detail in DETAILS:
+                detail_json = None if detail is None else canonical_json(detail)
+                events = [
+                    {"from_status": a, "to_status": b, "actor": actor, "detail_json": detail_json}
+                    for a, b in steps
+                ]
+                said = TrailMarks.of_steps(steps, actor=actor, detail_json=detail_json)
+                assert said == TrailMarks.of_trail(events), (status, actor, detail)
+
+
+def test_a_new_operations_event_arrays_are_its_creation_events_column_by_column() -> None:
+    for status in ActionStatus:
+        encoded = EncodedOperation.of(
+            new_op("k", status=status, detail={"reason": "r"}, actor="runtime:x")
+        )
+        rows = creation_events(encoded, 12.5)
+        assert len(rows) == len(path_from_requested(status)) - 1
+        columns = ("seq", "at", "kind", "from_status", "to_status", "actor", "detail_json")
+        assert creation_arrays(encoded, 12.5) == [[row[c] for row in rows] for c in columns]
