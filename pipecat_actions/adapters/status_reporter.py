@@ -153,6 +153,8 @@ class ActionStatusReporter(FrameProcessor):
         self._confirming: OrderedDict[str, str] = OrderedDict()
         self._outbox: deque[dict[str, Any]] = deque()
         self._pump: asyncio.Task[None] | None = None
+        self._in_frame = False
+        """`process_frame` is noting a call's frame: what it sends is pushed there, after it."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._listening = False
 
@@ -170,8 +172,15 @@ class ActionStatusReporter(FrameProcessor):
             and isinstance(frame, _CALL_FRAMES)
             and self._owns(frame.function_name)
         ):
-            self._on_call(frame)
+            self._in_frame = True
+            try:
+                self._on_call(frame)
+            finally:
+                self._in_frame = False
         await self.push_frame(frame, direction)
+        if self._outbox and (self._pump is None or self._pump.done()):
+            # What the frame's call made it send, right after the frame; no task per message.
+            await self._drain()
 
     def _owns(self, tool: str) -> bool:
         return self.calls.owns(tool)
@@ -422,9 +431,11 @@ class ActionStatusReporter(FrameProcessor):
         )
 
     def _send(self, data: dict[str, Any]) -> None:
-        # One task at a time pushes, so the client gets the messages in the order decided.
+        # One pusher at a time, so the client gets the messages in the order decided: the
+        # frame's own `process_frame` (see there), else one task, which takes what is queued
+        # meanwhile too.
         self._outbox.append(data)
-        if self._pump is None or self._pump.done():
+        if not self._in_frame and (self._pump is None or self._pump.done()):
             self._pump = self._spawn(self._drain())
 
     async def _drain(self) -> None:
