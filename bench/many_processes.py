@@ -1,7 +1,7 @@
 """Many sessions in many processes on one PostgreSQL ledger, against bare handlers (issue 34).
 
     .venv/bin/python bench/many_processes.py [--sessions S] [--calls K] [--processes 4,8]
-                                             [--rounds R]
+                                             [--rounds R] [--pool-size N]
 
 For each process count P (default 4, then 8), on a PostgreSQL database created for the run
 (dropped after it): P worker processes are started and each opens an `ActionRuntime` on the
@@ -23,6 +23,8 @@ and at the round's end), client CPU per call,
 and the most server backends waiting on a lock at once (``pg_stat_activity``, sampled every
 50 ms). After the rounds the workers flush and close their runtimes, and the ledger is read:
 operations not in a terminal status (must be 0), and operations written against calls made.
+``--pool-size N`` opens each worker's ledger with ``LedgerSettings(pool_size=N)``, its
+connection budget (default: the ledger's, 5): a worker then holds at most N + 2 connections.
 
 Issue 34's goal: 1,000 sessions of 5 calls over 4 processes, template >= 0.8x bare throughput,
 0 errors, 0 unsettled (``--sessions 1000``). The default of 200 sessions finishes in a few
@@ -70,7 +72,7 @@ from pipecat_actions import (
 )
 from pipecat_actions.adapters import ActionResultGate, ActionStatusReporter, ActionTurnTracker
 from pipecat_actions.adapters.pipeline import check_placement
-from pipecat_actions.ledger import SqlLedger
+from pipecat_actions.ledger import LedgerSettings, SqlLedger
 from pipecat_actions.policy import load_policy_text
 from pipecat_actions.status import TERMINAL_STATUSES
 from pipecat_actions.testing import Say, ToolCalls
@@ -222,8 +224,12 @@ async def worker(args: argparse.Namespace) -> None:
         """Book."""
         return {"booking_id": f"bk_{n}"}
 
+    settings = (
+        LedgerSettings() if args.pool_size is None else LedgerSettings(pool_size=args.pool_size)
+    )
+    ledger = await SqlLedger.create(args.url, settings=settings)
     runtime = await ActionRuntime.create(
-        load_policy_text(POLICY), authorizer=AllowAll(), actions=[book], ledger_url=args.url
+        load_policy_text(POLICY), authorizer=AllowAll(), actions=[book], ledger=ledger
     )
     try:
         print("ready", flush=True)
@@ -240,6 +246,7 @@ async def worker(args: argparse.Namespace) -> None:
         await runtime.flush()
     finally:
         await runtime.close()
+        await ledger.close()
 
 
 # --- the parent ------------------------------------------------------------------------------
@@ -252,14 +259,16 @@ class Workers:
         self.procs = procs
 
     @classmethod
-    async def start(cls, count: int, url: str, sessions: int, calls: int) -> Workers:
+    async def start(
+        cls, count: int, url: str, sessions: int, calls: int, pool_size: int | None
+    ) -> Workers:
         procs = []
         for index in range(count):
             share = sessions // count + (1 if index < sessions % count else 0)
             command = [
                 __file__, "--worker", "--url", url, "--index", str(index),
                 "--sessions", str(share), "--calls", str(calls),
-            ]  # fmt: skip
+            ] + ([] if pool_size is None else ["--pool-size", str(pool_size)])  # fmt: skip
             procs.append(
                 await asyncio.create_subprocess_exec(
                     sys.executable,
@@ -324,7 +333,7 @@ async def run_processes(count: int, args: argparse.Namespace) -> dict[str, Any]:
     rounds: dict[str, list[dict[str, Any]]] = {"bare": [], "template": []}
     try:
         await (await SqlLedger.create(url)).close()  # the schema, before the workers race to it
-        workers = await Workers.start(count, url, args.sessions, args.calls)
+        workers = await Workers.start(count, url, args.sessions, args.calls, args.pool_size)
         try:
             for round_no in range(args.rounds):
                 order = ["bare", "template"] if round_no % 2 == 0 else ["template", "bare"]
@@ -413,6 +422,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--processes", type=lambda s: [int(p) for p in s.split(",")], default=[4, 8]
+    )
+    parser.add_argument(
+        "--pool-size",
+        type=int,
+        default=None,
+        help="each worker's ledger connection budget (LedgerSettings.pool_size; default 5)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)

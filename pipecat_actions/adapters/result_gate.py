@@ -123,10 +123,14 @@ class ActionResultGate(FrameProcessor):
     Args:
         runtime: The runtime whose operations the calls are.
         session: The session this pipeline serves.
-        **kwargs: Passed to `FrameProcessor`.
+        **kwargs: Passed to `FrameProcessor`. ``enable_direct_mode`` is on unless given: it
+            only keeps state and pushes frames on, never waiting, so each frame goes through
+            in the task that pushed it, without the input and process queues and the two
+            tasks a queued processor keeps (and switches through for every frame).
     """
 
     def __init__(self, runtime: ActionRuntime, session: SessionState, **kwargs: Any) -> None:
+        kwargs.setdefault("enable_direct_mode", True)
         super().__init__(**kwargs)
         self.runtime = runtime
         self.calls = runtime.calls

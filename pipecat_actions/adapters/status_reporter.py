@@ -135,10 +135,14 @@ class ActionStatusReporter(FrameProcessor):
     Args:
         runtime: The runtime whose operations the calls are.
         session: The session this pipeline serves.
-        **kwargs: Passed to `FrameProcessor`.
+        **kwargs: Passed to `FrameProcessor`. ``enable_direct_mode`` is on unless given: it
+            only keeps state and pushes frames on, never waiting, so each frame goes through
+            in the task that pushed it, without the input and process queues and the two
+            tasks a queued processor keeps (and switches through for every frame).
     """
 
     def __init__(self, runtime: ActionRuntime, session: SessionState, **kwargs: Any) -> None:
+        kwargs.setdefault("enable_direct_mode", True)
         super().__init__(**kwargs)
         self.runtime = runtime
         self.calls = runtime.calls
@@ -149,6 +153,8 @@ class ActionStatusReporter(FrameProcessor):
         self._confirming: OrderedDict[str, str] = OrderedDict()
         self._outbox: deque[dict[str, Any]] = deque()
         self._pump: asyncio.Task[None] | None = None
+        self._in_frame = False
+        """`process_frame` is noting a call's frame: what it sends is pushed there, after it."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._listening = False
 
@@ -166,8 +172,15 @@ class ActionStatusReporter(FrameProcessor):
             and isinstance(frame, _CALL_FRAMES)
             and self._owns(frame.function_name)
         ):
-            self._on_call(frame)
+            self._in_frame = True
+            try:
+                self._on_call(frame)
+            finally:
+                self._in_frame = False
         await self.push_frame(frame, direction)
+        if self._outbox and (self._pump is None or self._pump.done()):
+            # What the frame's call made it send, right after the frame; no task per message.
+            await self._drain()
 
     def _owns(self, tool: str) -> bool:
         return self.calls.owns(tool)
@@ -418,9 +431,11 @@ class ActionStatusReporter(FrameProcessor):
         )
 
     def _send(self, data: dict[str, Any]) -> None:
-        # One task at a time pushes, so the client gets the messages in the order decided.
+        # One pusher at a time, so the client gets the messages in the order decided: the
+        # frame's own `process_frame` (see there), else one task, which takes what is queued
+        # meanwhile too.
         self._outbox.append(data)
-        if self._pump is None or self._pump.done():
+        if not self._in_frame and (self._pump is None or self._pump.done()):
             self._pump = self._spawn(self._drain())
 
     async def _drain(self) -> None:

@@ -50,10 +50,14 @@ class ActionTurnTracker(FrameProcessor):
 
     Args:
         session: The session state to keep current.
-        **kwargs: Passed to `FrameProcessor`.
+        **kwargs: Passed to `FrameProcessor`. ``enable_direct_mode`` is on unless given: it
+            only keeps state and pushes frames on, never waiting, so each frame goes through
+            in the task that pushed it, without the input and process queues and the two
+            tasks a queued processor keeps (and switches through for every frame).
     """
 
     def __init__(self, session: SessionState, **kwargs: Any) -> None:
+        kwargs.setdefault("enable_direct_mode", True)
         super().__init__(**kwargs)
         self.session = session
         self.realtime = False

@@ -6,8 +6,9 @@ ledger wakes its waiters when another process commits an outcome (`Ledger.notice
 
 * PostgreSQL: once a settling write has committed, the writing ledger hands the operation's id
   to its `PostgresNotifier`, which sends ``NOTIFY pa_operations, '<operation id>'`` for every
-  id handed to it since its last batch, in one statement on a connection of its own; one
-  connection per process ``LISTEN``s. The notice is not sent in the write's own transaction:
+  id handed to it since its last batch, in one statement on one of the ledger's connections
+  (in a turn of its own, as any call of the ledger); one connection per process ``LISTEN``s,
+  opened by the first waiter. The notice is not sent in the write's own transaction:
   PostgreSQL commits notifying transactions one at a time (a database-wide lock held through
   the commit's WAL flush), so a notice in every settling write denied them group commit and
   capped throughput with many callers (issue 34); the notifier's batches take that lock once
@@ -31,6 +32,7 @@ import os
 import socket
 import tempfile
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -189,19 +191,32 @@ class PostgresNotifier:
     `send` queues an operation's id (once: an id already waiting is not queued twice, its one
     notice is sent after every write that queued it); one long-lived task, started by the
     first `send`, sends everything queued as one statement (`_NOTIFY`, in the order queued)
-    on a connection of its own, outside any transaction, and while that batch is in flight
-    the next ones gather. A batch that fails (the server unreachable, the connection lost) is
-    dropped: its notices are hints, and waiters re-read on their own pause. The first failure
-    of a run of them is logged as a warning, the rest at debug level, and a recovery at info.
+    outside any transaction, through ``execute`` (on the ledger's connections) or else on a
+    connection of its own, and while that batch is in flight the next ones gather. A batch
+    that fails (the server unreachable, the connection lost) is dropped: its notices are
+    hints, and waiters re-read on their own pause. The first failure of a run of them is
+    logged as a warning, the rest at debug level, and a recovery at info.
 
     Args:
-        dsn: Where the database is (asyncpg's form).
+        dsn: Where the database is (asyncpg's form), for a connection of its own.
         url: The URL to name in logs (password hidden).
         connect_timeout: How long opening its connection may take.
+        execute: Runs a statement with its parameters on a connection of the ledger: the
+            batches go there, and the notifier opens no connection (the ledger's budget).
     """
 
-    def __init__(self, *, dsn: str, url: str, connect_timeout: float) -> None:
+    def __init__(
+        self,
+        *,
+        url: str,
+        connect_timeout: float,
+        dsn: str | None = None,
+        execute: Callable[..., Awaitable[Any]] | None = None,
+    ) -> None:
+        if (dsn is None) == (execute is None):
+            raise ValueError("give the notifier a dsn or an execute, not both")
         self._dsn = dsn
+        self._execute = execute
         self._url = url
         self._connect_timeout = connect_timeout
         self._pending: dict[str, None] = {}
@@ -215,15 +230,6 @@ class PostgresNotifier:
         self._unsent = 0
         """Notices dropped since `close` began (reported by it in one line)."""
         self._last_error: BaseException | None = None
-
-    def warm(self) -> None:
-        """Start the task and open its connection now, before the first notice is queued.
-
-        Called on a write that may be followed by a settle: the first notice then does not
-        wait for a connection to open (a waiter in another process would).
-        """
-        if self._task is None and not self._closing:
-            self._task = asyncio.get_running_loop().create_task(self._run())
 
     def send(self, operation_id: str) -> None:
         """Queue the notice of ``operation_id``, whose write has committed (never raises)."""
@@ -270,7 +276,7 @@ class PostgresNotifier:
             await close_connection(conn, within_secs=self._connect_timeout)
 
     async def _run(self) -> None:
-        if self._conn is None:
+        if self._execute is None and self._conn is None:
             try:
                 await self._connect()
             except Exception as exc:  # the first batch tries again, and logs its failure
@@ -319,6 +325,9 @@ class PostgresNotifier:
         """Send ``batch`` as one statement, opening the connection first if needed."""
         from pipecat_actions.ledger._postgres import CHANNEL
 
+        if self._execute is not None:
+            await self._execute(_NOTIFY, CHANNEL, batch)
+            return
         conn = self._conn
         if conn is None or conn.is_closed():
             conn = await self._connect()

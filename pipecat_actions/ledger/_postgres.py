@@ -8,7 +8,12 @@ call waits are each **one statement** on asyncpg connections the ledger keeps it
 plain stack, see `PostgresFastPath`): the row change and its audit event are one
 ``WITH ... INSERT/UPDATE ... RETURNING`` statement, which PostgreSQL runs as one transaction of
 its own, so a write is one round trip and is answered only once it committed.
-SQLAlchemy keeps the schema, the migrations, the operator queries and every rarer write.
+SQLAlchemy keeps the schema, the migrations, the operator queries and every rarer write, on
+the same connections: its engine opens none of its own but borrows an idle one of the stack
+(`PostgresFastPath.lend`), which comes back to the stack when SQLAlchemy closes it. The
+notifier's batches run on them too (`PostgresFastPath.execute`). So the ledger's calls, whatever
+runs them, share one set of connections, as many as the calls on the database at once
+(``pool_size``): the connection budget of a process.
 
 A transition that leaves the in-flight statuses is announced on ``NOTIFY pa_operations`` with
 the operation's id once it has committed, not in its own statement: the ledger hands the id to
@@ -19,7 +24,7 @@ group commit). `_notices` wakes the waiters of other processes (`Ledger.notices`
 
 from __future__ import annotations
 
-__all__ = ["CHANNEL", "PostgresFastPath", "asyncpg_dsn", "close_connection"]
+__all__ = ["CHANNEL", "LedgerConnection", "PostgresFastPath", "asyncpg_dsn", "close_connection"]
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -62,6 +67,26 @@ async def close_connection(conn: asyncpg.Connection, *, within_secs: float) -> N
         await asyncio.wait_for(conn.close(), timeout=within_secs)
     except (TimeoutError, *_CONNECTION_ERRORS):
         conn.terminate()
+
+
+class LedgerConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is untyped
+    """An asyncpg connection of the ledger's stack, which SQLAlchemy may borrow.
+
+    SQLAlchemy closes a connection when it is done with it (its pool is a `NullPool`): a
+    borrowed one goes back to its stack instead, if it is sound (open, no transaction left
+    open). Closed with a timeout (SQLAlchemy's graceful end of a connection it found broken),
+    or when not borrowed, it is really closed.
+    """
+
+    _lent_by: PostgresFastPath | None = None
+
+    async def close(self, *, timeout: float | None = None) -> None:  # noqa: ASYNC109 - asyncpg's
+        """Give a borrowed connection back to its stack; else close it."""
+        lender, self._lent_by = self._lent_by, None
+        if lender is not None and timeout is None and not self.is_in_transaction():
+            lender.given_back(self)
+            return
+        await super().close(timeout=timeout)
 
 
 def _columns(names: Sequence[str]) -> str:
@@ -166,7 +191,9 @@ class PostgresFastPath:
     calls on the database (``pool_size`` turns), so a call always finds an idle connection or
     opens one, and the pool's acquire timeout, reset query (a second round trip per write) and
     futures would be overhead only. A connection that fails or whose call was cancelled
-    mid-statement is closed, never reused.
+    mid-statement is closed, never reused. SQLAlchemy's calls borrow from the same stack
+    (`lend`), within their turns too: a connection is opened only when every open one is in
+    use, so the ledger never holds more than the calls it runs at once (``pool_size``).
 
     Args:
         dsn: Where the database is (asyncpg's form).
@@ -206,7 +233,9 @@ class PostgresFastPath:
             await close_connection(conn, within_secs=self._connect_timeout)
 
     async def _connect(self) -> asyncpg.Connection:
-        conn: asyncpg.Connection = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
+        conn: asyncpg.Connection = await asyncpg.connect(
+            self._dsn, timeout=self._connect_timeout, connection_class=LedgerConnection
+        )
         if self._check_durability:
             try:
                 for name in ("synchronous_commit", "fsync"):
@@ -270,6 +299,23 @@ class PostgresFastPath:
             raise mapped from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def lend(self) -> asyncpg.Connection:
+        """An idle connection (or a new one) for SQLAlchemy, back on the stack when it closes it.
+
+        The engine's ``async_creator``: SQLAlchemy's calls hold a turn of the ledger as the
+        hot path's do, so they open no connection beyond the budget.
+        """
+        if self._closed:
+            raise LedgerUnavailable("the ledger is closed")
+        conn = self._idle.pop() if self._idle else await self._connect()
+        if isinstance(conn, LedgerConnection):
+            conn._lent_by = self
+        return conn
+
+    def given_back(self, conn: asyncpg.Connection) -> None:
+        """Take back a connection `lend` gave out (see `LedgerConnection.close`)."""
+        self._release(conn)
+
     def _drop_idle(self) -> None:
         idle, self._idle = self._idle, []
         for conn in idle:
@@ -320,6 +366,10 @@ class PostgresFastPath:
         # `_call` itself rather than `_fetchrow`: a coroutine layer less on every transition.
         row: asyncpg.Record | None = await self._call(asyncpg.Connection.fetchrow, sql, params)
         return row
+
+    async def execute(self, sql: str, *params: Any) -> None:
+        """Run a statement whose result is not read (the notifier's batches), never again."""
+        await self._call(asyncpg.Connection.execute, sql, params)
 
     # --- reads -----------------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ import os
 import re
 import sqlite3
 import stat
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -87,21 +88,24 @@ class LedgerSettings:
         sqlite_synchronous: ``FULL`` (default, durable on power loss) or ``NORMAL`` (opt-in).
         sqlite_busy_timeout_ms: How long a SQLite connection waits for another process's lock.
         allow_unsafe_postgres: Accept a server with ``synchronous_commit=off`` or ``fsync=off``.
-        pool_size: Connections kept open per process, and the most calls one ledger runs on
-            the database at once: on PostgreSQL reads take at most half of them, so polling
-            waiters never starve writes (SQLite's writes have a thread of their own). Further
-            calls wait their turn in order: a busy ledger makes callers wait, it never fails
-            them. On PostgreSQL a process holds up to ``pool_size`` connections for the hot
-            path (asyncpg), ``pool_size + max_overflow`` for SQLAlchemy's rarer calls and one
-            that listens for notices: keep the sum over every process sharing the server
-            under its ``max_connections`` (100 by default).
-        max_overflow: Extra PostgreSQL connections the pool may open beyond ``pool_size``
-            (headroom: the ledger's own calls never need them).
-        pool_timeout_secs: How long a call that holds its turn waits for a free PostgreSQL
-            connection before it fails with `LedgerUnavailable`. With the bound above this
-            only happens when something outside the ledger holds the pool's connections.
+        pool_size: The connection budget of a ledger: the most calls it runs on the
+            database at once and, on PostgreSQL, the most connections it opens for them. On
+            PostgreSQL reads take at most half of the turns, so polling waiters never starve
+            writes (SQLite's writes have a thread of their own). Further calls wait their turn
+            in order: a busy ledger makes callers wait, it never fails them (a caller's own
+            deadline still ends its wait). On PostgreSQL the hot path, SQLAlchemy's rarer
+            calls and the notices' batches share these connections (a new one is opened only
+            when every open one is in use); besides them a runtime holds one for its life lock,
+            and one listens for notices once a caller waits for another process's operation.
+            So a process with one runtime holds at most ``pool_size + 2``: keep the sum over
+            every process sharing the server under its ``max_connections`` (100 by default).
+        max_overflow: Not used by a ledger any more (its engine keeps no pool of its own);
+            accepted so that settings naming it still load.
+        pool_timeout_secs: Not used by a ledger any more: a call that holds its turn always
+            finds an idle connection or opens one (`connect_timeout_secs` bounds that);
+            accepted so that settings naming it still load.
         connect_timeout_secs: How long opening a new PostgreSQL connection may take (a
-            network's and a server's pace, unrelated to waiting for a free one).
+            network's and a server's pace, unrelated to waiting for a turn).
     """
 
     sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
@@ -203,12 +207,20 @@ def allow_table_hints(engine: Engine) -> None:
     engine.dialect.statement_compiler = _HintingSqliteCompiler
 
 
-def create_engine_for(url: URL, settings: LedgerSettings) -> AsyncEngine:
+def create_engine_for(
+    url: URL,
+    settings: LedgerSettings,
+    *,
+    borrow: Callable[[], Awaitable[Any]] | None = None,
+) -> AsyncEngine:
     """Create an async engine whose every new connection is checked for durability.
 
     Args:
         url: A URL from `normalize_url`.
         settings: Durability and pool settings.
+        borrow: PostgreSQL: where the engine gets its connections (the ledger's own,
+            `_postgres.PostgresFastPath.lend`, which checks them itself), instead of a pool
+            of its own: it keeps none, and gives each back when done with it.
     """
     if url.get_backend_name() == "sqlite":
         # Opens nothing yet: `prepare_sqlite_file` makes (or finds) the file first.
@@ -216,6 +228,8 @@ def create_engine_for(url: URL, settings: LedgerSettings) -> AsyncEngine:
         allow_table_hints(engine.sync_engine)
         _install_sqlite_checks(engine.sync_engine, settings)
         return engine
+    if borrow is not None:
+        return create_async_engine(url, poolclass=NullPool, async_creator=borrow)
     engine = create_async_engine(
         url,
         pool_size=settings.pool_size,

@@ -10,7 +10,13 @@ write) runs in that task itself, and `close` waits for it too. At most
 half of the pool's turns go to reads (DBOS caps its polling reads the same way). Waiters of
 other processes hear a settling write through ``LISTEN``/``NOTIFY`` (`_notices`): once the
 write has committed, its notice goes to the ledger's `PostgresNotifier`, which sends notices in
-batches on a connection of its own (never in the write's transaction: see `_notices`).
+batches in a turn of their own (never in the write's transaction: see `_notices`).
+
+The connection budget: the hot path, SQLAlchemy's engine (which borrows the hot path's
+connections, `PostgresFastPath.lend`) and the notifier's batches share one set of connections,
+opened only when every open one is in use, so a ledger holds at most ``pool_size`` of them.
+Besides those, a runtime's life lock holds one (`_life.PostgresLife`, one per owner) and the
+listener one (`_notices.PostgresNotices`, opened once a caller waits for an operation).
 
 This module, and asyncpg with it, is imported for PostgreSQL ledgers only.
 """
@@ -81,7 +87,6 @@ class PostgresLedger(SqlLedger):
         settings: LedgerSettings,
         fast: PostgresFastPath,
         notices: PostgresNotices,
-        notifier: PostgresNotifier,
         life: PostgresLife | None,
         read_only: bool = False,
     ) -> None:
@@ -97,7 +102,9 @@ class PostgresLedger(SqlLedger):
             read_only=read_only,
         )
         self._fast = fast
-        self._notifier = notifier
+        self._notifier = PostgresNotifier(
+            url=url, connect_timeout=settings.connect_timeout_secs, execute=self._send_notices
+        )
         self._postgres_life = life
         self._insert_operation = (
             postgresql_insert(operations)
@@ -127,22 +134,20 @@ class PostgresLedger(SqlLedger):
     ) -> PostgresLedger:
         url = redact_url(parsed)
         dsn = asyncpg_dsn(parsed)
+        fast = PostgresFastPath(
+            dsn=dsn,
+            url=url,
+            max_idle=settings.pool_size,
+            connect_timeout=settings.connect_timeout_secs,
+            check_durability=not settings.allow_unsafe_postgres,
+        )
         ledger = cls(
-            create_engine_for(parsed, settings),
+            create_engine_for(parsed, settings, borrow=fast.lend),
             url=url,
             clock=clock,
             settings=settings,
-            fast=PostgresFastPath(
-                dsn=dsn,
-                url=url,
-                max_idle=settings.pool_size,
-                connect_timeout=settings.connect_timeout_secs,
-                check_durability=not settings.allow_unsafe_postgres,
-            ),
+            fast=fast,
             notices=PostgresNotices(dsn=dsn, url=url),
-            notifier=PostgresNotifier(
-                dsn=dsn, url=url, connect_timeout=settings.connect_timeout_secs
-            ),
             life=None
             if read_only
             else PostgresLife(dsn=dsn, url=url, connect_timeout=settings.connect_timeout_secs),
@@ -245,6 +250,11 @@ class PostgresLedger(SqlLedger):
                 error,
             )
 
+    async def _send_notices(self, sql: str, *params: Any) -> None:
+        """Run the notifier's batch on the ledger's connections, in a turn of its own."""
+        async with self._turns:
+            await self._fast.execute(sql, *params)
+
     async def _fast_read(self, read: Coroutine[Any, Any, T]) -> T:
         if self._closed:
             read.close()
@@ -294,7 +304,6 @@ class PostgresLedger(SqlLedger):
         fence: int | None,
         notify: bool,
     ) -> Operation:
-        self._notifier.warm()  # its connection opens while the operation runs
         row_change = change(self._clock.now())
         updated = await self._fast_write(self._updated(row_change, notify=notify))
         if updated is None:

@@ -55,7 +55,11 @@ class Statements:
         self.engine_checkouts += 1
 
     def total(self) -> int:
-        return sum(self.sent.values())
+        """The statements of the calls themselves, not the notices' batches.
+
+        Those (``execute``) are sent on the same connections once a settling write commits.
+        """
+        return sum(n for name, n in self.sent.items() if name != "execute")
 
 
 class _Counting:

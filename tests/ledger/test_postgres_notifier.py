@@ -3,17 +3,19 @@
 PostgreSQL commits notifying transactions one at a time (no group commit), so a settling write
 no longer calls ``pg_notify`` itself: once it has committed, its operation's id goes to the
 ledger's `PostgresNotifier`, which sends every id queued since its last batch as one statement
-on a connection of its own, while the next batch gathers. A notice is a hint (waiters re-read
-on their own pause): a batch that fails is logged once and dropped, and `close` sends what is
-queued and reports what it could not send in one line.
+on one of the ledger's connections (it opens none of its own), while the next batch gathers. A
+notice is a hint (waiters re-read on their own pause): a batch that fails is logged once and
+dropped, and `close` sends what is queued and reports what it could not send in one line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import asyncpg
 import pytest
 from loguru import logger
 from sqlalchemy import make_url
@@ -53,6 +55,21 @@ class HeldBatches:
             self.outcomes.append("sent")
 
         notifier._deliver = held  # type: ignore[method-assign]
+
+
+def refused_by(notifier: PostgresNotifier, dead_dsn: str) -> Callable[[], None]:
+    """Send the notifier's batches to a server that refuses connections; return the undo."""
+    live = notifier._execute
+
+    async def refused(sql: str, *params: Any) -> None:
+        await asyncpg.connect(dead_dsn, timeout=1)  # raises: nothing listens there
+
+    notifier._execute = refused
+
+    def undo() -> None:
+        notifier._execute = live
+
+    return undo
 
 
 def _notifier(ledger: SqlLedger) -> PostgresNotifier:
@@ -163,7 +180,7 @@ async def test_a_failed_batch_is_logged_once_and_dropped_and_writes_go_on(
     ):
         notifier = _notifier(runner)
         held = HeldBatches(notifier)
-        live_dsn, notifier._dsn = notifier._dsn, dead_dsn
+        server_back = refused_by(notifier, dead_dsn)
         ops = [await _running(runner, f"k{i}") for i in range(4)]
         for n, op_id in enumerate(ops[:3], start=1):
             await _commit(runner, op_id)  # the write itself succeeds
@@ -173,7 +190,7 @@ async def test_a_failed_batch_is_logged_once_and_dropped_and_writes_go_on(
         assert "notices not sent" in warnings_said[0]
         assert "ConnectionRefusedError" in warnings_said[0] or "OSError" in warnings_said[0]
         assert not notifier._pending  # dropped, not kept for later
-        notifier._dsn = live_dsn  # the server is back
+        server_back()
         async with waiter.notices(ops[3]) as changed:
             assert changed is not None
             await _commit(runner, ops[3])
@@ -211,7 +228,7 @@ async def test_close_reports_every_notice_it_could_not_send_in_one_line(
     runner = await SqlLedger.create(pg_fresh_url, clock=ManualClock())
     notifier = _notifier(runner)
     held = HeldBatches(notifier)
-    notifier._dsn = dead_dsn
+    refused_by(notifier, dead_dsn)
     ops = [await _running(runner, f"k{i}") for i in range(4)]
     held.gate.clear()
     await _commit(runner, ops[0])
@@ -236,16 +253,16 @@ async def test_a_notice_after_close_is_ignored_and_starts_nothing() -> None:
     assert not notifier._pending
 
 
-async def test_the_notices_connection_opens_while_the_operation_runs_not_at_its_first_notice(
+async def test_the_notices_go_on_the_ledgers_own_connections_and_open_none(
     pg_fresh_url: str,
 ) -> None:
     async with await SqlLedger.create(pg_fresh_url, clock=ManualClock()) as runner:
         notifier = _notifier(runner)
         held = HeldBatches(notifier)
+        fast = runner._fast
+        idle = list(fast._idle)
         op_id = await _running(runner, "k1")
-        await eventually(lambda: notifier._conn is not None, what="the notices' connection")
-        opened = notifier._conn
-        assert held.batches == []  # nothing settled yet: opened ahead, nothing sent
         await _commit(runner, op_id)
         await eventually(lambda: held.outcomes == ["sent"], what="the first notice")
-        assert notifier._conn is opened
+        assert notifier._conn is None
+        assert fast._idle == idle  # the same connection, back on the ledger's stack
