@@ -333,7 +333,8 @@ async def run_processes(count: int, args: argparse.Namespace) -> dict[str, Any]:
     rounds: dict[str, list[dict[str, Any]]] = {"bare": [], "template": []}
     try:
         await (await SqlLedger.create(url)).close()  # the schema, before the workers race to it
-        workers = await Workers.start(count, url, args.sessions, args.calls, args.pool_size)
+        pool_size = getattr(args, "pool_size", None)  # a caller's Namespace may not name it
+        workers = await Workers.start(count, url, args.sessions, args.calls, pool_size)
         try:
             for round_no in range(args.rounds):
                 order = ["bare", "template"] if round_no % 2 == 0 else ["template", "bare"]
