@@ -239,24 +239,30 @@ class StatementCounter:
                 conn.execute("PRAGMA wal_autocheckpoint=0")
             return conn
 
-        class TracedAsyncpg(asyncpg.Connection):  # type: ignore[misc]
+        class TracedAsyncpg:
             # Recorded as each statement is sent (asyncpg's own query logger answers a loop
-            # iteration later, past the end of the call that sent it).
+            # iteration later, past the end of the call that sent it). Mixed into the
+            # connection class the caller asks for (the ledger's own `LedgerConnection`).
             async def execute(self, query: str, *args: Any, timeout: Any = None) -> Any:
                 if not args:  # with arguments, `execute` goes through `_execute`
                     counter._sent(query, ())
-                return await super().execute(query, *args, timeout=timeout)
+                return await super().execute(query, *args, timeout=timeout)  # type: ignore[misc]
 
             async def _execute(self, query: str, args: Any, *rest: Any, **kwargs: Any) -> Any:
                 counter._sent(query, tuple(args))
-                return await super()._execute(query, args, *rest, **kwargs)
+                return await super()._execute(query, args, *rest, **kwargs)  # type: ignore[misc]
 
             async def _executemany(self, query: str, args: Any, *rest: Any, **kw: Any) -> Any:
                 counter._sent(query, ())
-                return await super()._executemany(query, args, *rest, **kw)
+                return await super()._executemany(query, args, *rest, **kw)  # type: ignore[misc]
+
+        traced_classes: dict[type, type] = {}
 
         async def traced_asyncpg(*args: Any, **kwargs: Any) -> Any:
-            kwargs.setdefault("connection_class", TracedAsyncpg)
+            base = kwargs.get("connection_class", asyncpg.Connection)
+            if base not in traced_classes:
+                traced_classes[base] = type(f"Traced{base.__name__}", (TracedAsyncpg, base), {})
+            kwargs["connection_class"] = traced_classes[base]
             return await asyncpg_connect(*args, **kwargs)
 
         def before_cursor_execute(
