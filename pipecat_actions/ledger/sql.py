@@ -796,28 +796,22 @@ class SqlLedger(Ledger):
     async def end_leases(  # noqa: D102 - see Ledger
         self, owner: str, *, except_ids: Collection[str] = ()
     ) -> int:
-        left = list(except_ids)
-        own = [
-            operations.c.lease_owner == owner,
-            operations.c.status.in_([s.value for s in NON_TERMINAL]),
-        ]
-        if left:
-            own.append(operations.c.operation_id.not_in(left))
-        query = self._renewal(own)  # the heartbeat's seek of the owner's own rows
-
-        def work(conn: Connection) -> int:
-            result = conn.execute(query.values(lease_expires_at=self._clock.now()))
-            return int(result.rowcount)
-
-        return await self._write(work)
+        return await self._set_leases(owner, except_ids, lease_secs=0.0)
 
     async def renew_lease(  # noqa: D102 - see Ledger
         self, owner: str, *, lease_secs: float, except_ids: Collection[str] = ()
     ) -> int:
-        left = list(except_ids)
+        return await self._set_leases(owner, except_ids, lease_secs=lease_secs)
 
-        # (status, owner) sought once per open status in ix_pa_operations_status_lease: the
-        # owner's own open rows, never the others' (migration 0010).
+    async def _set_leases(
+        self, owner: str, except_ids: Collection[str], *, lease_secs: float
+    ) -> int:
+        """Make the leases of ``owner``'s open operations end ``lease_secs`` from now.
+
+        (status, owner) sought once per open status in ix_pa_operations_status_lease: the
+        owner's own open rows, never the others' (migration 0010).
+        """
+        left = list(except_ids)
         own = [
             operations.c.lease_owner == owner,
             operations.c.status.in_([s.value for s in NON_TERMINAL]),

@@ -109,26 +109,7 @@ async def test_a_heartbeat_claims_an_unregistered_owners_work_once_its_lease_exp
 async def test_each_batch_of_a_recovery_pass_sends_the_same_statement_however_many_it_took(
     ledger_url: str, clock: ManualClock
 ) -> None:
-    ledger = await SqlLedger.create(ledger_url, clock=clock)
-    try:
-        for n in range(120):  # three batches of recovery's 50, the last one short
-            await ledger.admit(
-                NewOperation(
-                    tool="book_table",
-                    kind="mutation",
-                    args=booking(),
-                    idempotency_key=f"k-{n}",
-                    session_id=f"call-{n}",
-                    principal="alice",
-                    status=ActionStatus.AWAITING_APPROVAL,
-                    lease_owner="old-version",
-                    lease_secs=LEASE_SECS,
-                    deadline_at=clock.now() + 600,
-                )
-            )
-    finally:
-        await ledger.close()
-    clock.advance(LEASE_SECS * 2)
+    await _stale_approvals(ledger_url, clock, 120)  # three batches of 50, the last one short
     claims: list[int] = []
 
     def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
@@ -155,26 +136,7 @@ async def test_each_batch_of_a_recovery_pass_sends_the_same_statement_however_ma
 async def test_a_recovery_pass_longer_than_a_lease_does_not_claim_its_own_claims_again(
     ledger_url: str, clock: ManualClock
 ) -> None:
-    ledger = await SqlLedger.create(ledger_url, clock=clock)
-    try:
-        for n in range(120):
-            await ledger.admit(
-                NewOperation(
-                    tool="book_table",
-                    kind="mutation",
-                    args=booking(),
-                    idempotency_key=f"k-{n}",
-                    session_id=f"call-{n}",
-                    principal="alice",
-                    status=ActionStatus.AWAITING_APPROVAL,
-                    lease_owner="old-version",
-                    lease_secs=LEASE_SECS,
-                    deadline_at=clock.now() + 6000,
-                )
-            )
-    finally:
-        await ledger.close()
-    clock.advance(LEASE_SECS * 2)
+    await _stale_approvals(ledger_url, clock, 120)
     options = {"ledger_url": ledger_url, "clock": clock, "lease_secs": LEASE_SECS}
     async with running(
         POLICY, [Bookings(FakeSystemOfRecord(clock=clock)).action()], recover=False, **options
@@ -200,3 +162,27 @@ async def test_a_recovery_pass_longer_than_a_lease_does_not_claim_its_own_claims
     # was claimed (its fence raised) again while the work it started on it went on.
     assert len(taken) == 120 == len({op.operation_id for op in taken}) == len(resumed)
     assert all(fences[op.operation_id] == op.fence for op in taken)
+
+
+async def _stale_approvals(ledger_url: str, clock: ManualClock, count: int) -> None:
+    """``count`` operations waiting for approval, left by an owner whose leases ran out."""
+    ledger = await SqlLedger.create(ledger_url, clock=clock)
+    try:
+        for n in range(count):
+            await ledger.admit(
+                NewOperation(
+                    tool="book_table",
+                    kind="mutation",
+                    args=booking(),
+                    idempotency_key=f"k-{n}",
+                    session_id=f"call-{n}",
+                    principal="alice",
+                    status=ActionStatus.AWAITING_APPROVAL,
+                    lease_owner="old-version",
+                    lease_secs=LEASE_SECS,
+                    deadline_at=clock.now() + 6000,
+                )
+            )
+    finally:
+        await ledger.close()
+    clock.advance(LEASE_SECS * 2)
