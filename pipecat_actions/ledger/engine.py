@@ -218,9 +218,10 @@ def create_engine_for(
     Args:
         url: A URL from `normalize_url`.
         settings: Durability and pool settings.
-        borrow: PostgreSQL: where the engine gets its connections (the ledger's own,
-            `_postgres.PostgresFastPath.lend`, which checks them itself), instead of a pool
-            of its own: it keeps none, and gives each back when done with it.
+        borrow: PostgreSQL (required there): where the engine gets its connections (the
+            ledger's own, `_postgres.PostgresFastPath.lend`, which checks their durability
+            settings itself), instead of a pool of its own: it keeps none, and gives each
+            back when done with it.
     """
     if url.get_backend_name() == "sqlite":
         # Opens nothing yet: `prepare_sqlite_file` makes (or finds) the file first.
@@ -228,18 +229,9 @@ def create_engine_for(
         allow_table_hints(engine.sync_engine)
         _install_sqlite_checks(engine.sync_engine, settings)
         return engine
-    if borrow is not None:
-        return create_async_engine(url, poolclass=NullPool, async_creator=borrow)
-    engine = create_async_engine(
-        url,
-        pool_size=settings.pool_size,
-        max_overflow=settings.max_overflow,
-        pool_timeout=settings.pool_timeout_secs,
-        pool_pre_ping=False,
-        connect_args={"timeout": settings.connect_timeout_secs},
-    )
-    _install_postgres_checks(engine, settings)
-    return engine
+    if borrow is None:
+        raise ValueError("a PostgreSQL ledger's engine borrows its connections: pass borrow")
+    return create_async_engine(url, poolclass=NullPool, async_creator=borrow)
 
 
 def prepare_sqlite_file(url: URL, settings: LedgerSettings, *, must_exist: bool = False) -> None:
@@ -490,27 +482,6 @@ def _install_sqlite_checks(engine: Engine, settings: LedgerSettings) -> None:
                     raise LedgerConfigurationError(
                         f"SQLite refused PRAGMA {name}={expected} (it reports {found!r}); "
                         "the ledger will not run without it"
-                    )
-        finally:
-            cursor.close()
-
-
-def _install_postgres_checks(engine: AsyncEngine, settings: LedgerSettings) -> None:
-    @event.listens_for(engine.sync_engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        if settings.allow_unsafe_postgres:
-            return
-        cursor = dbapi_connection.cursor()
-        try:
-            for name in ("synchronous_commit", "fsync"):
-                cursor.execute(f"SHOW {name}")
-                row = cursor.fetchone()
-                value = str(row[0]).lower() if row else ""
-                if value == "off":
-                    raise LedgerConfigurationError(
-                        f"PostgreSQL runs with {name}=off: a committed operation could be lost "
-                        "on a crash. Turn it on, or pass allow_unsafe_postgres=True "
-                        "(--allow-unsafe-postgres) if you accept that"
                     )
         finally:
             cursor.close()
