@@ -504,6 +504,16 @@ async def _named_database(name: str, create: bool) -> str:
     return PG_ADMIN_URL.rpartition("/")[0] + "/" + name
 
 
+async def _measure_empty(url: str, name: str, args: argparse.Namespace) -> State:
+    """The ledger's figures on ``url``'s database, freshly made and empty."""
+    await (await SqlLedger.create(url)).close()
+    empty = State(operations=0)
+    empty.admit = await measure_admit(url, name, args.proposes, 0)
+    empty.operations = args.proposes * 4
+    await measure_reads(url, empty, args.rows, args.stats_times)
+    return empty
+
+
 async def measure(args: argparse.Namespace) -> tuple[State, State, dict[str, Any]]:
     if args.reuse:
         return await measure_reused(args)
@@ -513,11 +523,7 @@ async def measure(args: argparse.Namespace) -> tuple[State, State, dict[str, Any
     else:
         name, url = await fresh_pg()
     try:
-        await (await SqlLedger.create(url)).close()
-        empty = State(operations=0)
-        empty.admit = await measure_admit(url, name, args.proposes, 0)
-        empty.operations = args.proposes * 4
-        await measure_reads(url, empty, args.rows, args.stats_times)
+        empty = await _measure_empty(url, name, args)
         started = time.perf_counter()
         events, size = await build(url, args.rows, args.template)
         built = {"secs": time.perf_counter() - started, "events": events, "size": size}
@@ -534,11 +540,7 @@ async def measure_reused(args: argparse.Namespace) -> tuple[State, State, dict[s
     this code's schema by opening it, as a runtime would)."""
     name, url = await fresh_pg()
     try:
-        await (await SqlLedger.create(url)).close()
-        empty = State(operations=0)
-        empty.admit = await measure_admit(url, name, args.proposes, 0)
-        empty.operations = args.proposes * 4
-        await measure_reads(url, empty, args.rows, args.stats_times)
+        empty = await _measure_empty(url, name, args)
     finally:
         await drop_pg(name)
     url = await _named_database(args.reuse, create=False)
