@@ -390,10 +390,15 @@ class ActionRuntime:
         self._operations.unlisten(session_id, listener)
 
     async def flush(self) -> None:
-        """Write the audit records of finished reads now, and wait until they are written."""
+        """Write the audit records of finished reads now, and wait until they are written.
+
+        It waits as well for the records pipelines started of what their conversations were
+        told and heard (`Deliveries.keep`).
+        """
         await self._reads.flush()
         await self._join_notes.flush()
         await self._operations.flush_audits()
+        await self.deliveries.flush()
 
     # --- decisions about admitted operations -----------------------------------------------
 
