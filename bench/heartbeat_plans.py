@@ -42,34 +42,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncpg
 from _measure import drop_pg, fresh_pg
-from alembic import command
 from loguru import logger
-from sqlalchemy import Connection, event
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy import event
 from ten_million import build
 
 from pipecat_actions.ledger import SqlLedger, migrate
-from pipecat_actions.ledger.engine import normalize_url
 
 HELD_BY = "runtime-held"
 
 
 class _Stop(Exception):
     """Raised by the recorder once it has the statement: the ledger never runs it."""
-
-
-async def _alembic(url: str, revision: str) -> None:
-    def run(conn: Connection) -> None:
-        config = migrate._config()
-        config.attributes["connection"] = conn
-        command.upgrade(config, revision)
-
-    engine = create_async_engine(normalize_url(url))
-    try:
-        async with engine.begin() as conn:
-            await conn.run_sync(run)
-    finally:
-        await engine.dispose()
 
 
 async def _statement(url: str, call: Callable[[SqlLedger], Awaitable[object]]) -> tuple[str, Any]:
@@ -200,6 +183,8 @@ async def recovery_pass(url: str, *, leave_claimed: bool) -> list[str]:
     total = time.perf_counter() - started - spent_explaining
     how = "every claimed id left out" if leave_claimed else "nothing left out"
     out = [f"-- recovery pass ({how}): {len(claimed):,} claimed in {len(batches)} batches"]
+    if not batches:
+        return out  # nothing stale to claim (a ledger too small to hold any)
     out.append("   batch   pages   rows read   select ms   parameters   claim ms")
     for n in sorted({0, len(batches) // 2, len(batches) - 1}):
         b = batches[n]
@@ -233,7 +218,7 @@ def _cut(line: str, width: int = 200) -> str:
 async def main(args: argparse.Namespace) -> None:
     name, url = await fresh_pg(args.db_prefix)
     try:
-        await _alembic(url, "0009")
+        await migrate.to_revision(url, "0009")
         print(f"building {args.rows:,} operations at 0009...", flush=True)
         await build(url, args.rows, min(args.rows, 100_000))
         raw = await asyncpg.connect(url)
@@ -251,7 +236,7 @@ async def main(args: argparse.Namespace) -> None:
             await raw.close()
         print("== at 0009: ix_pa_operations_status_lease (status, lease_expires_at)")
         print("\n".join(await explain(url)))
-        await _alembic(url, "0010")
+        await migrate.to_revision(url, "0010")
         print("== at 0010: ix_pa_operations_status_lease (status, lease_owner, lease_expires_at)")
         print("\n".join(await explain(url)))
         if args.recovery_pass:

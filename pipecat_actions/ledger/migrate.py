@@ -23,6 +23,7 @@ __all__ = [
     "head_revision",
     "known_revisions",
     "read_schema_state",
+    "to_revision",
     "upgrade_connection",
 ]
 
@@ -141,6 +142,30 @@ def upgrade_connection(connection: Connection) -> None:
     config = _config()
     config.attributes["connection"] = connection
     command.upgrade(config, "head")
+
+
+async def to_revision(url: str, revision: str, *, down: bool = False) -> None:
+    """Upgrade (or, with ``down``, downgrade) the ledger at ``url`` to ``revision``.
+
+    For the tests and benchmarks of a migration, which need a ledger at an earlier revision
+    (a ledger opens only at the head): nothing else holds the database meanwhile.
+    """
+    from alembic import command
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from pipecat_actions.ledger.engine import normalize_url
+
+    def run(connection: Connection) -> None:
+        config = _config()
+        config.attributes["connection"] = connection
+        (command.downgrade if down else command.upgrade)(config, revision)
+
+    engine = create_async_engine(normalize_url(url))
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(run)
+    finally:
+        await engine.dispose()
 
 
 _MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(7243510931)"

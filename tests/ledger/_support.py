@@ -13,13 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alembic import command
-from sqlalchemy import Connection, event
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy import event
 
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.ledger import NewOperation, SqlLedger, migrate
-from pipecat_actions.ledger.engine import normalize_url
 from pipecat_actions.ledger.records import Operation, OperationEvent
 from pipecat_actions.status import ActionStatus
 
@@ -174,15 +171,4 @@ def sqlite_plans(path: Path | str, issued: Sequence[tuple[str, Any]]) -> list[st
 
 async def alembic(url: str, verb: str, revision: str) -> None:
     """Run alembic's ``verb`` (``upgrade``, ``downgrade``) to ``revision`` on ``url``'s ledger."""
-
-    def run(conn: Connection) -> None:
-        config = migrate._config()
-        config.attributes["connection"] = conn
-        getattr(command, verb)(config, revision)
-
-    engine = create_async_engine(normalize_url(url))
-    try:
-        async with engine.begin() as conn:
-            await conn.run_sync(run)
-    finally:
-        await engine.dispose()
+    await migrate.to_revision(url, revision, down=verb == "downgrade")
