@@ -384,11 +384,24 @@ def page_size(database: Path) -> int:
 
 def wal_frames_by_btree(database: Path, start: int, end: int) -> Counter[str]:
     """The frames ``database``'s ``-wal`` file holds between byte offsets ``start`` and ``end``,
-    counted by the table or index (B-tree) that owns each frame's page.
+    counted by the table or index (B-tree) that owns each frame's page (see `wal_commits`).
+    """
+    counts: Counter[str] = Counter()
+    for commit in wal_commits(database, start, end):
+        counts.update(commit)
+    return counts
 
-    A frame is a 24-byte header (its page number first, big-endian) and a page; the owner of a
-    page is read from SQLite's ``dbstat`` table after the writes (a page freed meanwhile shows
-    as ``page N``). Page 1 (the header, written when the file grows) is ``sqlite_schema``'s.
+
+def wal_commits(database: Path, start: int, end: int) -> list[list[str]]:
+    """The commits in ``database``'s ``-wal`` file between byte offsets ``start`` and ``end``:
+    for each, the table or index (B-tree) that owns each page it wrote, in the order written.
+
+    A frame is a 24-byte header (its page number first, big-endian; then, on a commit's last
+    frame, the database's size in pages, 0 on the others) and a page; the owner of a page is
+    read from SQLite's ``dbstat`` table after the writes (a page freed meanwhile shows as
+    ``page N``). Page 1 (the header, written when the file grows) is ``sqlite_schema``'s.
+    Each B-tree a commit changes is at least one page, however little of it changed: the
+    frames a write costs are, first, the number of B-trees it touches.
     """
     size = page_size(database) + 24
     with open(f"{database}-wal", "rb") as file:
@@ -399,8 +412,12 @@ def wal_frames_by_btree(database: Path, start: int, end: int) -> Counter[str]:
         owner = {page: name for name, page in conn.execute("SELECT name, pageno FROM dbstat")}
     finally:
         conn.close()
-    counts: Counter[str] = Counter()
+    commits: list[list[str]] = []
+    current: list[str] = []
     for at in range(0, len(frames) - size + 1, size):
         page = int.from_bytes(frames[at : at + 4], "big")
-        counts[owner.get(page, f"page {page}")] += 1
-    return counts
+        current.append(owner.get(page, f"page {page}"))
+        if int.from_bytes(frames[at + 4 : at + 8], "big"):  # a commit's last frame
+            commits.append(current)
+            current = []
+    return commits

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import asyncpg
 
@@ -55,6 +56,38 @@ class Sample:
     @property
     def per_sec(self) -> float:
         return len(self.latencies) / self.seconds
+
+
+class ServerCpu:
+    """CPU time of the server processes serving one database (its backends), from /proc."""
+
+    def __init__(self, admin: asyncpg.Connection, database: str) -> None:
+        self.admin = admin
+        self.database = database
+
+    async def ticks(self) -> dict[int, int]:
+        pids = await self.admin.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1", self.database
+        )
+        ticks = {}
+        for (pid,) in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # another machine's server, or a backend that just left
+            ticks[pid] = int(fields[11]) + int(fields[12])  # utime + stime
+        return ticks
+
+    @staticmethod
+    def spent(before: dict[int, int], after: dict[int, int]) -> float:
+        """CPU seconds the backends spent between two `ticks` (a backend new since: all of its)."""
+        return sum(t - before.get(pid, 0) for pid, t in after.items()) / os.sysconf("SC_CLK_TCK")
+
+    async def timed(self, run: Awaitable[Sample]) -> Sample:
+        before = await self.ticks()
+        sample = await run
+        sample.server_cpu = self.spent(before, await self.ticks())
+        return sample
 
 
 async def sequential(n: int, call: Callable[[int], Awaitable[object]]) -> Sample:

@@ -26,6 +26,7 @@ import os
 import sqlite3
 import sys
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from _counters import (
     page_size,
     statement_label,
     wal_bytes,
-    wal_frames_by_btree,
+    wal_commits,
 )
 
 from pipecat_actions import ActionContext, ActionRuntime, AllowAll, SessionState, action
@@ -116,6 +117,8 @@ class Work:
     wal_bytes: float | None = None
     wal_by_btree: dict[str, float] = field(default_factory=dict)
     """SQLite WAL frames per call by the table or index whose page each is."""
+    wal_commits: list[tuple[list[str], float]] = field(default_factory=list)
+    """The B-trees (tables, indexes) a commit wrote, each set seen, and such commits per call."""
     sent: list[list[Statement]] = field(default_factory=list, repr=False)
     """The statements of each call (warm-up included), in order: for a floor to replay."""
 
@@ -144,7 +147,7 @@ async def count_proposes(url: str, *, proposes: int, warmup: int) -> Work:
                         await propose(runtime, i)
                         per_call.append(_taken(statements, database))
                 after = wal_bytes(database) if database else 0
-                by_btree = wal_frames_by_btree(database, before, after) if database else None
+                commits = wal_commits(database, before, after) if database else None
             profiled = min(proposes, PROFILED)
             python_calls = CallCounter()
             with python_calls.counting():
@@ -168,8 +171,11 @@ async def count_proposes(url: str, *, proposes: int, warmup: int) -> Work:
     if database is not None:
         work.wal_bytes = (after - before) / proposes
         work.wal_frames = work.wal_bytes / (page_size(database) + 24)
-        assert by_btree is not None
+        assert commits is not None
+        by_btree = Counter(name for commit in commits for name in commit)
         work.wal_by_btree = {name: n / proposes for name, n in by_btree.most_common()}
+        shapes = Counter(tuple(sorted(set(commit))) for commit in commits)
+        work.wal_commits = [(list(names), n / proposes) for names, n in shapes.most_common()]
     return work
 
 

@@ -19,10 +19,11 @@ from "go" to the last worker's answer. Printed per P and mode: calls per second 
 processes, p50 and p99 of one call (proposal to its result frame), errors (a session that
 failed or timed out, or a result that is not the call's own success), the most PostgreSQL
 connections one worker held (sampled from ``/proc/self/fd`` every `CONNECTIONS_EVERY_SECS`
-and at the round's end), client CPU per call,
-and the most server backends waiting on a lock at once (``pg_stat_activity``, sampled every
-50 ms). After the rounds the workers flush and close their runtimes, and the ledger is read:
-operations not in a terminal status (must be 0), and operations written against calls made.
+and at the round's end), client CPU per call, the server's CPU per call (the database's
+backends, from ``/proc/<pid>/stat``: the server must run on this machine), and the most
+server backends waiting on a lock at once (``pg_stat_activity``, sampled every 50 ms). After
+the rounds the workers flush and close their runtimes, and the ledger is read: operations not
+in a terminal status (must be 0), and operations written against calls made.
 ``--pool-size N`` opens each worker's ledger with ``LedgerSettings(pool_size=N)``, its
 connection budget (default: the ledger's, 5): a worker then holds at most N + 2 connections.
 
@@ -58,7 +59,7 @@ from pipecat.services.llm_service import FunctionCallParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _measure import PG_ADMIN_URL, drop_pg, fresh_pg
+from _measure import PG_ADMIN_URL, ServerCpu, drop_pg, fresh_pg
 from runtime import Marks, ResultTap, TimedLLM, run_until
 
 from pipecat_actions import (
@@ -340,12 +341,16 @@ async def run_processes(count: int, args: argparse.Namespace) -> dict[str, Any]:
                 order = ["bare", "template"] if round_no % 2 == 0 else ["template", "bare"]
                 for mode in order:
                     stop = asyncio.Event()
+                    server = ServerCpu(admin, name)  # on the admin connection, as the lock waits:
+                    ticks = await server.ticks()  # read before they start and after they end
                     locks = asyncio.create_task(_lock_waits(admin, name, stop))
                     start = time.perf_counter()
                     await workers.tell(mode)
                     answers = [json.loads(line) for line in await workers.answers()]
                     seconds = time.perf_counter() - start
                     stop.set()
+                    lock_waits = await locks
+                    server_cpu = server.spent(ticks, await server.ticks())
                     latencies = [ms for a in answers for ms in a["latencies"]]
                     calls = args.sessions * args.calls
                     rounds[mode].append(
@@ -356,7 +361,8 @@ async def run_processes(count: int, args: argparse.Namespace) -> dict[str, Any]:
                             "errors": sum(a["errors"] for a in answers),
                             "connections": max(a["peak_connections"] for a in answers),
                             "cpu_us": sum(a["cpu"] for a in answers) / calls * 1e6,
-                            "lock_waits": await locks,
+                            "server_cpu_us": server_cpu / calls * 1e6,
+                            "lock_waits": lock_waits,
                         }
                     )
         finally:
@@ -392,13 +398,14 @@ def report(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> None
     )
     print(
         f"{'procs':<6}{'pipelines':<10}{'calls/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}"
-        f"{'conns/proc':>11}{'CPU us':>8}  lock waits (most at once)"
+        f"{'conns/proc':>11}{'CPU us':>8}{'srv us':>8}  lock waits (most at once)"
     )
     for count, found in results.items():
         for mode, s in found["chosen"].items():
             print(
                 f"{count:<6}{mode:<10}{s['per_sec']:>9.0f}{s['p50']:>9.1f}{s['p99']:>9.1f}"
                 f"{found['errors'][mode]:>8}{s['connections']:>11}{s['cpu_us']:>8.0f}"
+                f"{s['server_cpu_us']:>8.0f}"
                 f"  {s['lock_waits']}"
             )
     print()

@@ -56,7 +56,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import time
@@ -73,6 +72,7 @@ from _measure import (
     PG_ADMIN_URL,
     LedgerCalls,
     Sample,
+    ServerCpu,
     concurrent,
     drop_pg,
     fresh_pg,
@@ -200,35 +200,6 @@ def _competitor_installed() -> bool:
     except ImportError:
         return False
     return True
-
-
-class ServerCpu:
-    """CPU time of the server processes serving one database (its backends), from /proc."""
-
-    def __init__(self, admin: asyncpg.Connection, database: str) -> None:
-        self.admin = admin
-        self.database = database
-
-    async def ticks(self) -> dict[int, int]:
-        pids = await self.admin.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE datname = $1", self.database
-        )
-        ticks = {}
-        for (pid,) in pids:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-            except OSError:
-                continue  # another machine's server, or a backend that just left
-            ticks[pid] = int(fields[11]) + int(fields[12])  # utime + stime
-        return ticks
-
-    async def timed(self, run: Awaitable[Sample]) -> Sample:
-        before = await self.ticks()
-        sample = await run
-        after = await self.ticks()
-        spent = sum(t - before.get(pid, 0) for pid, t in after.items())
-        sample.server_cpu = spent / os.sysconf("SC_CLK_TCK")
-        return sample
 
 
 async def _contender(args: argparse.Namespace) -> dict[str, Sample]:

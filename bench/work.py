@@ -190,6 +190,12 @@ def _where(report: Report, backend: str, ours: Work, floor: Work | None) -> None
         lines.append("  WAL frames, by the table or index whose page each is:")
         for name, n in ours.wal_by_btree.items():
             lines.append(f"    {n:5.2f}  {name}")
+        lines.append(
+            "  commits, by the B-trees each wrote (a B-tree written is at least a page, so a"
+            " commit's frames are at least its B-trees):"
+        )
+        for names, n in ours.wal_commits:
+            lines.append(f"    {n:5.2f}  {len(names):2d} B-trees: {', '.join(names)}")
     lines.append("  tasks (coroutine, created at):")
     for name, site, n in ours.task_sites:
         lines.append(f"    {n:5.2f}  {name:<40} {site}")

@@ -17,8 +17,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.append(str(BENCH))  # the scripts import each other by bare name, as when run
 
 import many_processes  # noqa: E402
-import postgres  # noqa: E402
-from _measure import PG_ADMIN_URL  # noqa: E402
+from _measure import PG_ADMIN_URL, ServerCpu  # noqa: E402
 
 pytestmark = pytest.mark.postgres
 PORT = urlparse(PG_ADMIN_URL).port or 5432
@@ -44,7 +43,7 @@ async def test_server_cpu_is_read_for_the_backends_of_the_database_only(
     conn = await asyncpg.connect(pg_fresh_url)
     try:
         backend = await conn.fetchval("SELECT pg_backend_pid()")
-        ticks = await postgres.ServerCpu(admin, name).ticks()
+        ticks = await ServerCpu(admin, name).ticks()
         assert backend in ticks
         assert admin.get_server_pid() not in ticks  # connected to another database
     finally:

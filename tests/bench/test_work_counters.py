@@ -45,6 +45,9 @@ async def test_counting_proposes_on_sqlite_sees_tasks_statements_and_wal_frames(
     assert counted.wal_by_btree["pa_operations"] >= 2  # inserted, then updated: two commits
     assert counted.wal_by_btree["pa_operation_events"] >= 2
     assert not any(name.startswith("page ") for name in counted.wal_by_btree)
+    # Two commits a propose (admitted, then its outcome), each writing the row's table.
+    assert sum(n for _, n in counted.wal_commits) == pytest.approx(2)
+    assert all("pa_operations" in names for names, _ in counted.wal_commits)
     assert all(name and site.startswith("pipecat_actions/") for name, site, _ in counted.task_sites)
     assert counted.python_calls > 0
     assert any(area.startswith("pipecat_actions/") for area in counted.calls_by_area)
