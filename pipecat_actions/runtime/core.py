@@ -585,6 +585,11 @@ class ActionRuntime:
         so that another runtime takes it over at once and settles it from the system of
         record. An operation still running at the end keeps its ledger status (RUNNING, ...)
         and is taken over the same way.
+
+        The records pipelines started of what their conversations were told and heard are
+        waited for (`flush`), as the ledger's own close waits for the writes handed to it:
+        each ends written or failed, within the ledger's timeouts (a record that failed is
+        logged, and the next pipeline of the session tells that outcome again).
         """
         if self._operations.closing:
             return
