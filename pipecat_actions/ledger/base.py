@@ -156,6 +156,15 @@ class Ledger(ABC):
     async def events(self, operation_id: str) -> builtins.list[OperationEvent]:
         """Return the audit trail of an operation in order."""
 
+    async def events_after(self, operation_id: str, seq: int) -> builtins.list[OperationEvent]:
+        """Return the events of an operation's trail after its ``seq``-th, in order.
+
+        What a reader that has seen the trail up to ``seq`` reads when it grew (a follower of
+        another process's progress reports), without reading it all again. This default
+        filters `events`; a ledger that can read only the new rows overrides it.
+        """
+        return [event for event in await self.events(operation_id) if event.seq > seq]
+
     @abstractmethod
     async def claim_stale(
         self,

@@ -117,6 +117,10 @@ class ForwardingLedger(Ledger):
         """See `Ledger.events`."""
         return await self.inner.events(operation_id)
 
+    async def events_after(self, operation_id: str, seq: int) -> builtins.list[OperationEvent]:
+        """See `Ledger.events_after`."""
+        return await self.inner.events_after(operation_id, seq)
+
     async def claim_stale(
         self,
         owner: str,

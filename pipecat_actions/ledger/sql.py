@@ -28,6 +28,7 @@ from typing import Any, Final, TypeVar
 
 from loguru import logger
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     Select,
     Update,
@@ -935,7 +936,16 @@ class SqlLedger(Ledger):
         """Run ``read``'s queries on ``conn`` in one snapshot of the database."""
 
     async def events(self, operation_id: str) -> builtins.list[OperationEvent]:  # noqa: D102
-        query = select(events).where(events.c.operation_id == operation_id).order_by(events.c.seq)
+        return await self._trail(events.c.operation_id == operation_id)
+
+    async def events_after(  # noqa: D102 - see Ledger
+        self, operation_id: str, seq: int
+    ) -> builtins.list[OperationEvent]:
+        # A range of the primary key (operation_id, seq): only the rows after ``seq`` are read.
+        return await self._trail(events.c.operation_id == operation_id, events.c.seq > seq)
+
+    async def _trail(self, *where: ColumnElement[bool]) -> builtins.list[OperationEvent]:
+        query = select(events).where(*where).order_by(events.c.seq)
 
         def work(conn: Connection) -> builtins.list[OperationEvent]:
             return [to_event(r) for r in conn.execute(query)]

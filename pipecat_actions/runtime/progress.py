@@ -125,10 +125,10 @@ class Progress:
         """What tells ``op``'s progress as another process records it (a DBOS worker's).
 
         Call it with the operation each time it is re-read without an outcome: when its trail
-        grew, the new events are read and each new progress report among them is handed to
-        the session's listeners, once and in order. A report that comes after an outcome in
-        the trail is never told, nor is any once the outcome is known here (`has_outcome`).
-        A trail that cannot be read is read again at the next call.
+        grew, the new events (only those: `Ledger.events_after`) are read and each new progress
+        report among them is handed to the session's listeners, once and in order. A report
+        that comes after an outcome in the trail is never told, nor is any once the outcome is
+        known here (`has_outcome`). A trail that cannot be read is read again at the next call.
         """
         seen = op.event_seq
         ended = False
@@ -138,7 +138,7 @@ class Progress:
             if ended or current.event_seq <= seen or self.has_outcome(current.operation_id):
                 return
             try:
-                trail = await self._ledger.events(current.operation_id)
+                trail = await self._ledger.events_after(current.operation_id, seen)
             except Exception as exc:  # read again at the next look
                 logger.bind(operation_id=current.operation_id).debug(
                     "operation {}: progress not read: {}", current.operation_id, exc

@@ -147,6 +147,10 @@ class TimelineLedger(ForwardingLedger):
         """Forward (counted)."""
         return await self._counted(super().events(operation_id))
 
+    async def events_after(self, operation_id: str, seq: int) -> builtins.list[OperationEvent]:
+        """Forward (counted)."""
+        return await self._counted(super().events_after(operation_id, seq))
+
     async def claim_stale(
         self,
         owner: str,

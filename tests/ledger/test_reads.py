@@ -162,3 +162,20 @@ async def test_events_are_ordered_and_numbered_without_gaps(
     assert [e.at for e in trail] == sorted(e.at for e in trail)
     assert_trail_is_contiguous(last, trail)
     assert [e.seq for e in await ledger.events(other.operation_id)] == [1, 2, 3]
+
+
+async def test_events_after_a_seq_are_the_rest_of_that_trail_only(ledger: SqlLedger) -> None:
+    op = (await ledger.admit(new_op("k", status=S.RUNNING))).operation
+    other = (await ledger.admit(new_op("other"))).operation
+    for n in range(3):
+        await ledger.annotate(op.operation_id, actor="worker", detail={"n": n})
+        await ledger.annotate(other.operation_id, actor="worker", detail={"n": n})
+    trail = await ledger.events(op.operation_id)
+
+    after = [await ledger.events_after(op.operation_id, seq) for seq in range(len(trail) + 1)]
+
+    assert [[e.seq for e in rest] for rest in after] == [
+        [e.seq for e in trail[seq:]] for seq in range(len(trail) + 1)
+    ]
+    assert after[2] == trail[2:]  # the same events as the whole trail's, other's left out
+    assert await ledger.events_after("op_nope", 0) == []

@@ -14,7 +14,7 @@ from typing import Any
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.execution.watchdog import Watchdog
-from pipecat_actions.ledger import NewOperation, SqlLedger
+from pipecat_actions.ledger import ForwardingLedger, NewOperation, OperationEvent, SqlLedger
 from pipecat_actions.runtime._operations import Operations
 from pipecat_actions.runtime.progress import Progress, ProgressReport
 from pipecat_actions.status import ActionStatus
@@ -108,3 +108,55 @@ async def test_a_follower_tells_nothing_once_the_outcome_is_known_here(tmp_path:
         assert heard == []
     finally:
         await ledger.close()
+
+
+class TrailRows(ForwardingLedger):
+    """Counts the events the trail reads return."""
+
+    rows = 0
+
+    async def events(self, operation_id: str) -> list[OperationEvent]:
+        found = await self.inner.events(operation_id)
+        self.rows += len(found)
+        return found
+
+    async def events_after(self, operation_id: str, seq: int) -> list[OperationEvent]:
+        found = await self.inner.events_after(operation_id, seq)
+        self.rows += len(found)
+        return found
+
+
+async def test_a_follower_reads_only_the_events_a_trail_gained_since_it_last_looked(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    inner = await SqlLedger.create(f"sqlite:///{tmp_path / 'ledger.db'}", clock=clock)
+    ledger = TrailRows(inner)
+    try:
+        op = (
+            await ledger.admit(
+                NewOperation(
+                    tool="transfer", kind="mutation", args={}, idempotency_key="k1",
+                    session_id="call-1", principal="alice", status=S.RUNNING,
+                )
+            )
+        ).operation  # fmt: skip
+        operations = Operations(ledger, Watchdog(clock, _expire), actor="runtime:bot")
+        tracked: Any = Tracked(
+            op.operation_id, None, op.fence, asyncio.get_running_loop().create_future()
+        )
+        operations.track(tracked)
+        progress = Progress(ledger=ledger, operations=operations, now=clock.now, actor="bot")
+        heard: list[ProgressReport] = []
+        progress.listen("call-1", heard.append)
+        follow = progress.follower(op)
+        reports = 40
+        for n in range(reports):
+            await ledger.annotate(op.operation_id, actor=WORKER, detail={"progress": f"step {n}"})
+            await follow(await ledger.get(op.operation_id))
+    finally:
+        await inner.close()
+
+    assert [r.message for r in heard] == [f"step {n}" for n in range(reports)]
+    # One new event read per report (the whole trail each time: hundreds, growing with it).
+    assert ledger.rows == reports
