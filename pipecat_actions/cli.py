@@ -345,9 +345,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--pool-size",
         type=int,
         default=None,
-        help="with --dbos: the most PostgreSQL connections each of its pools opens, the "
-        "ledger's and DBOS's (default: 5 and 20); see docs/durable.md for the sum to keep under "
-        "the server's max_connections",
+        help="the most PostgreSQL connections its ledger opens (default 5; the worker holds "
+        "at most 2 more), and with --dbos DBOS's pool too (default 20); see docs/durable.md "
+        "for the sum to keep under the server's max_connections",
     )
     worker.add_argument("--owner", default=None, help="its name in leases")
     worker.add_argument(
@@ -673,13 +673,13 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
         except (RuntimeError, ValueError):  # not the main thread (embedded): no handler
             pass
     try:
+        if args.pool_size is not None and args.pool_size < 1:
+            raise ConfigurationError("--pool-size must be at least 1")
         if args.dbos:
             if not (math.isfinite(args.polling_secs) and args.polling_secs > 0):
                 raise ConfigurationError("--polling-secs must be a positive number of seconds")
             if args.once:
                 raise ConfigurationError("--once is not for --dbos: DBOS hands a worker its work")
-            if args.pool_size is not None and args.pool_size < 1:
-                raise ConfigurationError("--pool-size must be at least 1")
             from pipecat_actions.dbos_worker import run_dbos_worker
 
             return await run_dbos_worker(
@@ -692,8 +692,6 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
                 pool_size=args.pool_size,
                 as_json=args.json,
             )
-        if args.pool_size is not None:
-            raise ConfigurationError("--pool-size is for --dbos")
         return await run_worker(
             app,
             ledger_url=args.ledger,
@@ -703,6 +701,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
             lease_secs=args.lease_secs,
             once=args.once,
             as_json=args.json,
+            pool_size=args.pool_size,
         )
     finally:
         for sig in handled:

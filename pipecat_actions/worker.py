@@ -49,7 +49,7 @@ from pipecat_actions._printable import printable
 from pipecat_actions.admission.authorization import AllowAll
 from pipecat_actions.clock import Clock, SystemClock
 from pipecat_actions.errors import LedgerError
-from pipecat_actions.ledger import ForwardingLedger, Ledger, Operation, SqlLedger
+from pipecat_actions.ledger import ForwardingLedger, Ledger, LedgerSettings, Operation, SqlLedger
 from pipecat_actions.operator import OperatorApp
 from pipecat_actions.runtime import ActionRuntime
 from pipecat_actions.status import AWAITING_PERSON_STATUSES, TERMINAL_STATUSES, ActionStatus
@@ -247,6 +247,7 @@ async def run_worker(
     as_json: bool = False,
     err: TextIO | None = None,
     clock: Clock | None = None,
+    pool_size: int | None = None,
 ) -> int:
     """Own the stale operations of the ledger at ``ledger_url`` until ``stop`` is set.
 
@@ -262,6 +263,8 @@ async def run_worker(
         as_json: Print JSON lines instead of text (the ``ledger:`` line goes to ``err``).
         err: Where the ``ledger:`` line goes with ``as_json`` (default stderr).
         clock: The time source (tests).
+        pool_size: Its ledger's connection budget (`LedgerSettings.pool_size`; default 5):
+            on PostgreSQL the worker then holds at most ``pool_size + 2`` connections.
 
     Returns:
         The exit status: 0, or `LEFT_UNFINISHED` when a claimed operation was left needing
@@ -298,7 +301,8 @@ async def run_worker(
             following.add(task)
             task.add_done_callback(following.discard)
 
-    opened = await SqlLedger.create(ledger_url, clock=clock, must_exist=True)
+    settings = None if pool_size is None else LedgerSettings(pool_size=pool_size)
+    opened = await SqlLedger.create(ledger_url, clock=clock, must_exist=True, settings=settings)
     watch = _ClaimWatch(opened, on_claimed)
     name = owner or f"worker:{socket.gethostname()}:{os.getpid()}"
     try:

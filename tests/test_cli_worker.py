@@ -311,6 +311,31 @@ async def test_a_pass_with_nothing_stale_says_so_and_exits_0(
     assert out.splitlines()[-1] == "one pass: nothing was stale"
 
 
+async def test_the_worker_command_opens_its_ledger_with_the_connection_budget_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert await asyncio.to_thread(main, ["db", "upgrade", "--ledger", url]) == 0
+    capsys.readouterr()
+    budgets: list[int | None] = []
+    create = SqlLedger.create.__func__  # type: ignore[attr-defined]
+
+    async def noted(cls: type[SqlLedger], *args: Any, **kwargs: Any) -> SqlLedger:
+        settings = kwargs.get("settings")
+        budgets.append(None if settings is None else settings.pool_size)
+        return await create(cls, *args, **kwargs)
+
+    monkeypatch.setattr(SqlLedger, "create", classmethod(noted))
+    argv = ["worker", "--app", "tests._worker_app:app", "--ledger", url, "--once"]
+    assert await asyncio.to_thread(main, [*argv, "--pool-size", "2"]) == 0
+    assert await asyncio.to_thread(main, argv) == 0
+    assert await asyncio.to_thread(main, [*argv, "--pool-size", "0"]) == 1
+    _, err = capsys.readouterr()
+
+    assert budgets == [2, None]  # the default budget when none is asked; none opened for 0
+    assert err == "pipecat-actions: --pool-size must be at least 1\n"
+
+
 async def test_the_worker_command_opens_an_existing_ledger_only(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

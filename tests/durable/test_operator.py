@@ -93,10 +93,10 @@ async def test_the_dbos_worker_refuses_a_polling_interval_that_is_not_positive(
     ("argv", "said"),
     [
         (["--dbos", "--pool-size", "0"], "--pool-size must be at least 1"),
-        (["--pool-size", "4"], "--pool-size is for --dbos"),
+        (["--pool-size", "-1"], "--pool-size must be at least 1"),
     ],
 )
-async def test_the_worker_refuses_a_pool_size_below_one_or_without_dbos(
+async def test_the_worker_refuses_a_pool_size_below_one(
     argv: list[str], said: str, durable_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = ["worker", "--app", "tests.durable._app:app", "--ledger", durable_url]
