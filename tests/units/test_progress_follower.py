@@ -8,106 +8,28 @@ watcher and the worker, on a real SQLite ledger.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipecat_actions.clock import ManualClock
 from pipecat_actions.execution.tracked import Tracked
 from pipecat_actions.execution.watchdog import Watchdog
-from pipecat_actions.ledger import ForwardingLedger, NewOperation, OperationEvent, SqlLedger
+from pipecat_actions.ledger import (
+    ForwardingLedger,
+    NewOperation,
+    Operation,
+    OperationEvent,
+    SqlLedger,
+)
 from pipecat_actions.runtime._operations import Operations
 from pipecat_actions.runtime.progress import Progress, ProgressReport
 from pipecat_actions.status import ActionStatus
 
 S = ActionStatus
 WORKER = "runtime:dbos-worker:w1"
-
-
-async def _expire(_operation_id: str) -> None:
-    return None
-
-
-async def test_a_follower_tells_each_new_report_once_in_order_and_none_after_the_outcome(
-    tmp_path: Path,
-) -> None:
-    clock = ManualClock()
-    ledger = await SqlLedger.create(f"sqlite:///{tmp_path / 'ledger.db'}", clock=clock)
-    try:
-        admitted = await ledger.admit(
-            NewOperation(
-                tool="transfer", kind="mutation", args={}, idempotency_key="k1",
-                session_id="call-1", principal="alice", status=S.RUNNING,
-            )
-        )  # fmt: skip
-        op = admitted.operation
-        operations = Operations(ledger, Watchdog(clock, _expire), actor="runtime:bot")
-        tracked: Any = Tracked(
-            op.operation_id, None, op.fence, asyncio.get_running_loop().create_future()
-        )  # no binding: nothing here runs it
-        operations.track(tracked)
-        progress = Progress(ledger=ledger, operations=operations, now=clock.now, actor="bot")
-        heard: list[ProgressReport] = []
-        progress.listen("call-1", heard.append)
-        follow = progress.follower(op)
-
-        async def report(message: str, **details: Any) -> None:
-            detail: dict[str, Any] = {"progress": message, "attempt": 1}
-            if details:
-                detail["details"] = details
-            await ledger.annotate(op.operation_id, actor=WORKER, detail=detail)
-
-        await report("checking", step=1)
-        await ledger.annotate(op.operation_id, actor=WORKER, detail={"cancel_answer": "unknown"})
-        await report("sending", step=2)
-        await follow(await ledger.get(op.operation_id))
-        await follow(await ledger.get(op.operation_id))  # nothing new: nothing told again
-        assert [(r.message, dict(r.details)) for r in heard] == [
-            ("checking", {"step": 1}),
-            ("sending", {"step": 2}),
-        ]
-
-        # The watcher read the operation still running; by the time it reads the trail, the
-        # outcome is there, and a report that a racing write put after it.
-        await report("almost there")
-        running = await ledger.get(op.operation_id)
-        await ledger.transition(
-            op.operation_id, expected=S.RUNNING, to=S.COMMITTED, fence=op.fence, actor=WORKER
-        )
-        await report("late")
-        await follow(running)
-        await follow(await ledger.get(op.operation_id))
-        assert [r.message for r in heard] == ["checking", "sending", "almost there"]
-    finally:
-        await ledger.close()
-
-
-async def test_a_follower_tells_nothing_once_the_outcome_is_known_here(tmp_path: Path) -> None:
-    clock = ManualClock()
-    ledger = await SqlLedger.create(f"sqlite:///{tmp_path / 'ledger.db'}", clock=clock)
-    try:
-        op = (
-            await ledger.admit(
-                NewOperation(
-                    tool="transfer", kind="mutation", args={}, idempotency_key="k1",
-                    session_id="call-1", principal="alice", status=S.RUNNING,
-                )
-            )
-        ).operation  # fmt: skip
-        operations = Operations(ledger, Watchdog(clock, _expire), actor="runtime:bot")
-        tracked: Any = Tracked(
-            op.operation_id, None, op.fence, asyncio.get_running_loop().create_future()
-        )
-        operations.track(tracked)
-        progress = Progress(ledger=ledger, operations=operations, now=clock.now, actor="bot")
-        heard: list[ProgressReport] = []
-        progress.listen("call-1", heard.append)
-        follow = progress.follower(op)
-        await ledger.annotate(op.operation_id, actor=WORKER, detail={"progress": "checking"})
-        operations.finish(tracked, await ledger.get(op.operation_id))  # its outcome came here
-        await follow(await ledger.get(op.operation_id))
-        assert heard == []
-    finally:
-        await ledger.close()
 
 
 class TrailRows(ForwardingLedger):
@@ -126,9 +48,31 @@ class TrailRows(ForwardingLedger):
         return found
 
 
-async def test_a_follower_reads_only_the_events_a_trail_gained_since_it_last_looked(
-    tmp_path: Path,
-) -> None:
+@dataclass
+class Followed:
+    """A running transfer of session call-1 that this process tracks, and its follower."""
+
+    ledger: TrailRows
+    op: Operation
+    operations: Operations
+    tracked: Any
+    heard: list[ProgressReport]
+    follow: Callable[[Operation], Awaitable[None]]
+
+    async def report(self, message: str, **details: Any) -> None:
+        """Record a progress report as the worker does."""
+        detail: dict[str, Any] = {"progress": message, "attempt": 1}
+        if details:
+            detail["details"] = details
+        await self.ledger.annotate(self.op.operation_id, actor=WORKER, detail=detail)
+
+    async def look(self) -> None:
+        """Re-read the operation as its watcher does, and hand it to the follower."""
+        await self.follow(await self.ledger.get(self.op.operation_id))
+
+
+@asynccontextmanager
+async def followed(tmp_path: Path) -> AsyncIterator[Followed]:
     clock = ManualClock()
     inner = await SqlLedger.create(f"sqlite:///{tmp_path / 'ledger.db'}", clock=clock)
     ledger = TrailRows(inner)
@@ -144,19 +88,66 @@ async def test_a_follower_reads_only_the_events_a_trail_gained_since_it_last_loo
         operations = Operations(ledger, Watchdog(clock, _expire), actor="runtime:bot")
         tracked: Any = Tracked(
             op.operation_id, None, op.fence, asyncio.get_running_loop().create_future()
-        )
+        )  # no binding: nothing here runs it
         operations.track(tracked)
         progress = Progress(ledger=ledger, operations=operations, now=clock.now, actor="bot")
         heard: list[ProgressReport] = []
         progress.listen("call-1", heard.append)
-        follow = progress.follower(op)
-        reports = 40
-        for n in range(reports):
-            await ledger.annotate(op.operation_id, actor=WORKER, detail={"progress": f"step {n}"})
-            await follow(await ledger.get(op.operation_id))
+        yield Followed(ledger, op, operations, tracked, heard, progress.follower(op))
     finally:
         await inner.close()
 
-    assert [r.message for r in heard] == [f"step {n}" for n in range(reports)]
+
+async def _expire(_operation_id: str) -> None:
+    return None
+
+
+async def test_a_follower_tells_each_new_report_once_in_order_and_none_after_the_outcome(
+    tmp_path: Path,
+) -> None:
+    async with followed(tmp_path) as it:
+        op = it.op
+        await it.report("checking", step=1)
+        not_progress = {"cancel_answer": "unknown"}
+        await it.ledger.annotate(op.operation_id, actor=WORKER, detail=not_progress)
+        await it.report("sending", step=2)
+        await it.look()
+        await it.look()  # nothing new: nothing told again
+        assert [(r.message, dict(r.details)) for r in it.heard] == [
+            ("checking", {"step": 1}),
+            ("sending", {"step": 2}),
+        ]
+
+        # The watcher read the operation still running; by the time it reads the trail, the
+        # outcome is there, and a report that a racing write put after it.
+        await it.report("almost there")
+        running = await it.ledger.get(op.operation_id)
+        await it.ledger.transition(
+            op.operation_id, expected=S.RUNNING, to=S.COMMITTED, fence=op.fence, actor=WORKER
+        )
+        await it.report("late")
+        await it.follow(running)
+        await it.look()
+        assert [r.message for r in it.heard] == ["checking", "sending", "almost there"]
+
+
+async def test_a_follower_tells_nothing_once_the_outcome_is_known_here(tmp_path: Path) -> None:
+    async with followed(tmp_path) as it:
+        await it.report("checking")
+        it.operations.finish(it.tracked, await it.ledger.get(it.op.operation_id))  # it came here
+        await it.look()
+        assert it.heard == []
+
+
+async def test_a_follower_reads_only_the_events_a_trail_gained_since_it_last_looked(
+    tmp_path: Path,
+) -> None:
+    reports = 40
+    async with followed(tmp_path) as it:
+        for n in range(reports):
+            await it.report(f"step {n}")
+            await it.look()
+
+    assert [r.message for r in it.heard] == [f"step {n}" for n in range(reports)]
     # One new event read per report (the whole trail each time: hundreds, growing with it).
-    assert ledger.rows == reports
+    assert it.ledger.rows == reports
