@@ -42,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -177,13 +178,20 @@ def script(refund_mode: ConfirmationMode) -> list[Any]:
 # --- the story, printed as it happens --------------------------------------------------------
 
 
+_WRITING = threading.Lock()
+"""Held while a `Story` writes a line: one for every story, as they may share an output."""
+
+
 class Story:
     """Prints each line of the transcript when it happens, flushed: ``make demo`` is never silent.
 
     The user's lines come from the pipeline (an observer of the transcriptions the transport
     sends), the bot's when the user has heard them (the fake transport's record of played
     audio), the tool events from the ledger's audit trail, the application's from itself.
-    Each is printed once, with the seconds since the call started.
+    Each is printed once, with the seconds since the call started. Lines come from more than
+    one thread (the durable demo's worker output is read in a thread of its own) and from more
+    than one story on the same output (a call's own): each is written whole, as one write
+    under one lock, so two lines never run into each other.
     """
 
     def __init__(self, out: Any = sys.stdout) -> None:
@@ -197,14 +205,22 @@ class Story:
 
     def line(self, text: str, at: float | None = None, *, key: str | None = None) -> None:
         key = key or text
-        if key in self._printed:
-            return
-        self._printed.add(key)
         when = (at if at is not None else time.time()) - self.started
-        self._print(f"  {when:6.2f}  {text}")
+        with _WRITING:
+            if key in self._printed:
+                return
+            self._printed.add(key)
+            self._write(f"  {when:6.2f}  {text}")
 
     def _print(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        with _WRITING:
+            self._write(text)
+
+    def _write(self, text: str) -> None:
+        # One write of the line and its end (print() makes two, which another thread's line
+        # can come between).
+        self.out.write(text + "\n")
+        self.out.flush()
 
     def observer(self) -> Any:
         """A Pipecat observer that tells each user transcription once, when it is pushed."""

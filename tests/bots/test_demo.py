@@ -163,3 +163,44 @@ def test_the_realtime_demo_tells_the_story_through_the_real_service_offline(
     assert "refund_deposit" in printed and "COMPENSATED" in printed
     assert (tmp_path / ".pipecat_actions" / f"demo-{service}.db").exists()
     check_operator_commands(tmp_path, printed, f"demo-{service}.db", None)
+
+
+class _Writes:
+    """An output that keeps each write apart (a line in two writes shows as two)."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+
+def test_the_story_writes_each_line_whole_from_any_thread_and_any_story_on_the_output() -> None:
+    import threading
+
+    from bots.demo import Story
+
+    out = _Writes()
+    story, call = Story(out), Story(out)  # the durable demo's story and a call's own
+    story.begin()
+
+    def worker_lines() -> None:
+        for n in range(200):
+            story.line(f"worker op{n} book_table: COMMITTED")
+
+    reader = threading.Thread(target=worker_lines)
+    reader.start()
+    for n in range(200):
+        call.line(f"tool   book_table op{n} REQUESTED -> ADMITTED")
+    reader.join()
+
+    # Each write is one line and its end: another thread's line cannot come between them
+    # (print() wrote the text and its newline apart: a tool line once ran into a worker line).
+    assert all(w.endswith("\n") and w.count("\n") == 1 for w in out.writes)
+    lines = "".join(out.writes).splitlines()
+    assert len(lines) == 1 + 400
+    assert sum("worker" in line for line in lines) == sum("tool" in line for line in lines) == 200

@@ -56,7 +56,7 @@ def _said(transcript: str) -> list[str]:
 
 def _index(said: list[str], pattern: str) -> int:
     found = [k for k, line in enumerate(said) if re.search(pattern, line)]
-    assert len(found) == 1, (pattern, said)
+    assert len(found) == 1, f"{pattern!r} in:\n" + "\n".join(said)  # all of it, untruncated
     return found[0]
 
 
