@@ -37,8 +37,11 @@ pytestmark = [pytest.mark.packaging, pytest.mark.timeout(600)]
 
 
 def _run(*argv: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
+    # Outside the repository: a PYTHONPATH naming a checkout (as a worktree's test runs set
+    # it) would put that checkout's package before the wheel's.
+    outside = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONPATH"}
     done = subprocess.run(
-        [str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, check=False
+        [str(a) for a in argv], cwd=cwd, env=outside, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, f"{argv}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
