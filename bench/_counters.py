@@ -382,16 +382,6 @@ def page_size(database: Path) -> int:
     return 65_536 if size == 1 else size
 
 
-def wal_frames_by_btree(database: Path, start: int, end: int) -> Counter[str]:
-    """The frames ``database``'s ``-wal`` file holds between byte offsets ``start`` and ``end``,
-    counted by the table or index (B-tree) that owns each frame's page (see `wal_commits`).
-    """
-    counts: Counter[str] = Counter()
-    for commit in wal_commits(database, start, end):
-        counts.update(commit)
-    return counts
-
-
 def wal_commits(database: Path, start: int, end: int) -> list[list[str]]:
     """The commits in ``database``'s ``-wal`` file between byte offsets ``start`` and ``end``:
     for each, the table or index (B-tree) that owns each page it wrote, in the order written.

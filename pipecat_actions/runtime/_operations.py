@@ -21,6 +21,8 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from loguru import logger
+
 from pipecat_actions._recent import remember
 from pipecat_actions._shelter import Shelter
 from pipecat_actions.admission.limits import Slot
@@ -61,7 +63,7 @@ class Operations:
         self._listeners: dict[str, list[Listener]] = {}
         self._watchers: list[Listener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._audits: set[asyncio.Task[Any]] = set()
+        self._audits: set[asyncio.Future[Any]] = set()
         self._shelters: dict[asyncio.Task[Any], Shelter] = {}
         self._closing = False
 
@@ -272,10 +274,25 @@ class Operations:
         Closing cancels the other tasks, and waits for audit writes through the flush.
         """
         task = asyncio.get_running_loop().create_task(coroutine)
-        tasks = self._audits if audit else self._tasks
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        if audit:
+            self.keep_audit(task)
+        else:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return task
+
+    def keep_audit(self, write: asyncio.Future[Any]) -> None:
+        """Hold ``write``, an audit write started elsewhere, for `flush_audits` to wait for.
+
+        A pipeline records what its conversation was told and heard in tasks of its own
+        (`SessionDelivery`), which outlive it until their write returns: the runtime's flush,
+        and so its close, waits for them as for its own audit writes, so a runtime closed
+        right after a call was answered still records its delivery (else the next pipeline of
+        the session would tell it again).
+        """
+        if not write.done():
+            self._audits.add(write)
+            write.add_done_callback(self._audits.discard)
 
     def own(self, shelter: Shelter) -> None:
         """Stop ``shelter``'s task with the runtime's own tasks (its cancel waits for writes).
@@ -295,6 +312,7 @@ class Operations:
     async def flush_audits(self) -> None:
         """Wait for the audit writes started so far."""
         if self._audits:
+            logger.debug("waiting for {} audit write(s)", len(self._audits))
             await asyncio.gather(*self._audits, return_exceptions=True)
 
     @property

@@ -393,12 +393,11 @@ class ActionRuntime:
         """Write the audit records of finished reads now, and wait until they are written.
 
         It waits as well for the records pipelines started of what their conversations were
-        told and heard (`Deliveries.keep`).
+        told and heard (`Operations.keep_audit`).
         """
         await self._reads.flush()
         await self._join_notes.flush()
         await self._operations.flush_audits()
-        await self.deliveries.flush()
 
     # --- decisions about admitted operations -----------------------------------------------
 

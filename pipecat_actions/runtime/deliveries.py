@@ -26,7 +26,6 @@ __all__ = [
     "compensation_told",
 ]
 
-import asyncio
 import json
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -98,8 +97,6 @@ class Deliveries:
         self.operations = operations
         self._recorded: OrderedDict[str, ActionStatus] = OrderedDict()
         """The status this process last recorded as told, per operation (the most recent)."""
-        self._writes: set[asyncio.Future[Any]] = set()
-        """Records pipelines started and do not wait for, until each ends (`keep`)."""
 
     def open(self, session: SessionState, outlet: Outlet) -> SessionDelivery:
         """Start delivering to one pipeline of ``session`` through ``outlet``.
@@ -108,24 +105,6 @@ class Deliveries:
         each tool's policy says, and records what it told and what was heard.
         """
         return SessionDelivery(self, session, outlet)
-
-    def keep(self, write: asyncio.Future[Any]) -> None:
-        """Hold ``write``, a record a pipeline started and does not wait for, until it ends.
-
-        A pipeline records what its conversation was told and heard in tasks of its own,
-        which outlive it until their write returns; `flush` waits for them, so a runtime
-        closed right after a call was answered still records its delivery (else the next
-        pipeline of the session would tell it again).
-        """
-        if not write.done():
-            self._writes.add(write)
-            write.add_done_callback(self._writes.discard)
-
-    async def flush(self) -> None:
-        """Wait until every record `keep` holds has ended (written, or logged as not)."""
-        while self._writes:
-            logger.debug("waiting for {} delivery record(s) pipelines started", len(self._writes))
-            await asyncio.wait(set(self._writes))  # waits without cancelling them
 
     async def owed(self, session_id: str, *, before: float, mark: int) -> list[Operation]:
         """What the conversation of ``session_id`` is owed from before a pipeline started.

@@ -209,13 +209,6 @@ class DeliveryService(Protocol):
     async def mark_delivered(self, op: Operation, *, session: SessionState, late: bool) -> None:
         """Record that ``op``, as it is, was told to ``session``'s conversation."""
 
-    def keep(self, write: asyncio.Future[Any]) -> None:
-        """Hold ``write``, a record a pipeline started and does not wait for, until it ends.
-
-        The runtime's `flush` (and so its `close`) waits for it: a record of what a user was
-        told or heard is never cut off by a clean close.
-        """
-
     async def mark_acknowledged(self, operation_ids: list[str], *, session: SessionState) -> None:
         """Record that what was told about ``operation_ids`` was heard to the end."""
 
@@ -369,7 +362,7 @@ class SessionDelivery:
         if record:
             # Not a method of self: the task outlives the pipeline until its write returns,
             # and must not keep the pipeline (self -> outlet -> processors) alive meanwhile.
-            self._service.keep(
+            self._service.operations.keep_audit(
                 self._outlet.spawn(
                     _record_in_place(
                         self._service, self.session, self._state, operation_id, repr(self)
@@ -401,7 +394,7 @@ class SessionDelivery:
         state = self._state
         if state.told_not_heard and not state.cut_off:
             done, state.told_not_heard = state.told_not_heard, []
-            self._service.keep(
+            self._service.operations.keep_audit(
                 self._outlet.spawn(self._service.mark_acknowledged(done, session=self.session))
             )
         state.cut_off = False

@@ -165,7 +165,7 @@ async def test_a_runtime_closed_while_a_delivery_is_being_recorded_waits_for_the
     waited: list[str] = []
 
     def on_log(message: Any) -> None:
-        if "delivery record" in message.record["message"]:
+        if "audit write" in message.record["message"]:
             waited.append(message.record["message"])
             ledger.release.set()  # the close is waiting for it: let it be written
 
