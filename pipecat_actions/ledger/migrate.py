@@ -137,11 +137,16 @@ def upgrade_connection(connection: Connection) -> None:
     The caller holds the transaction and the lock that keeps two processes from migrating
     at once (``BEGIN IMMEDIATE`` on SQLite, an advisory lock on PostgreSQL).
     """
+    _alembic(connection, "head")
+
+
+def _alembic(connection: Connection, revision: str, *, down: bool = False) -> None:
+    """Run Alembic's upgrade (or downgrade) to ``revision`` on ``connection``."""
     from alembic import command
 
     config = _config()
     config.attributes["connection"] = connection
-    command.upgrade(config, "head")
+    (command.downgrade if down else command.upgrade)(config, revision)
 
 
 async def to_revision(url: str, revision: str, *, down: bool = False) -> None:
@@ -150,20 +155,14 @@ async def to_revision(url: str, revision: str, *, down: bool = False) -> None:
     For the tests and benchmarks of a migration, which need a ledger at an earlier revision
     (a ledger opens only at the head): nothing else holds the database meanwhile.
     """
-    from alembic import command
     from sqlalchemy.ext.asyncio import create_async_engine
 
     from pipecat_actions.ledger.engine import normalize_url
 
-    def run(connection: Connection) -> None:
-        config = _config()
-        config.attributes["connection"] = connection
-        (command.downgrade if down else command.upgrade)(config, revision)
-
     engine = create_async_engine(normalize_url(url))
     try:
         async with engine.begin() as connection:
-            await connection.run_sync(run)
+            await connection.run_sync(_alembic, revision, down=down)
     finally:
         await engine.dispose()
 
